@@ -1,0 +1,287 @@
+"""Read an AMDGPU code object: the ELF header and its ``NT_AMDGPU_METADATA`` note.
+
+This is the independent oracle for every kernel we ship. The compiler side uses it
+to record each kernel's ABI; the runtime uses it to verify what it loads; the test
+doubles use it to check every launch. It depends on nothing but the standard
+library and ``msgpack``, so the runtime can import it.
+
+Only what we need is parsed: ELF64 little-endian, the machine and flags, and the
+note that the AMDGPU backend emits for code object v4+ (msgpack, see the LLVM
+AMDGPUUsage document, "Code Object V3+ Metadata").
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+EM_AMDGPU = 224
+ELFOSABI_AMDGPU_HSA = 64
+#: EI_ABIVERSION -> code object version.
+ABI_VERSION_TO_COV = {2: 4, 3: 5, 4: 6}
+EF_AMDGPU_MACH = 0x0FF
+EF_AMDGPU_FEATURE_XNACK_V4 = 0x300
+EF_AMDGPU_FEATURE_SRAMECC_V4 = 0xC00
+EF_AMDGPU_GENERIC_VERSION = 0xFF000000
+#: The machines we name. Values from LLVM's ELF.h.
+MACH_NAMES = {0x04C: "gfx942", 0x04F: "gfx950", 0x030: "gfx90a", 0x040: "gfx940"}
+NT_AMDGPU_METADATA = 32
+SHT_NOTE = 7
+SHT_SYMTAB = 2
+SHT_DYNSYM = 11
+
+
+class CodeObjectError(ValueError):
+    """The bytes are not a well-formed AMDGPU code object."""
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One explicit or hidden kernel argument, as the metadata note describes it."""
+
+    offset: int
+    size: int
+    value_kind: str  # "global_buffer", "by_value", "hidden_*", ...
+    name: str = ""
+    address_space: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "offset": self.offset,
+            "size": self.size,
+            "value_kind": self.value_kind,
+            "name": self.name,
+            "address_space": self.address_space,
+        }
+
+
+@dataclass(frozen=True)
+class KernelMetadata:
+    """One entry of ``amdhsa.kernels``."""
+
+    name: str
+    symbol: str
+    kernarg_size: int
+    kernarg_align: int
+    args: tuple[KernelArg, ...]
+    vgpr_count: int
+    sgpr_count: int
+    agpr_count: int
+    vgpr_spill_count: int
+    sgpr_spill_count: int
+    lds_bytes: int  # .group_segment_fixed_size
+    scratch_bytes: int  # .private_segment_fixed_size
+    max_flat_workgroup_size: int
+    wavefront_size: int
+    reqd_workgroup_size: tuple[int, ...] | None = None
+
+    @property
+    def spills(self) -> int:
+        return self.vgpr_spill_count + self.sgpr_spill_count
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "symbol": self.symbol,
+            "kernarg_size": self.kernarg_size,
+            "kernarg_align": self.kernarg_align,
+            "args": [a.to_json() for a in self.args],
+            "vgpr_count": self.vgpr_count,
+            "sgpr_count": self.sgpr_count,
+            "agpr_count": self.agpr_count,
+            "vgpr_spill_count": self.vgpr_spill_count,
+            "sgpr_spill_count": self.sgpr_spill_count,
+            "lds_bytes": self.lds_bytes,
+            "scratch_bytes": self.scratch_bytes,
+            "max_flat_workgroup_size": self.max_flat_workgroup_size,
+            "wavefront_size": self.wavefront_size,
+            "reqd_workgroup_size": list(self.reqd_workgroup_size)
+            if self.reqd_workgroup_size
+            else None,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KernelMetadata":
+        return cls(
+            name=d["name"],
+            symbol=d["symbol"],
+            kernarg_size=d["kernarg_size"],
+            kernarg_align=d["kernarg_align"],
+            args=tuple(KernelArg(**a) for a in d["args"]),
+            vgpr_count=d["vgpr_count"],
+            sgpr_count=d["sgpr_count"],
+            agpr_count=d["agpr_count"],
+            vgpr_spill_count=d["vgpr_spill_count"],
+            sgpr_spill_count=d["sgpr_spill_count"],
+            lds_bytes=d["lds_bytes"],
+            scratch_bytes=d["scratch_bytes"],
+            max_flat_workgroup_size=d["max_flat_workgroup_size"],
+            wavefront_size=d["wavefront_size"],
+            reqd_workgroup_size=tuple(d["reqd_workgroup_size"])
+            if d.get("reqd_workgroup_size")
+            else None,
+        )
+
+
+@dataclass(frozen=True)
+class CodeObject:
+    """What a loader needs to know about a code object before trusting it."""
+
+    mach: int  # EF_AMDGPU_MACH value
+    arch: str  # "gfx950", or "mach-0x..." when unknown
+    code_object_version: int
+    xnack: str  # "any" | "off" | "on" | "unsupported"
+    sramecc: str
+    target: str  # amdhsa.target, e.g. "amdgcn-amd-amdhsa--gfx950"
+    kernels: tuple[KernelMetadata, ...]
+    comment: str  # .comment section (names the linker), "" if absent
+    #: Symbols the object references but does not define. A loadable kernel has
+    #: none: an unresolved cco device function means the bitcode was not linked.
+    undefined_symbols: tuple[str, ...] = ()
+
+    def kernel(self, name: str | None = None) -> KernelMetadata:
+        """The named kernel, or the only one."""
+        if name is None:
+            if len(self.kernels) != 1:
+                raise CodeObjectError(
+                    f"code object holds {len(self.kernels)} kernels "
+                    f"({[k.name for k in self.kernels]}); name the one you want"
+                )
+            return self.kernels[0]
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise CodeObjectError(
+            f"code object has no kernel {name!r}; it has {[k.name for k in self.kernels]}"
+        )
+
+
+def _feature(flags: int, mask: int, shift_names: dict[int, str]) -> str:
+    return shift_names.get(flags & mask, f"0x{flags & mask:x}")
+
+
+def parse_code_object(data: bytes) -> CodeObject:
+    """Parse ``data`` as an AMDGPU ELF. Raises :class:`CodeObjectError` if it is not one."""
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise CodeObjectError("not an ELF file (bad magic or shorter than an ELF header)")
+    if data[4] != 2 or data[5] != 1:
+        raise CodeObjectError("not a 64-bit little-endian ELF")
+    osabi, abiversion = data[7], data[8]
+    (e_type, e_machine, _ver, _entry, _phoff, e_shoff, e_flags, _ehsize, _phentsize,
+     _phnum, e_shentsize, e_shnum, e_shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", data, 16)
+    if e_machine != EM_AMDGPU:
+        raise CodeObjectError(f"ELF machine is {e_machine}, not EM_AMDGPU ({EM_AMDGPU})")
+    if osabi != ELFOSABI_AMDGPU_HSA:
+        raise CodeObjectError(f"ELF OS/ABI is {osabi}, not AMDGPU_HSA ({ELFOSABI_AMDGPU_HSA})")
+    cov = ABI_VERSION_TO_COV.get(abiversion)
+    if cov is None:
+        raise CodeObjectError(f"unknown AMDGPU HSA ABI version {abiversion}")
+    if e_shoff == 0 or e_shentsize != 64 or e_shoff + e_shnum * 64 > len(data):
+        raise CodeObjectError("section header table is missing or truncated")
+
+    sections = []
+    links = []
+    for i in range(e_shnum):
+        (sh_name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, _es) = struct.unpack_from(
+            "<IIQQQQIIQQ", data, e_shoff + i * 64
+        )
+        if sh_type != 8 and sh_offset + sh_size > len(data):  # 8 = SHT_NOBITS
+            raise CodeObjectError(f"section {i} extends past the end of the file (truncated?)")
+        sections.append((sh_name, sh_type, sh_offset, sh_size))
+        links.append(sh_link)
+    if e_shstrndx >= len(sections):
+        raise CodeObjectError("bad section-name string table index")
+    _, _, str_off, str_size = sections[e_shstrndx]
+
+    def sec_name(off: int) -> str:
+        end = data.find(b"\0", str_off + off, str_off + str_size)
+        return data[str_off + off : end].decode("ascii", "replace")
+
+    meta: dict[str, Any] | None = None
+    comment = ""
+    undefined: set[str] = set()
+    for idx, (sh_name, sh_type, off, size) in enumerate(sections):
+        if sh_type in (SHT_SYMTAB, SHT_DYNSYM) and links[idx] < len(sections):
+            _, _, s_off, s_size = sections[links[idx]]
+            for pos in range(off + 24, off + size - 23, 24):  # entry 0 is the null symbol
+                st_name, _info, _other, st_shndx = struct.unpack_from("<IBBH", data, pos)
+                if st_shndx == 0 and st_name:
+                    end = data.find(b"\0", s_off + st_name, s_off + s_size)
+                    undefined.add(data[s_off + st_name : end].decode("ascii", "replace"))
+        name = sec_name(sh_name)
+        if name == ".comment":
+            comment = " ".join(
+                s.decode("utf-8", "replace") for s in data[off : off + size].split(b"\0") if s
+            )
+        if sh_type != SHT_NOTE:
+            continue
+        pos, end = off, off + size
+        while pos + 12 <= end:
+            namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+            pos += 12
+            nname = data[pos : pos + namesz].rstrip(b"\0")
+            pos += (namesz + 3) & ~3
+            desc = data[pos : pos + descsz]
+            pos += (descsz + 3) & ~3
+            if pos > end:
+                raise CodeObjectError("note section is truncated")
+            if nname == b"AMDGPU" and ntype == NT_AMDGPU_METADATA:
+                try:
+                    meta = msgpack.unpackb(desc, raw=False, strict_map_key=False)
+                except Exception as exc:  # msgpack raises several types
+                    raise CodeObjectError(f"NT_AMDGPU_METADATA is not valid msgpack: {exc}") from exc
+    if meta is None:
+        raise CodeObjectError("no NT_AMDGPU_METADATA note (not a code object v3+?)")
+
+    kernels = tuple(_kernel_meta(k) for k in meta.get("amdhsa.kernels", []))
+    mach = e_flags & EF_AMDGPU_MACH
+    return CodeObject(
+        mach=mach,
+        arch=MACH_NAMES.get(mach, f"mach-0x{mach:x}"),
+        code_object_version=cov,
+        xnack=_feature(e_flags, EF_AMDGPU_FEATURE_XNACK_V4,
+                       {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}),
+        sramecc=_feature(e_flags, EF_AMDGPU_FEATURE_SRAMECC_V4,
+                         {0x000: "unsupported", 0x400: "any", 0x800: "off", 0xC00: "on"}),
+        target=str(meta.get("amdhsa.target", "")),
+        kernels=kernels,
+        comment=comment,
+        undefined_symbols=tuple(sorted(undefined)),
+    )
+
+
+def _kernel_meta(k: dict) -> KernelMetadata:
+    try:
+        args = tuple(
+            KernelArg(
+                offset=int(a[".offset"]),
+                size=int(a[".size"]),
+                value_kind=str(a[".value_kind"]),
+                name=str(a.get(".name", "")),
+                address_space=str(a.get(".address_space", "")),
+            )
+            for a in k.get(".args", [])
+        )
+        reqd = k.get(".reqd_workgroup_size")
+        return KernelMetadata(
+            name=str(k[".name"]),
+            symbol=str(k[".symbol"]),
+            kernarg_size=int(k[".kernarg_segment_size"]),
+            kernarg_align=int(k[".kernarg_segment_align"]),
+            args=args,
+            vgpr_count=int(k.get(".vgpr_count", 0)),
+            sgpr_count=int(k.get(".sgpr_count", 0)),
+            agpr_count=int(k.get(".agpr_count", 0)),
+            vgpr_spill_count=int(k.get(".vgpr_spill_count", 0)),
+            sgpr_spill_count=int(k.get(".sgpr_spill_count", 0)),
+            lds_bytes=int(k.get(".group_segment_fixed_size", 0)),
+            scratch_bytes=int(k.get(".private_segment_fixed_size", 0)),
+            max_flat_workgroup_size=int(k.get(".max_flat_workgroup_size", 0)),
+            wavefront_size=int(k.get(".wavefront_size", 64)),
+            reqd_workgroup_size=tuple(int(x) for x in reqd) if reqd else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CodeObjectError(f"kernel metadata entry is malformed: {exc!r}") from exc

@@ -1,0 +1,148 @@
+"""Compile many specs in parallel worker processes, with progress and per-spec failures.
+
+Workers are ``spawn``ed (FlyDSL and MLIR hold state that does not survive fork),
+initialised once, and reused for many specs. The longest compiles (GEMMs) are
+submitted first so the tail of the run is short phase kernels. A spec that fails
+is reported with the builder's error and the rest continue. A worker that dies
+outright (an abort inside native code) breaks the pool: the specs that were in
+flight are retried one at a time in fresh single-use workers so the culprit is
+named and everything else still builds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from gemmar_aot.compiler.worker import CompileResult, compile_spec, init
+from gemmar_aot.spec import KernelSpec
+
+#: Relative cost used to order submissions and estimate ETA before timings arrive.
+COST_HINT = {"gemm": 20.0, "lsa_ar": 1.5}
+
+
+def _cost(spec: KernelSpec) -> float:
+    c = COST_HINT.get(spec.kind, 1.0)
+    if spec.kind == "gemm" and spec.param_dict().get("builder", {}).get("quant") == "mxfp8":
+        c *= 2
+    return c
+
+
+@dataclass
+class Progress:
+    """A one-line progress display with ETA on a TTY, periodic lines otherwise."""
+
+    total: int
+    stream: object = sys.stderr
+    enabled: bool = True
+    done: int = 0
+    failed: int = 0
+    started: float = 0.0
+    _last_print: float = 0.0
+
+    def __post_init__(self):
+        self.started = time.monotonic()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def update(self, result: CompileResult, label: str, cost_done: float, cost_total: float) -> None:
+        self.done += 1
+        self.failed += 0 if result.ok else 1
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        elapsed = now - self.started
+        frac = cost_done / cost_total if cost_total else 1.0
+        eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
+        width = 28
+        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+        line = (f"[{bar}] {self.done}/{self.total} kernels, {self.failed} failed, "
+                f"{elapsed:5.1f}s elapsed, ETA {eta:5.1f}s  {label}")
+        if self.tty:
+            print("\r" + line[:150].ljust(150), end="", file=self.stream, flush=True)
+            if self.done == self.total:
+                print(file=self.stream)
+        elif now - self._last_print > 5 or self.done == self.total or not result.ok:
+            print(line, file=self.stream, flush=True)
+            self._last_print = now
+
+
+def compile_all(
+    specs: Iterable[KernelSpec],
+    *,
+    jobs: int | None = None,
+    toolchain_root: str | None = None,
+    debug_locations: bool = False,
+    on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
+    progress: bool = True,
+) -> list[tuple[KernelSpec, CompileResult]]:
+    """Compile ``specs``; returns (spec, result) for each, in completion order."""
+    todo = sorted(specs, key=lambda s: (-_cost(s), s.spec_id))
+    if not todo:
+        return []
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    cost_total = sum(_cost(s) for s in todo)
+    cost_done = 0.0
+    bar = Progress(total=len(todo), enabled=progress)
+    results: list[tuple[KernelSpec, CompileResult]] = []
+
+    def record(spec: KernelSpec, res: CompileResult) -> None:
+        nonlocal cost_done
+        cost_done += _cost(spec)
+        results.append((spec, res))
+        if on_result is not None:
+            on_result(spec, res)
+        bar.update(res, spec.label(), cost_done, cost_total)
+
+    ctx = mp.get_context("spawn")
+    pending = list(todo)
+    suspects: list[KernelSpec] = []
+    while pending:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init,
+                                   initargs=(toolchain_root, debug_locations))
+        futures: dict[Future, KernelSpec] = {}
+        broken = False
+        try:
+            # Keep a bounded window in flight so a broken pool loses little work.
+            queue = list(pending)
+            pending = []
+            while queue or futures:
+                while queue and len(futures) < jobs * 2:
+                    s = queue.pop(0)
+                    futures[pool.submit(compile_spec, s.to_json())] = s
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for f in done:
+                    s = futures.pop(f)
+                    try:
+                        record(s, f.result())
+                    except BrokenProcessPool:
+                        broken = True
+                        suspects.append(s)
+                if broken:
+                    suspects.extend(futures.values())
+                    pending = queue
+                    futures.clear()
+                    break
+        finally:
+            pool.shutdown(wait=not broken, cancel_futures=True)
+        # Retry suspects alone, each in its own worker, so a crash names its spec.
+        for s in suspects:
+            record(s, _isolated(s, toolchain_root, debug_locations, ctx))
+        suspects = []
+    return results
+
+
+def _isolated(spec: KernelSpec, toolchain_root, debug_locations, ctx) -> CompileResult:
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=init,
+                             initargs=(toolchain_root, debug_locations)) as pool:
+        try:
+            return pool.submit(compile_spec, spec.to_json()).result()
+        except BrokenProcessPool:
+            return CompileResult(spec.spec_id, False, 0.0,
+                                 error="the compile worker died (native abort or out of memory) "
+                                       "while compiling this spec")
