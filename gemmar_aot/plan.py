@@ -1,0 +1,160 @@
+"""Manifest -> plan: every tuple expanded into per-rank kernel specs, deduplicated.
+
+Tuples that share a window (same mode, N, K, world, quant, wire, tile, queues and
+m_max) form one group. The group's ``m_max`` is its largest padded M unless the
+manifest gives one; every M in it then gets the counter set
+``m_pad // (world*block_m) - 1`` -- a rule, not first-seen order, so the runtime
+can derive the same slot for any M without knowing which others were built.
+
+Nothing here imports FlyDSL, torch or mori: planning is instant.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from gemmar_aot import rules
+from gemmar_aot.manifest import Manifest
+from gemmar_aot.spec import KernelSpec
+from gemmar_aot.workload import Workload
+from gemmar_aot_kernels import recipe_module
+from gemmar_aot_kernels._common import RankKernels
+
+#: Environment variables that change generated code, read at plan time and
+#: recorded in the specs that read them.
+CODE_ENV = ("MORI_GEMM_AR_PULL_BLOCKS",)
+
+
+@dataclass(frozen=True)
+class TupleLayout:
+    """Where one tuple's M sits in its group's window."""
+
+    m_max: int  # padded capacity M of the window
+    max_shapes: int  # counter sets the window holds
+    slot: int  # this M's counter set
+    window: dict = field(default_factory=dict, compare=False, hash=False)  # offsets (rules.window_layout)
+
+
+@dataclass(frozen=True)
+class TuplePlan:
+    workload: Workload
+    layout: TupleLayout | None  # None for gemm-only (no window)
+    ranks: tuple[RankKernels, ...]
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(len(r.launches) + len(r.self_test) for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class Plan:
+    manifest: str
+    arch: str
+    tuples: tuple[TuplePlan, ...]
+    specs: tuple[KernelSpec, ...]  # distinct, sorted by (recipe, kind, rank, spec_id)
+    env: tuple[tuple[str, str | None], ...]
+
+    @property
+    def instances(self) -> int:
+        return sum(t.kernel_count for t in self.tuples)
+
+    @property
+    def dedup_ratio(self) -> float:
+        return self.instances / len(self.specs) if self.specs else 1.0
+
+    def distinct_by_kind(self) -> dict[str, int]:
+        c = Counter(f"{s.recipe}:{s.kind}" for s in self.specs)
+        return dict(sorted(c.items()))
+
+    def to_json(self) -> dict:
+        return {
+            "manifest": self.manifest,
+            "arch": self.arch,
+            "env": dict(self.env),
+            "tuples": [
+                {
+                    "transport": t.workload.transport,
+                    "m": t.workload.m,
+                    "m_requested": t.workload.m_requested,
+                    "n": t.workload.n,
+                    "k": t.workload.k,
+                    "world": t.workload.world,
+                    "quant": t.workload.quant,
+                    "gather_dtype": t.workload.gather_dtype,
+                    "gather_transport": t.workload.gather_transport,
+                    "block_m": t.workload.block_m,
+                    "sdma_queues": t.workload.sdma_queues,
+                    "source": t.workload.source,
+                    "layout": None
+                    if t.layout is None
+                    else {"m_max": t.layout.m_max, "max_shapes": t.layout.max_shapes,
+                          "slot": t.layout.slot, "window": t.layout.window},
+                    "ranks": [
+                        {"rank": r.rank,
+                         "launches": [{"kind": s.kind, "spec_id": s.spec_id} for s in r.launches],
+                         "self_test": [{"kind": s.kind, "spec_id": s.spec_id} for s in r.self_test]}
+                        for r in t.ranks
+                    ],
+                }
+                for t in self.tuples
+            ],
+            "kernel_instances": self.instances,
+            "distinct_specs": len(self.specs),
+            "dedup_ratio": round(self.dedup_ratio, 3),
+            "distinct_by_kind": self.distinct_by_kind(),
+        }
+
+
+def _tuple_identity(w: Workload) -> Workload:
+    """What makes two manifest tuples the same build (not where they were written)."""
+    return replace(w, m_requested=0, source="")
+
+
+def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
+    env = os.environ if env is None else env
+    code_env = {k: env.get(k) for k in CODE_ENV}
+
+    # Deduplicate tuples (two written M that pad to the same M are one build).
+    seen: dict[Workload, Workload] = {}
+    for w in manifest.workloads:
+        seen.setdefault(_tuple_identity(w), w)
+    workloads = list(seen.values())
+
+    # Groups share a window: their m_max is the largest padded M unless given.
+    group_max: dict[tuple, int] = {}
+    for w in workloads:
+        if w.collective:
+            key = w.group_key()
+            group_max[key] = max(group_max.get(key, 0), w.m_max or w.m)
+
+    tuples = []
+    for w in workloads:
+        layout = None
+        if w.collective:
+            m_max = group_max[w.group_key()]
+            max_shapes = rules.default_max_shapes(m_max, w.world, w.block_m)
+            slot = rules.counter_slot(w.m, w.world, w.block_m)
+            window = rules.window_layout(
+                w.world, w.n, m_max, w.block_m, w.gather_dtype, w.gather_transport,
+                max_shapes, m_pad=w.m,
+            )
+            layout = TupleLayout(m_max=m_max, max_shapes=max_shapes, slot=slot, window=window)
+        ranks = recipe_module(w.transport).specs(w, layout, code_env)
+        tuples.append(TuplePlan(workload=w, layout=layout, ranks=ranks))
+
+    distinct: dict[str, KernelSpec] = {}
+    for t in tuples:
+        for r in t.ranks:
+            for s in r.launches + r.self_test:
+                distinct.setdefault(s.spec_id, s)
+    specs = tuple(sorted(distinct.values(), key=lambda s: (s.recipe, s.kind, s.rank, s.spec_id)))
+    return Plan(
+        manifest=manifest.name,
+        arch=manifest.arch,
+        tuples=tuple(tuples),
+        specs=specs,
+        env=tuple(sorted(code_env.items())),
+    )
