@@ -1,0 +1,40 @@
+# gemmar-aot: setup / build / test / clean.
+#
+#   make setup   .venv with the pinned build+test deps, then the build toolchain in
+#                .toolchain (mori sources, HIP headers, cco bitcode, ld.lld). Idempotent:
+#                a re-run verifies digests and redoes only what is missing or changed.
+#   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers)
+#   make test    pytest (PYTEST_ARGS="-k foo" etc.)
+#   make clean   remove .venv and .toolchain
+
+PYTHON      ?= python3
+VENV        := .venv
+VPY         := $(VENV)/bin/python
+MANIFEST    ?= manifests/dsv4-pro-wo_b.toml
+OUT         ?= artifacts
+JOBS        ?=
+PYTEST_ARGS ?=
+
+# pip install runs again when pyproject.toml changes.
+DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
+
+.PHONY: setup build test clean
+
+setup: $(DEPS_STAMP)
+	$(VPY) -m gemmar_aot.toolchain setup
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+$(DEPS_STAMP): pyproject.toml | $(VPY)
+	$(VENV)/bin/pip install -e '.[build,test]'
+	touch $@
+
+build: setup
+	$(VENV)/bin/gemmar-aot build $(MANIFEST) --out $(OUT)$(if $(strip $(JOBS)), -j $(JOBS))
+
+test: setup
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .toolchain

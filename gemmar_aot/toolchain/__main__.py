@@ -1,0 +1,41 @@
+"""``python -m gemmar_aot.toolchain {setup,doctor [--json]}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import GemmarError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gemmar_aot.toolchain", description=__doc__)
+    parser.add_argument("--root", type=Path, default=None, help="toolchain root (default: $GEMMAR_AOT_TOOLCHAIN or <checkout>/.toolchain)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("setup", help="install or verify the toolchain (idempotent)")
+    p_doc = sub.add_parser("doctor", help="report what is installed; exit 1 if anything is missing")
+    p_doc.add_argument("--json", action="store_true", help="print the checks as JSON")
+    args = parser.parse_args(argv)
+
+    from . import doctor, setup
+    from .diagnose import format_table
+
+    try:
+        if args.cmd == "setup":
+            setup(args.root, log=lambda s: print(s, flush=True))
+            return 0
+        checks = doctor(args.root)
+        if args.json:
+            print(json.dumps([c.to_dict() for c in checks], indent=2))
+        else:
+            print(format_table(checks))
+        return 0 if all(c.ok for c in checks) else 1
+    except GemmarError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

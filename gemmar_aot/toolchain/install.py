@@ -1,0 +1,369 @@
+"""``python -m gemmar_aot.toolchain setup``: install the build toolchain, idempotently.
+
+Each step has cheap *inputs* (pins, versions, digests of earlier steps) and an
+*output* whose digest is recomputed on every run. A step is skipped when its
+stamp (``<root>/stamps/<step>.json``) records the same inputs and the output
+still has the recorded digest; otherwise it is redone. ``toolchain.json`` is
+written last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ToolchainError
+from . import ccobc, clangres, devicelibs
+from .digest import sha256_file, tree_digest
+from .fetch import fetch_deb, fetch_wheel
+from .fingerprint import (
+    SCHEMA,
+    dist_version,
+    finalize,
+    flydsl_opt_level,
+    flydsl_package_digest,
+    mori_sources_digest,
+    python_version,
+    write_fingerprint,
+)
+from .fsutil import atomic_write_text, file_lock
+from .linker import install_ld_lld, wrapper_text
+from .paths import Layout, toolchain_root
+from .pins import (
+    CODE_OBJECT_VERSION,
+    FLYDSL_VERSION,
+    LIBCLANG_COMMON,
+    MORI,
+    TARGET_ARCH,
+    TORCH_VERSION,
+    TRITON,
+    ZIGLANG_VERSION,
+)
+from .tools import canonical_python, clang_version, lld_identity, zig_include_dir
+
+#: Environment variable: use this bitcode (e.g. built by hipcc on a ROCm host) instead of building one.
+CCO_BC_ENV = "MORI_CCO_BC"
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    what: str  # one line for the progress output
+    inputs: dict  # JSON values only; any change forces a redo
+    output: Callable[[], str | None]  # digest of the current output, None when absent
+    run: Callable[[], object]
+
+
+def _stamp_path(layout: Layout, name: str) -> Path:
+    return layout.stamps / f"{name}.json"
+
+
+def _read_stamp(layout: Layout, name: str) -> dict | None:
+    try:
+        return json.loads(_stamp_path(layout, name).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def run_step(layout: Layout, step: Step, log: Log) -> str:
+    """Skip or (re)do one step; return the digest of its output."""
+    t0 = time.monotonic()
+    stamp = _read_stamp(layout, step.name)
+    reason = "not installed"
+    if stamp is not None:
+        if stamp.get("inputs") != json.loads(json.dumps(step.inputs)):
+            reason = "inputs changed"
+        else:
+            current = step.output()
+            if current is not None and current == stamp.get("output"):
+                log(f"  {step.name:<15} ok     {time.monotonic() - t0:6.2f}s  {step.what} [{current[:12]}]")
+                return current
+            reason = "output missing" if current is None else "output changed"
+    _stamp_path(layout, step.name).unlink(missing_ok=True)
+    log(f"  {step.name:<15} ...    {step.what} ({reason})")
+    step.run()
+    current = step.output()
+    if current is None:
+        raise ToolchainError(f"setup step {step.name!r} finished but its output is missing")
+    atomic_write_text(
+        _stamp_path(layout, step.name),
+        json.dumps({"step": step.name, "inputs": step.inputs, "output": current}, indent=1, sort_keys=True) + "\n",
+    )
+    log(f"  {step.name:<15} done   {time.monotonic() - t0:6.2f}s  {step.what} [{current[:12]}]")
+    return current
+
+
+def _tree_or_none(d: Path, marker: str) -> str | None:
+    return tree_digest(d) if (d / marker).is_file() else None
+
+
+def _file_or_none(p: Path) -> str | None:
+    return sha256_file(p) if p.is_file() else None
+
+
+# ---------------------------------------------------------------- preflight
+
+
+def preflight(layout: Layout) -> None:
+    """Validate the Python environment and the settings before touching anything."""
+    problems = []
+    if sys.version_info < (3, 10):
+        problems.append(f"Python {python_version()} is too old (needs >= 3.10)")
+    for dist, want in (("flydsl", FLYDSL_VERSION), ("torch", TORCH_VERSION), ("ziglang", ZIGLANG_VERSION)):
+        have = dist_version(dist)
+        if have is None:
+            problems.append(f"{dist}=={want} is not installed in {sys.executable}")
+        elif have.split("+")[0] != want:
+            problems.append(f"{dist} {have} is installed in {sys.executable}, the pin is {want}")
+    if problems:
+        raise ToolchainError(
+            "the build environment is not ready:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\n  fix: run `make setup` (it creates .venv and runs `pip install -e '.[build,test]'`)"
+        )
+    flydsl_opt_level()  # validates FLYDSL_COMPILE_OPT_LEVEL
+    env_bc = _env_bitcode(layout)
+    if env_bc:
+        _check_bitcode_file(Path(env_bc))
+
+
+#: LLVM bitcode starts with 'BC' 0xC0DE (raw) or 0x0B17C0DE (wrapper).
+_BITCODE_MAGICS = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
+
+
+def _check_bitcode_file(p: Path) -> None:
+    fix = f"\n  fix: point {CCO_BC_ENV} at a libmori_cco_device.bc built for gfx950 (code object v6), or unset it"
+    if not p.is_file():
+        raise ToolchainError(f"{CCO_BC_ENV}={p} does not exist{fix}")
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head not in _BITCODE_MAGICS:
+        raise ToolchainError(f"{CCO_BC_ENV}={p} is not LLVM bitcode (starts with {head!r}){fix}")
+
+
+# ---------------------------------------------------------------- setup
+
+
+def setup(root: Path | None = None, log: Log = print) -> dict:
+    """Install (or verify) the toolchain under ``root``; return the fingerprint."""
+    layout = Layout(Path(root).resolve() if root else toolchain_root())
+    preflight(layout)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    log(f"toolchain: {layout.root}")
+    with file_lock(layout.lock):
+        fp = _setup_locked(layout, log)
+    log(f"toolchain: ready in {time.monotonic() - t_start:.2f}s, fingerprint {fp['digest'][:16]}")
+    return fp
+
+
+def _setup_locked(layout: Layout, log: Log) -> dict:
+    mori = run_step(
+        layout,
+        Step(
+            name="mori",
+            what=f"amd-mori {MORI.version} sources -> {layout.mori_dir.name}/mori",
+            inputs={"wheel": MORI.filename, "sha256": MORI.sha256},
+            output=lambda: _tree_or_none(layout.mori_dir, "mori/ops/gemm_ar/op.py"),
+            run=lambda: _install_mori(layout),
+        ),
+        log,
+    )
+
+    hip = run_step(
+        layout,
+        Step(
+            name="hip",
+            what=f"HIP headers + ockl/ocml from triton {TRITON.version} -> hip/",
+            inputs={"wheel": TRITON.filename, "sha256": TRITON.sha256},
+            output=lambda: _tree_or_none(layout.hip_dir, "include/hip/hip_runtime.h"),
+            run=lambda: _install_hip(layout),
+        ),
+        log,
+    )
+
+    zig_include = zig_include_dir()
+    clang = clang_version()
+    resource = run_step(
+        layout,
+        Step(
+            name="clang-resource",
+            what=f"clang resource dir: ziglang {ZIGLANG_VERSION} + {LIBCLANG_COMMON.package} wrappers",
+            inputs={
+                "deb": LIBCLANG_COMMON.filename,
+                "sha256": LIBCLANG_COMMON.sha256,
+                "zig_include": tree_digest(zig_include),
+                "take": list(clangres.WRAPPER_GLOBS),
+                "patches": clangres.describe_patches(),
+            },
+            output=lambda: _tree_or_none(layout.resource_dir, "include/__clang_hip_runtime_wrapper.h"),
+            run=lambda: clangres.install_resource_dir(
+                layout, fetch_deb(LIBCLANG_COMMON, layout.downloads), zig_include
+            ),
+        ),
+        log,
+    )
+
+    devlibs = run_step(
+        layout,
+        Step(
+            name="devicelibs",
+            what=f"device libraries for {TARGET_ARCH} (ocml, ockl, oclc controls)",
+            inputs={"hip": hip, "clang": clang, "controls": devicelibs.describe()},
+            output=lambda: _tree_or_none(layout.devicelib_dir, "ocml.bc"),
+            run=lambda: devicelibs.install_devicelibs(layout),
+        ),
+        log,
+    )
+
+    cco_record = _cco_step(layout, log, mori=mori, hip=hip, resource=resource, devlibs=devlibs, clang=clang)
+
+    python = canonical_python()  # the venv's python: ziglang lives in the venv
+    run_step(
+        layout,
+        Step(
+            name="ld.lld",
+            what="rocm/llvm/bin/ld.lld -> zig ld.lld",
+            inputs={"python": python, "ziglang": ZIGLANG_VERSION},
+            output=lambda: _wrapper_digest(layout, python),
+            run=lambda: install_ld_lld(layout.ld_lld, python),
+        ),
+        log,
+    )
+    t0 = time.monotonic()
+    identity = lld_identity([str(layout.ld_lld)])
+
+    fp = finalize(
+        {
+            "schema": SCHEMA,
+            "target": {"arch": TARGET_ARCH, "code_object_version": CODE_OBJECT_VERSION},
+            "python": python_version(),
+            "flydsl": {
+                "version": dist_version("flydsl"),
+                "package_digest": flydsl_package_digest(layout.stamps / "flydsl-digest.json"),
+            },
+            "flydsl_opt_level": flydsl_opt_level(),
+            "torch": {"version": dist_version("torch")},
+            "mori": {
+                "version": MORI.version,
+                "wheel": MORI.filename,
+                "wheel_sha256": MORI.sha256,
+                "sources_digest": mori_sources_digest(layout.mori_dir),
+            },
+            "cco_bitcode": cco_record,
+            "linker": {"identity": identity, "via": f"ziglang {ZIGLANG_VERSION}"},
+        }
+    )
+    wrote = write_fingerprint(layout.toolchain_json, fp)
+    log(
+        f"  {'toolchain.json':<15} {'done' if wrote else 'ok':<6} {time.monotonic() - t0:6.2f}s  "
+        f"fingerprint (FlyDSL {fp['flydsl']['version']}, {identity}) [{fp['digest'][:12]}]"
+    )
+    return fp
+
+
+def _install_mori(layout: Layout) -> None:
+    from .unpack import install_mori
+
+    install_mori(layout, fetch_wheel(MORI, layout.downloads))
+
+
+def _install_hip(layout: Layout) -> None:
+    from .unpack import install_hip
+
+    wheel = fetch_wheel(TRITON, layout.downloads)
+    install_hip(layout, wheel)
+    wheel.unlink()  # 248 MB; its digest stays in the stamp and the pin
+
+
+def _wrapper_digest(layout: Layout, python: str) -> str | None:
+    p = layout.ld_lld
+    if not (p.is_file() and os.access(p, os.X_OK)) or p.read_text() != wrapper_text(python):
+        return None
+    return sha256_file(p)
+
+
+def _cco_step(layout: Layout, log: Log, *, mori: str, hip: str, resource: str, devlibs: str, clang: str) -> dict:
+    """The cco bitcode: built here, or taken from $MORI_CCO_BC. Returns its fingerprint record."""
+    env_bc = _env_bitcode(layout)
+    if env_bc:
+        src = Path(env_bc)
+        _check_bitcode_file(src)
+        record = {"source": f"env:{CCO_BC_ENV}", "build": None}
+        inputs = {**record, "sha256": sha256_file(src)}
+        what = f"cco bitcode copied from ${CCO_BC_ENV}"
+
+        def run() -> None:
+            _install_env_bitcode(src, layout.cco_bc, inputs["sha256"])
+
+    else:
+        build = {
+            "compiler": clang,
+            "cwd": "<toolchain root>",
+            "flags": ccobc.clang_args(),
+            "headers": {
+                "hip": f"triton {TRITON.version} ({TRITON.filename} sha256 {TRITON.sha256})",
+                "clang_wrappers": f"{LIBCLANG_COMMON.package} {LIBCLANG_COMMON.version} (sha256 {LIBCLANG_COMMON.sha256})",
+                "clang_builtins": f"ziglang {ZIGLANG_VERSION}",
+                "patches": clangres.describe_patches(),
+                "host": ccobc.host_header_pins(),
+            },
+            "device_libs": list(devicelibs.LINKED),
+        }
+        record = {"source": "built", "build": build}
+        # The digests of the earlier steps' outputs are inputs too: any change there rebuilds.
+        inputs = {**record, "mori": mori, "hip": hip, "resource": resource, "devicelibs": devlibs}
+        what = f"cco bitcode: {clang}, {ccobc.SOURCE_REL.rsplit('/', 1)[-1]}, built twice"
+
+        def run() -> None:
+            _build_reproducibly(layout)
+
+    digest = run_step(
+        layout,
+        Step(name="cco-bitcode", what=what, inputs=inputs, output=lambda: _file_or_none(layout.cco_bc), run=run),
+        log,
+    )
+    return {**record, "sha256": digest}
+
+
+def _env_bitcode(layout: Layout) -> str:
+    """$MORI_CCO_BC, unless it points at the toolchain's own bitcode (a shell that
+    exported compile_env()): that is not a request to replace it."""
+    env_bc = os.environ.get(CCO_BC_ENV, "").strip()
+    if env_bc and Path(env_bc).resolve() == layout.cco_bc.resolve():
+        return ""
+    return env_bc
+
+
+def _install_env_bitcode(src: Path, dest: Path, expected: str) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(src, tmp)
+    if sha256_file(tmp) != expected:
+        tmp.unlink()
+        raise ToolchainError(f"${CCO_BC_ENV} ({src}) changed while it was being copied")
+    tmp.replace(dest)
+
+
+def _build_reproducibly(layout: Layout) -> None:
+    """Build the bitcode, then build it again into a scratch file: the two must be equal."""
+    first = ccobc.build_cco_bitcode(layout.root, layout.cco_bc)
+    scratch = layout.cco_bc.with_name(f".{layout.cco_bc.name}.repro")
+    try:
+        second = ccobc.build_cco_bitcode(layout.root, scratch)
+    finally:
+        scratch.unlink(missing_ok=True)
+    if first != second:
+        layout.cco_bc.unlink(missing_ok=True)
+        raise ToolchainError(
+            f"the cco bitcode is not reproducible: two builds gave sha256 {first} and {second}\n"
+            "  fix: report this; as a workaround set MORI_CCO_BC to a bitcode built elsewhere"
+        )

@@ -1,0 +1,105 @@
+"""Loading an installed toolchain (cheap checks), and the compile environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ToolchainError
+from .digest import sha256_file
+from .fingerprint import dist_version, mori_sources_digest, python_version, read_fingerprint
+from .paths import FIX, Layout, toolchain_root
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """An installed, verified toolchain. ``fingerprint`` is the parsed ``toolchain.json``
+    (treat it as read-only; ``fingerprint["digest"]`` identifies it)."""
+
+    root: Path
+    mori_dir: Path  # the directory containing the ``mori/`` package
+    cco_bc: Path
+    rocm_path: Path  # holds llvm/bin/ld.lld
+    fingerprint: dict = field(hash=False, repr=False)
+
+    @property
+    def digest(self) -> str:
+        return self.fingerprint["digest"]
+
+    @property
+    def arch(self) -> str:
+        return self.fingerprint["target"]["arch"]
+
+
+def load_toolchain(root: Path | None = None) -> Toolchain:
+    """Read ``toolchain.json`` and verify (cheaply) that what it describes is in place:
+    the cco bitcode's digest, the mori generator sources' digest, the ld.lld
+    wrapper, and the installed FlyDSL/torch/Python versions.
+
+    Raises ToolchainError naming what is missing or wrong and the fix.
+    """
+    layout = Layout(Path(root).resolve() if root is not None else toolchain_root())
+    if not layout.toolchain_json.is_file():
+        raise ToolchainError(f"no toolchain at {layout.root} ({layout.toolchain_json.name} is missing)\n  fix: {FIX}")
+    try:
+        fp = read_fingerprint(layout.toolchain_json)
+    except ToolchainError as e:
+        raise ToolchainError(f"{e}\n  fix: {FIX}") from e
+
+    problems: list[str] = []
+    want_bc = fp["cco_bitcode"]["sha256"]
+    if not layout.cco_bc.is_file():
+        problems.append(f"the cco bitcode {layout.cco_bc} is missing")
+    else:
+        have_bc = sha256_file(layout.cco_bc)
+        if have_bc != want_bc:
+            problems.append(f"the cco bitcode {layout.cco_bc} has sha256 {have_bc}, toolchain.json says {want_bc}")
+
+    if not (layout.mori_pkg / "ops" / "gemm_ar" / "op.py").is_file():
+        problems.append(f"mori's sources are missing from {layout.mori_dir}")
+    else:
+        try:
+            have_src = mori_sources_digest(layout.mori_dir)
+        except ToolchainError as e:
+            have_src = str(e)
+        if have_src != fp["mori"]["sources_digest"]:
+            problems.append(f"mori's generator sources under {layout.mori_pkg} changed since setup")
+
+    if not (layout.ld_lld.is_file() and os.access(layout.ld_lld, os.X_OK)):
+        problems.append(f"the linker wrapper {layout.ld_lld} is missing or not executable")
+
+    for dist, key in (("flydsl", "flydsl"), ("torch", "torch")):
+        have = dist_version(dist)
+        want = fp[key]["version"]
+        if have != want:
+            problems.append(f"{dist} {have or '(not installed)'} is installed, the toolchain was set up with {want}")
+    if python_version() != fp["python"]:
+        problems.append(f"this is Python {python_version()}, the toolchain was set up with {fp['python']}")
+
+    if problems:
+        raise ToolchainError(
+            f"the toolchain at {layout.root} is not usable:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + f"\n  fix: {FIX}"
+        )
+    return Toolchain(
+        root=layout.root,
+        mori_dir=layout.mori_dir,
+        cco_bc=layout.cco_bc,
+        rocm_path=layout.rocm_path,
+        fingerprint=fp,
+    )
+
+
+def compile_env(tc: Toolchain) -> dict[str, str]:
+    """Environment variables a compile worker sets before importing FlyDSL/mori."""
+    return {
+        "COMPILE_ONLY": "1",  # FlyDSL: compile, never launch (no GPU here)
+        "ARCH": tc.arch,  # FlyDSL's target override (not FLYDSL_-prefixed)
+        "FLYDSL_RUNTIME_ENABLE_CACHE": "0",  # keep FlyDSL's own disk cache out of the way
+        "FLYDSL_COMPILE_OPT_LEVEL": str(tc.fingerprint["flydsl_opt_level"]),  # as fingerprinted
+        "ROCM_PATH": str(tc.rocm_path),  # the ROCDL serializer runs $ROCM_PATH/llvm/bin/ld.lld
+        "MORI_CCO_BC": str(tc.cco_bc),  # mori links this bitcode ...
+        "MORI_DISABLE_JIT": "1",  # ... and never tries hipcc
+    }
