@@ -1,0 +1,776 @@
+"""Manifests: the TOML files that say which gemm_ar workloads to build.
+
+A manifest lists *tuples*; each tuple is one mode at one (N, K, world, quant)
+with one or more M values. Example::
+
+    # manifests/dsv4-pro-wo_b.toml
+    [manifest]
+    name = "dsv4-pro-wo_b"        # optional; default: the file's stem
+    description = "..."           # optional
+    arch = "gfx950"               # optional; gfx950 is the only target
+    format = 1                    # optional; the only format so far
+
+    [[tuple]]
+    transport = "fused-sdma"      # "fused-sdma" | "split-lsa" | "gemm-only"
+    m = { start = 4096, stop = 16384, step = 1024 }
+    n = 7168
+    k = 2048
+    world = 8
+    quant = "blockscale"          # "blockscale" | "mxfp8"
+
+Top level
+    Only ``[manifest]`` and ``[[tuple]]`` are allowed, and there must be at
+    least one ``[[tuple]]``.
+
+Required tuple keys
+    ``transport``  one of :data:`gemmar_aot.workload.MODES`:
+                   ``fused-sdma`` (``GemmAllReduceOp``: the GEMM pushes its
+                   output from its epilogue, then drain -> reduce -> gather),
+                   ``split-lsa`` (unfused GEMM, then an LSA all-reduce),
+                   ``gemm-only`` (``Mxfp8GemmOp``: the GEMM alone).
+                   ``split-sdma`` and ``fused-lsa`` exist upstream but are not
+                   built yet; asking for them is an error.
+    ``m``          the M values, in one of three forms: an integer
+                   (``m = 4096``), a non-empty array (``m = [256, 512]``), or
+                   a range table ``{ start, stop, step }`` whose ``stop`` is
+                   inclusive when it falls on the grid. At most
+                   :data:`MAX_M_VALUES` values per tuple.
+    ``n``, ``k``   the GEMM's N (output columns, the all-reduced row length)
+                   and K (the reduction dimension).
+    ``world``      ranks in the all-reduce: 2, 4 or 8. For ``gemm-only`` any
+                   positive integer; it is recorded (so every tuple has the same
+                   shape) but does not change the two GEMM kernels.
+    ``quant``      ``blockscale`` (1x128 / 128x128 fp32 scales, DeepSeek-V4-Pro)
+                   or ``mxfp8`` (32-wide ue8m0 scales). ``gemm-only`` is mxfp8
+                   only.
+
+Optional tuple keys
+    ``gather_dtype``      ``"bf16"`` (default) or ``"fp8"``: what the gather
+                          leg carries. fused-sdma only (split-lsa accepts
+                          ``"bf16"``); fp8 needs N a multiple of 1024.
+    ``gather_transport``  ``"lsa"`` (default) or ``"sdma"``: who moves an fp8
+                          gather. fused-sdma only (split-lsa accepts ``"lsa"``).
+    ``block_m``           the GEMM's M tile; default 128 for blockscale, 256
+                          for mxfp8 (which requires 256).
+    ``block_n``           the GEMM's N tile; 256 is the only legal value.
+    ``m_max``             the largest M the op instance (its window) serves. By
+                          default each group of otherwise identical tuples gets
+                          its largest padded M. Collective modes only.
+    ``sdma_queues``       SDMA queues per destination (default 1). fused-sdma
+                          only.
+
+M padding
+    Collective modes pad M up to a multiple of ``world * block_m`` (whole row
+    bands per destination), exactly like ``GemmAllReduceOp.padded_m``;
+    ``gemm-only`` pads to a multiple of 64 (the packed A-scale group). A
+    :class:`~gemmar_aot.workload.Workload` keeps both the padded ``m`` and the
+    ``m_requested``. Two M values that pad to the same workload are built once
+    and reported in :attr:`Manifest.warnings`, not as errors; ``m_max`` is
+    padded the same way.
+
+Errors
+    Validation applies the op's own rules (:mod:`gemmar_aot.rules`) and collects
+    every problem before raising one :class:`~gemmar_aot.errors.ManifestError`.
+    Each problem names the file, the entry and its line, the field, the value,
+    the rule and a fix, e.g.::
+
+        smoke.toml: tuple[2] (line 14): k = 200: K must be a multiple of 128 (the block-scale group); use 256
+
+    The parser raises nothing but ManifestError, whatever the input.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from . import rules
+from .errors import ManifestError
+from .workload import MODES, MODES_LATER, Workload
+
+#: Targets a manifest may name.
+SUPPORTED_ARCHS = ("gfx950",)
+#: Manifest format versions this parser reads.
+FORMAT_VERSIONS = (1,)
+#: Most M values one tuple may expand to (before padding).
+MAX_M_VALUES = 1024
+
+COLLECTIVE_MODES = tuple(m for m in MODES if m != "gemm-only")
+
+_TOP_KEYS = ("manifest", "tuple")
+_MANIFEST_KEYS = ("name", "description", "arch", "format")
+_RANGE_KEYS = ("start", "stop", "step")
+
+#: Every key a tuple may have: (required, what it is, an example).
+_TUPLE_KEYS: dict[str, tuple[bool, str, str]] = {
+    "transport": (True, "the mode", 'transport = "fused-sdma"'),
+    "m": (True, "the M values", "m = 4096"),
+    "n": (True, "the GEMM's N (output columns)", "n = 7168"),
+    "k": (True, "the GEMM's K", "k = 2048"),
+    "world": (True, "the number of ranks", "world = 8"),
+    "quant": (True, "the quantisation", 'quant = "blockscale"'),
+    "gather_dtype": (False, "", 'gather_dtype = "bf16"'),
+    "gather_transport": (False, "", 'gather_transport = "lsa"'),
+    "block_m": (False, "", "block_m = 128"),
+    "block_n": (False, "", "block_n = 256"),
+    "m_max": (False, "", "m_max = 16384"),
+    "sdma_queues": (False, "", "sdma_queues = 1"),
+}
+
+#: Keys that only make sense for some modes, and which.
+_MODE_ONLY_KEYS = {
+    "gather_dtype": ("fused-sdma", "split-lsa"),
+    "gather_transport": ("fused-sdma", "split-lsa"),
+    "m_max": ("fused-sdma", "split-lsa"),
+    "sdma_queues": ("fused-sdma",),
+}
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+_TUPLE_HEADER_RE = re.compile(r"""^[ \t]*\[\[[ \t]*(?:tuple|"tuple"|'tuple')[ \t]*\]\]""")
+_TUPLE_ARRAY_RE = re.compile(r"""^[ \t]*(?:tuple|"tuple"|'tuple')[ \t]*=""")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest.
+
+    ``workloads`` are in manifest order (tuple by tuple, M values in the order
+    written), padded, with duplicates removed; ``warnings`` says what was merged.
+    """
+
+    name: str
+    path: str  # as given, for messages
+    arch: str
+    description: str
+    workloads: tuple[Workload, ...]
+    warnings: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------
+# Rendering values and keys the way a TOML file spells them
+# --------------------------------------------------------------------------
+
+_MAX_RENDER = 80
+
+
+def _toml_str(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _key(k: str) -> str:
+    return k if _BARE_KEY_RE.fullmatch(k) else _toml_str(k)
+
+
+def _render(v: Any, depth: int = 0) -> str:
+    if depth > 3:
+        return "..."
+    if isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, (int, str)):
+        text = str(v) if isinstance(v, int) else _toml_str(v)
+    elif isinstance(v, float):
+        text = "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
+    elif isinstance(v, list):
+        text = "[" + ", ".join(_render(x, depth + 1) for x in v[:8]) + (", ...]" if len(v) > 8 else "]")
+    elif isinstance(v, dict):
+        items = [f"{_key(str(k))} = {_render(x, depth + 1)}" for k, x in list(v.items())[:8]]
+        text = "{ " + ", ".join(items) + (", ... }" if len(v) > 8 else " }") if items else "{}"
+    elif isinstance(v, (datetime.date, datetime.time)):
+        text = v.isoformat()
+    else:  # pragma: no cover - tomllib produces nothing else
+        text = repr(v)
+    if len(text) > _MAX_RENDER:
+        text = text[: _MAX_RENDER - 3] + "..."
+    return text
+
+
+def _type_name(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a float"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, (datetime.date, datetime.time)):
+        return "a date/time"
+    return type(v).__name__  # pragma: no cover
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f'; did you mean "{close[0]}"?' if close else ""
+
+
+def _one_of(choices) -> str:
+    quoted = [f'"{c}"' for c in choices]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def _nearest_multiples(value: int, step: int, floor: int) -> str:
+    lo = max(floor, value // step * step)
+    hi = max(floor, -(-value // step) * step)
+    return str(lo) if lo == hi else f"{lo} or {hi}"
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+
+class _Checker:
+    """Collects problems and warnings for one manifest."""
+
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.text = text
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+
+    # --- messages ---
+
+    def problem(self, entry: str, message: str) -> None:
+        self.problems.append(f"{self.path}: {entry}: {message}")
+
+    def bad(self, entry: str, field: str, value: Any, rule: str, fix: str) -> None:
+        self.problem(entry, f"{field} = {_render(value)}: {rule}; {fix}")
+
+    # --- typed fields ---
+
+    def integer(self, entry: str, field: str, value: Any, example: str, *, minimum: int = 1) -> int | None:
+        """``value`` as an int in [minimum, INT32_MAX], or None after reporting why not."""
+        hint = f"write a whole number, e.g. {example}"
+        if isinstance(value, bool):
+            self.bad(entry, field, value, "must be an integer, not a boolean", hint)
+            return None
+        if isinstance(value, float):
+            if value == value and value not in (float("inf"), float("-inf")) and value.is_integer():
+                self.bad(entry, field, value, "must be an integer, not a float", f"write {field} = {int(value)}")
+            else:
+                self.bad(entry, field, value, "must be an integer, not a float", hint)
+            return None
+        if isinstance(value, str):
+            if re.fullmatch(r"[+-]?[0-9]{1,30}", value.strip()):
+                self.bad(entry, field, value, "must be an integer, not a string",
+                         f"drop the quotes: {field} = {int(value.strip())}")
+            else:
+                self.bad(entry, field, value, "must be an integer, not a string", hint)
+            return None
+        if not isinstance(value, int):
+            self.bad(entry, field, value, f"must be an integer, not {_type_name(value)}", hint)
+            return None
+        if value < minimum:
+            self.bad(entry, field, value, f"must be at least {minimum}", hint)
+            return None
+        if value > rules.INT32_MAX:
+            self.bad(entry, field, value,
+                     f"must be at most {rules.INT32_MAX} (kernel arguments are 32-bit)", hint)
+            return None
+        return value
+
+    def choice(self, entry: str, field: str, value: Any, choices, *, extra: str = "") -> str | None:
+        """``value`` if it is one of ``choices`` (strings), else None after reporting."""
+        if not isinstance(value, str):
+            self.bad(entry, field, value, f"must be a string, not {_type_name(value)}",
+                     f"use {_one_of(choices)}")
+            return None
+        if value in choices:
+            return value
+        if value.strip().lower() in choices:
+            fix = f'write {field} = "{value.strip().lower()}" (lower case, no spaces)'
+        else:
+            fix = f"use {_one_of(choices)}{_suggest(value, choices)}"
+        self.bad(entry, field, value, f"{field} must be one of {_one_of(choices)}{extra}", fix)
+        return None
+
+    # --- lines ---
+
+    def tuple_lines(self, count: int) -> list[int | None]:
+        """Line of each ``[[tuple]]`` header (1-based), or None when unknown."""
+        lines = self.text.splitlines()
+        heads = [i + 1 for i, line in enumerate(lines) if _TUPLE_HEADER_RE.match(line)]
+        if len(heads) == count:
+            return list(heads)
+        arrays = [i + 1 for i, line in enumerate(lines) if _TUPLE_ARRAY_RE.match(line)]
+        if not heads and len(arrays) == 1:  # tuple = [ {...}, ... ]
+            return [arrays[0]] * count
+        return [None] * count
+
+
+def _unknown_key(ck: _Checker, entry: str, key: Any, allowed, what: str) -> None:
+    shown = _key(str(key))
+    ck.problem(
+        entry,
+        f"unknown key {shown}: {what} takes only {', '.join(allowed)}; "
+        f"remove it{_suggest(str(key), allowed)}",
+    )
+
+
+def _check_manifest_table(ck: _Checker, table: Any, default_name: str) -> tuple[str, str, str]:
+    name, description, arch = default_name, "", "gfx950"
+    entry = "[manifest]"
+    if not isinstance(table, dict):
+        ck.problem("top level", f"manifest = {_render(table)}: [manifest] must be a table, not "
+                   f"{_type_name(table)}; write it as a [manifest] section")
+        return name, description, arch
+    for key in table:
+        if key not in _MANIFEST_KEYS:
+            _unknown_key(ck, entry, key, _MANIFEST_KEYS, "[manifest]")
+    if "name" in table:
+        v = table["name"]
+        if not isinstance(v, str):
+            ck.bad(entry, "name", v, f"must be a string, not {_type_name(v)}", 'write e.g. name = "my-model"')
+        elif not _NAME_RE.fullmatch(v):
+            ck.bad(entry, "name", v,
+                   "a name is 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                   "(it names the artifacts built from this manifest)",
+                   "rename it, or remove the key to use the file's name")
+        else:
+            name = v
+    if "description" in table:
+        v = table["description"]
+        if not isinstance(v, str):
+            ck.bad(entry, "description", v, f"must be a string, not {_type_name(v)}", "put it in quotes")
+        else:
+            description = v
+    if "arch" in table:
+        v = table["arch"]
+        if not isinstance(v, str) or v not in SUPPORTED_ARCHS:
+            ck.bad(entry, "arch", v, f"the only supported target is {_one_of(SUPPORTED_ARCHS)} (MI355X)",
+                   f'write arch = "{SUPPORTED_ARCHS[0]}" or remove the key')
+        else:
+            arch = v
+    if "format" in table:
+        v = table["format"]
+        if isinstance(v, bool) or not isinstance(v, int) or v not in FORMAT_VERSIONS:
+            ck.bad(entry, "format", v,
+                   f"this gemmar-aot reads manifest format {', '.join(map(str, FORMAT_VERSIONS))}",
+                   "write format = 1 or remove the key")
+    return name, description, arch
+
+
+def _m_values(ck: _Checker, entry: str, value: Any) -> list[int] | None:
+    """The M values a tuple asks for, unpadded, or None after reporting."""
+    example = "m = 4096, m = [256, 512] or m = { start = 4096, stop = 16384, step = 1024 }"
+    if isinstance(value, dict):
+        ok = True
+        for key in value:
+            if key not in _RANGE_KEYS:
+                _unknown_key(ck, entry, key, _RANGE_KEYS, "an M range")
+                ok = False
+        got: dict[str, int] = {}
+        for key in _RANGE_KEYS:
+            if key not in value:
+                ck.problem(entry, f"m = {_render(value)}: an M range needs start, stop and step; "
+                           f"add {key}, e.g. {example}")
+                ok = False
+                continue
+            iv = ck.integer(entry, f"m.{key}", value[key], f"m.{key} = 1024")
+            if iv is None:
+                ok = False
+            else:
+                got[key] = iv
+        if not ok:
+            return None
+        start, stop, step = got["start"], got["stop"], got["step"]
+        if start > stop:
+            ck.bad(entry, "m", value, f"start ({start}) is greater than stop ({stop})",
+                   "swap them; stop is inclusive")
+            return None
+        count = (stop - start) // step + 1
+        if count > MAX_M_VALUES:
+            ck.bad(entry, "m", value, f"the range has {count} values, more than the {MAX_M_VALUES} "
+                   "a tuple may expand to", "use a larger step or split the tuple")
+            return None
+        if (stop - start) % step:
+            last = start + (count - 1) * step
+            ck.warnings.append(
+                f"{ck.path}: {entry}: m = {_render(value)}: stop {stop} is not start + a multiple of "
+                f"step; the last M is {last}"
+            )
+        return list(range(start, stop + 1, step))
+    if isinstance(value, list):
+        if not value:
+            ck.bad(entry, "m", value, "the M list is empty", f"list at least one M, e.g. {example}")
+            return None
+        if len(value) > MAX_M_VALUES:
+            ck.bad(entry, "m", value, f"the list has {len(value)} values, more than the "
+                   f"{MAX_M_VALUES} a tuple may have", "split the tuple")
+            return None
+        out = []
+        for j, item in enumerate(value):
+            iv = ck.integer(entry, f"m[{j}]", item, f"m = [{4096 if j == 0 else '..., 4096'}]")
+            if iv is not None:
+                out.append(iv)
+        return out if len(out) == len(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        iv = ck.integer(entry, "m", value, "m = 4096")
+        return None if iv is None else [iv]
+    ck.bad(entry, "m", value, f"M must be an integer, an array of integers or a range table, not "
+           f"{_type_name(value)}", f"write e.g. {example}")
+    return None
+
+
+def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> list[Workload]:
+    entry = f"tuple[{i}]" + (f" (line {line})" if line else "")
+    source = f"{ck.path}:tuple[{i}]" + (f" (line {line})" if line else "")
+    if not isinstance(raw, dict):
+        ck.problem(entry, f"{_render(raw)} is {_type_name(raw)}, but each [[tuple]] must be a table; "
+                   "write each tuple as a [[tuple]] section")
+        return []
+    n_before = len(ck.problems)
+
+    # --- keys ---
+    for key in raw:
+        if key not in _TUPLE_KEYS:
+            _unknown_key(ck, entry, key, tuple(_TUPLE_KEYS), "a tuple")
+    for key, (required, what, example) in _TUPLE_KEYS.items():
+        if required and key not in raw:
+            ck.problem(entry, f"{key} is missing: every tuple needs {what}; add e.g. {example}")
+
+    # --- transport ---
+    transport = None
+    if "transport" in raw:
+        v = raw["transport"]
+        if isinstance(v, str) and v in MODES_LATER:
+            ck.bad(entry, "transport", v, f'mode "{v}" is not built yet by gemmar-aot',
+                   f"use {_one_of(MODES)}")
+        else:
+            transport = ck.choice(entry, "transport", v, MODES)
+    collective = transport != "gemm-only"
+
+    # --- mode-specific keys ---
+    if transport is not None:
+        for key, modes in _MODE_ONLY_KEYS.items():
+            if key in raw and transport not in modes:
+                ck.bad(entry, key, raw[key], f'{key} does not apply to transport "{transport}" '
+                       f"(only to {_one_of(modes)})", "remove it")
+
+    def integer(key: str, default: int | None = None, minimum: int = 1) -> int | None:
+        if key not in raw:
+            return default
+        return ck.integer(entry, key, raw[key], _TUPLE_KEYS[key][2], minimum=minimum)
+
+    n = integer("n")
+    k = integer("k")
+    world = integer("world")
+    m_max = integer("m_max") if collective else None
+    sdma_queues = integer("sdma_queues", 1) if transport in (None, "fused-sdma") else 1
+
+    # --- the op's checks, in its order ---
+    quant = None
+    if "quant" in raw:
+        quant = ck.choice(entry, "quant", raw["quant"], rules.QUANTS)
+        if quant is not None and transport == "gemm-only" and quant != "mxfp8":
+            ck.bad(entry, "quant", quant, 'transport "gemm-only" is Mxfp8GemmOp, which implements '
+                   "only mxfp8", 'set quant = "mxfp8", or use transport = "split-lsa" for a '
+                   f"{quant} GEMM with its all-reduce")
+            quant = None
+
+    block_m = None
+    if "block_m" in raw:
+        block_m = integer("block_m")
+        if block_m is not None and quant is not None:
+            why = rules.check_block_m_for_quant(quant, block_m)
+            if why:
+                ck.bad(entry, "block_m", block_m, why, f"set block_m = {rules.MXFP8_BLOCK_M} or remove it")
+                block_m = None
+        if block_m is not None:
+            why = rules.check_tile(block_m, rules.TILE_N_GRANULE)
+            if why:
+                ck.bad(entry, "block_m", block_m, why,
+                       f"use {_nearest_multiples(block_m, rules.TILE_M_GRANULE, rules.TILE_M_GRANULE)}"
+                       " or remove it")
+                block_m = None
+    elif quant is not None:
+        block_m = rules.default_block_m(quant)
+
+    gather_dtype, gather_transport = "bf16", "lsa"
+    if "gather_dtype" in raw and (transport is None or transport in _MODE_ONLY_KEYS["gather_dtype"]):
+        gather_dtype = ck.choice(entry, "gather_dtype", raw["gather_dtype"], rules.GATHER_DTYPES)
+        if gather_dtype == "fp8" and transport == "split-lsa":
+            ck.bad(entry, "gather_dtype", "fp8", 'the split-lsa all-reduce has no fp8 path',
+                   'remove gather_dtype, or use transport = "fused-sdma" for an fp8 gather')
+            gather_dtype = None
+    if "gather_transport" in raw and (transport is None or transport in _MODE_ONLY_KEYS["gather_transport"]):
+        gather_transport = ck.choice(entry, "gather_transport", raw["gather_transport"],
+                                     rules.GATHER_TRANSPORTS)
+        if gather_transport == "sdma" and transport == "split-lsa":
+            ck.bad(entry, "gather_transport", "sdma", "split-lsa moves every byte over LSA",
+                   'remove gather_transport, or use transport = "fused-sdma"')
+            gather_transport = None
+
+    block_n = rules.DEFAULT_BLOCK_N
+    if "block_n" in raw:
+        block_n = integer("block_n")
+        if block_n is not None:
+            why = rules.check_block_n(block_n) or rules.check_tile(rules.TILE_M_GRANULE, block_n)
+            if why:
+                ck.bad(entry, "block_n", block_n, why, f"set block_n = {rules.DEFAULT_BLOCK_N} or remove it")
+                block_n = None
+
+    # m_max and sdma_queues >= 1 were enforced by the integer check.
+
+    if k is not None:
+        why = rules.check_k(k, quant or "blockscale")
+        if why:
+            ck.bad(entry, "k", k, why,
+                   f"use {_nearest_multiples(k, rules.SCALE_BLOCK_K, rules.MIN_K)}")
+            k = None
+    if n is not None:
+        groups = [rules.MXFP8_BLOCK if quant == "mxfp8" else rules.SCALE_BLOCK_K]
+        why = None
+        if block_n is not None:
+            why = rules.check_n(n, block_n, quant or "blockscale")
+            if why is None and transport == "gemm-only":
+                why = rules.check_n(n, rules.NARROW_BLOCK_N, "mxfp8")
+                if why:
+                    why += " (the narrow kernel Mxfp8GemmOp uses at small grids)"
+        elif n % groups[0]:
+            why = f"N must be a multiple of {groups[0]} (the B scale group)"
+        if why:
+            step = max(block_n or rules.DEFAULT_BLOCK_N, groups[0])
+            ck.bad(entry, "n", n, why, f"the nearest supported N are {_nearest_multiples(n, step, step)}")
+            n = None
+
+    if world is not None and collective:
+        why = rules.check_world(world)
+        if why:
+            ck.bad(entry, "world", world, why, f"use {', '.join(map(str, rules.WORLD_SIZES[:-1]))} "
+                   f"or {rules.WORLD_SIZES[-1]}")
+            world = None
+
+    if n is not None and gather_dtype is not None and collective:
+        why = rules.check_fp8_gather_n(n, gather_dtype)
+        if why:
+            ck.bad(entry, "n", n, why,
+                   f'use gather_dtype = "bf16" (N = {n} works with the bf16 gather), or an N '
+                   f"that is a multiple of {rules.FP8_GATHER_N_MULTIPLE}")
+            gather_dtype = None
+
+    m_values = _m_values(ck, entry, raw["m"]) if "m" in raw else None
+
+    # Every rule that failed has reported itself; with none failed, every field
+    # above holds a valid value.
+    if len(ck.problems) > n_before:
+        return []
+    assert None not in (transport, quant, n, k, world, gather_dtype, gather_transport,
+                        block_m, block_n, sdma_queues, m_values)
+
+    # --- padding and the M-dependent rules ---
+    if collective:
+        padded = [rules.padded_m(m, world, block_m) for m in m_values]
+    else:
+        padded = [rules.gemm_only_padded_m(m) for m in m_values]
+    ok = True
+    largest = max(padded)
+    biggest_req = m_values[padded.index(largest)]
+    why = rules.check_int32_extents(largest, n, k)
+    if why:
+        limit = rules.INT32_MAX // max(n, k)
+        ck.bad(entry, "m", biggest_req, f"padded to {largest}, {why}", f"keep M at or below {limit}")
+        ok = False
+    if collective:
+        why = rules.check_payload(largest, n, world)
+        if why:  # cannot happen for padded M; kept to mirror the op
+            ck.bad(entry, "m", biggest_req, why, "change M or N")
+            ok = False
+    m_max_pad = None
+    if m_max is not None:
+        m_max_pad = rules.padded_m(m_max, world, block_m)
+        if m_max_pad < largest:
+            ck.bad(entry, "m_max", m_max, f"m_max pads to {m_max_pad}, smaller than the largest "
+                   f"padded M of this tuple (m = {biggest_req} pads to {largest})",
+                   f"raise m_max to at least {largest}, or remove it (the default is the "
+                   "group's largest padded M)")
+            ok = False
+        else:
+            why = rules.check_int32_extents(m_max_pad, n, k)
+            if why:
+                ck.bad(entry, "m_max", m_max, f"padded to {m_max_pad}, {why}",
+                       f"keep m_max at or below {rules.INT32_MAX // max(n, k)}")
+                ok = False
+    if not ok:
+        return []
+
+    out = []
+    for m_req, m_pad in zip(m_values, padded):
+        out.append(
+            Workload(
+                transport=transport,
+                m=m_pad,
+                n=n,
+                k=k,
+                world=world,
+                quant=quant,
+                gather_dtype=gather_dtype,
+                gather_transport=gather_transport,
+                block_m=block_m,
+                block_n=block_n,
+                m_max=m_max_pad,
+                sdma_queues=sdma_queues,
+                m_requested=m_req,
+                source=source,
+            )
+        )
+    return out
+
+
+def _entry_of(source: str, path: str) -> str:
+    prefix = path + ":"
+    return source[len(prefix):] if source.startswith(prefix) else source
+
+
+def _dedup(ck: _Checker, workloads: list[Workload]) -> list[Workload]:
+    seen: dict[Workload, Workload] = {}
+    out = []
+    for w in workloads:
+        key = replace(w, m_requested=0, source="")
+        first = seen.get(key)
+        if first is None:
+            seen[key] = w
+            out.append(w)
+            continue
+        entry = _entry_of(w.source, ck.path)
+        if first.source == w.source:
+            ck.warnings.append(
+                f"{ck.path}: {entry}: m = {first.m_requested} and m = {w.m_requested} both pad to "
+                f"{w.m}; it is built once"
+            )
+        else:
+            ck.warnings.append(
+                f"{ck.path}: {entry}: m = {w.m_requested} (padded {w.m}) repeats "
+                f"{_entry_of(first.source, ck.path)}; it is built once"
+            )
+    return out
+
+
+# --------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------
+
+
+def _default_name(path: str) -> str:
+    if path.startswith("<"):
+        return "manifest"
+    return Path(path).stem or "manifest"
+
+
+def parse_manifest(text: str, path: str = "<string>") -> Manifest:
+    """Parse and validate manifest ``text``; ``path`` is only used in messages.
+
+    Raises :class:`ManifestError` listing every problem; never anything else.
+    """
+    path = str(path)
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError([f"{path}: not UTF-8 text (bad byte at offset {exc.start}); "
+                                 "save the manifest as UTF-8"]) from None
+    if not isinstance(text, str):
+        raise ManifestError([f"{path}: expected the manifest's text, got {type(text).__name__}"])
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError([f"{path}: not valid TOML: {exc}; fix the syntax there"]) from None
+    except RecursionError:
+        raise ManifestError([f"{path}: not valid TOML: arrays or tables are nested too deeply "
+                             "for the parser; flatten them"]) from None
+    except Exception as exc:  # e.g. ValueError for an integer of thousands of digits
+        raise ManifestError([f"{path}: not valid TOML: the parser stopped with "
+                             f"{type(exc).__name__}: {_render(str(exc))}; fix that value"]) from None
+
+    ck = _Checker(path, text)
+    for key in data:
+        if key not in _TOP_KEYS:
+            _unknown_key(ck, "top level", key, ("[manifest]", "[[tuple]]"), "a manifest")
+    name, description, arch = _check_manifest_table(ck, data.get("manifest", {}), _default_name(path))
+
+    tuples = data.get("tuple")
+    workloads: list[Workload] = []
+    if tuples is None:
+        ck.problem("top level", "there is no [[tuple]]: a manifest must list at least one workload; "
+                   'add e.g. [[tuple]] with transport = "fused-sdma", m, n, k, world and quant')
+    elif isinstance(tuples, dict):
+        ck.problem("top level", "[tuple] is a single table, but tuples are an array of tables; "
+                   "write the header as [[tuple]]")
+    elif not isinstance(tuples, list):
+        ck.problem("top level", f"tuple = {_render(tuples)}: tuples must be [[tuple]] sections, not "
+                   f"{_type_name(tuples)}; write each as a [[tuple]] section")
+    elif not tuples:
+        ck.problem("top level", "tuple = []: a manifest must list at least one workload; "
+                   "add a [[tuple]] section")
+    else:
+        lines = ck.tuple_lines(len(tuples))
+        for i, raw in enumerate(tuples):
+            workloads.extend(_check_tuple(ck, i, raw, lines[i]))
+
+    if ck.problems:
+        raise ManifestError(ck.problems)
+    workloads = _dedup(ck, workloads)
+    return Manifest(
+        name=name,
+        path=path,
+        arch=arch,
+        description=description,
+        workloads=tuple(workloads),
+        warnings=tuple(ck.warnings),
+    )
+
+
+def load_manifest(path: str | os.PathLike) -> Manifest:
+    """Read and validate the manifest at ``path``. Raises :class:`ManifestError`."""
+    try:
+        shown = os.fspath(path)
+    except TypeError:
+        raise ManifestError([f"{path!r}: not a file path"]) from None
+    if isinstance(shown, bytes):
+        shown = shown.decode("utf-8", "replace")
+    try:
+        data = Path(shown).read_bytes()
+    except FileNotFoundError:
+        raise ManifestError([f"{shown}: no such file; check the path (the shipped manifests are "
+                             "in manifests/)"]) from None
+    except IsADirectoryError:
+        raise ManifestError([f"{shown}: is a directory; pass a manifest .toml file"]) from None
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise ManifestError([f"{shown}: cannot read it ({why}); check the path and its "
+                             "permissions"]) from None
+    return parse_manifest(data, path=shown)
+
+
+__all__ = [
+    "COLLECTIVE_MODES",
+    "FORMAT_VERSIONS",
+    "MAX_M_VALUES",
+    "Manifest",
+    "SUPPORTED_ARCHS",
+    "load_manifest",
+    "parse_manifest",
+]

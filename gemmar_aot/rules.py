@@ -1,0 +1,606 @@
+"""The arithmetic rules of ``mori.ops.gemm_ar`` (amd-mori 1.2.4), as plain Python.
+
+Nothing here imports torch, FlyDSL or mori: the manifest validator, the planner
+and the runtime all need these answers, and the runtime must stay importable on a
+machine that has none of the build toolchain.
+
+Three groups of things live here:
+
+* **Shape helpers** -- how M is padded, how many chunks a destination's row bands
+  are pushed in, how many counter sets a window holds, and which counter set an M
+  uses (:func:`counter_slot`, our deterministic replacement for the op's
+  first-seen assignment; the runtime must use the same rule).
+* **Checks** -- one function per rule the op enforces, each returning a short
+  reason string when the rule is broken and ``None`` when it holds. They are
+  listed in the order the op applies them, and :func:`check_gemm_ar` /
+  :func:`check_mxfp8_gemm` run them in that order and return the first failure,
+  which is what the op's constructor (or ``Mxfp8GemmOp``) would raise on.
+* **The window layout** -- :func:`window_layout` computes every offset of the
+  symmetric window that the kernels have compiled in. Because those offsets are
+  constants inside the code objects, the runtime has to reproduce them exactly:
+  a window that is one byte different is a different (wrong) layout.
+
+All lengths are in bytes unless a name says otherwise. ``A(x)`` in comments is
+"round ``x`` up to a multiple of 128".
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------
+# Constants
+# --------------------------------------------------------------------------
+
+#: Quantisations the fused op accepts.
+QUANTS = ("blockscale", "mxfp8")
+#: What the gather leg may carry, and who moves it when it is fp8.
+GATHER_DTYPES = ("bf16", "fp8")
+GATHER_TRANSPORTS = ("sdma", "lsa")
+
+#: Largest number of pushes one destination's row bands are split into.
+MAX_CHUNKS = 8
+#: Block-scale group along K (A is 1x128, B is 128x128); also the scaled MFMA's K step.
+SCALE_BLOCK_K = 128
+#: The GEMM mainloop's K block.
+BLOCK_K = 128
+#: The mainloop needs at least two K blocks (a prefetch plus two tail steps).
+MIN_K = 2 * BLOCK_K
+#: mxfp8 (ue8m0) group on both operands, along K and along N.
+MXFP8_BLOCK = 32
+#: The only N tile the permlane epilogue can store.
+DEFAULT_BLOCK_N = 256
+#: Default M tile per quantisation. mxfp8 *requires* 256 (its packed A scale
+#: holds four 64-row tiles per dword); 128 is blockscale's measured best.
+DEFAULT_BLOCK_M = {"blockscale": 128, "mxfp8": 256}
+MXFP8_BLOCK_M = 256
+#: Tile granules the mainloop is written for: a tile must be a positive
+#: multiple of these.
+TILE_M_GRANULE = 128
+TILE_N_GRANULE = 256
+
+#: Mxfp8GemmOp (gemm-only): M only needs to be a multiple of the packed A-scale
+#: group, and it owns two kernels -- the wide tile (BLOCK_N=256, permlane store)
+#: and the narrow one (BLOCK_N=128) picked when the wide grid is small.
+GEMM_ONLY_M_GRANULE = 64
+NARROW_BLOCK_N = 128
+WIDE_TILE_MIN_GRID = 140
+
+#: World sizes: 2 <= ws <= MAX_WORLD and the 512-thread blocks split evenly.
+MAX_WORLD = 8
+THREADS = 512
+WORLD_SIZES = tuple(w for w in range(2, MAX_WORLD + 1) if THREADS % w == 0)  # (2, 4, 8)
+
+#: Window-layout constants.
+ALIGN = 128  # every region is 128-byte aligned
+PACK_BYTES = 16  # the payload is moved in 16-byte packs
+K_MAX_BLOCKS = 80  # rows of the barrier signal arrays
+GATHER_BANDS = 8  # band counters per shape for the gather leg
+FP8_GATHER_N_MULTIPLE = 16 * 64  # one wave per row, 16 elements per lane per chunk
+BF16_BYTES = 2
+LSA_BLOCK_CAP = 24  # grid cap of the LSA all-reduce
+SDMA_REDUCE_BLOCK_CAP = 256  # grid cap of the SDMA reduce
+#: The LSA all-reduce runs one stage below these payload sizes.
+LSA_ONE_STAGE_MAX_BYTES_LE4 = 160 * 1024
+LSA_ONE_STAGE_MAX_BYTES_LE8 = 80 * 1024
+
+#: Kernel arguments c_m and c_n, and every flat buffer's element count, are
+#: 32-bit signed integers.
+INT32_MAX = 2**31 - 1
+
+
+def align_up(value: int, alignment: int = ALIGN) -> int:
+    """``value`` rounded up to a multiple of ``alignment``."""
+    return (value + alignment - 1) // alignment * alignment
+
+
+# --------------------------------------------------------------------------
+# Shape helpers
+# --------------------------------------------------------------------------
+
+
+def default_block_m(quant: str) -> int:
+    """The M tile a quantisation uses when none is given."""
+    return DEFAULT_BLOCK_M.get(quant, DEFAULT_BLOCK_M["blockscale"])
+
+
+def padded_m(m: int, world: int, block_m: int = 128) -> int:
+    """``m`` rounded up to whole row bands per destination (``world*block_m``)."""
+    granule = world * block_m
+    if granule <= 0:
+        raise ValueError(f"world*block_m must be positive, got {world}*{block_m}")
+    return -(-m // granule) * granule
+
+
+def gemm_only_padded_m(m: int) -> int:
+    """``m`` rounded up to the mxfp8 GEMM's packed A-scale group (64 rows)."""
+    return -(-m // GEMM_ONLY_M_GRANULE) * GEMM_ONLY_M_GRANULE
+
+
+def bands(m_pad: int, world: int, block_m: int) -> int:
+    """Row bands (of ``block_m`` rows) each destination receives."""
+    return m_pad // (world * block_m)
+
+
+def counter_chunks(m_pad: int, world: int, block_m: int = 128) -> int:
+    """How many pushes a destination's bands are split into.
+
+    The largest ``c <= min(MAX_CHUNKS, bands)`` that divides the band count: the
+    completion counter only fires when the chunks divide evenly.
+    """
+    b = bands(m_pad, world, block_m)
+    if b < 1:
+        raise ValueError(
+            f"m_pad={m_pad} is less than one row band per destination "
+            f"(world*block_m = {world * block_m})"
+        )
+    for c in range(min(MAX_CHUNKS, b), 0, -1):
+        if b % c == 0:
+            return c
+    return 1  # unreachable: c = 1 always divides
+
+
+def default_max_shapes(m_pad_max: int, world: int, block_m: int) -> int:
+    """Counter sets a window holds: one for every padded M up to ``m_pad_max``."""
+    return max(1, m_pad_max // (world * block_m))
+
+
+def counter_slot(m_pad: int, world: int, block_m: int) -> int:
+    """The counter set an M uses.
+
+    The op hands out sets in first-seen order, which makes the compiled layout
+    depend on call history. We fix it instead: padded M values are the multiples
+    of ``world*block_m``, so M's slot is its band count minus one. Every slot is
+    below :func:`default_max_shapes` of any ``m_max >= m_pad``.
+    """
+    slot = m_pad // (world * block_m) - 1
+    if slot < 0 or m_pad % (world * block_m):
+        raise ValueError(
+            f"m_pad={m_pad} is not a positive multiple of world*block_m = "
+            f"{world * block_m}"
+        )
+    return slot
+
+
+def gemm_only_wants_narrow(m: int, n: int) -> bool:
+    """Whether Mxfp8GemmOp runs its narrow (BLOCK_N=128) kernel for this M.
+
+    The choice depends on the wide tile's grid, ``ceil(M/256) * N/256``: below
+    :data:`WIDE_TILE_MIN_GRID` workgroups the narrow tile is faster.
+    """
+    wide_grid = -(-m // MXFP8_BLOCK_M) * (n // DEFAULT_BLOCK_N)
+    return wide_grid < WIDE_TILE_MIN_GRID
+
+
+def lsa_stage(world: int, nbytes: int) -> int:
+    """1 or 2: which LSA all-reduce kernel runs for a ``nbytes`` payload."""
+    if world == 2:
+        return 1
+    if world <= 4 and nbytes < LSA_ONE_STAGE_MAX_BYTES_LE4:
+        return 1
+    if world <= 8 and nbytes < LSA_ONE_STAGE_MAX_BYTES_LE8:
+        return 1
+    return 2
+
+
+# --------------------------------------------------------------------------
+# Checks: each returns a reason string, or None when the rule holds.
+# Listed in the order GemmAllReduceOp applies them.
+# --------------------------------------------------------------------------
+
+
+def check_quant(quant: str) -> str | None:
+    if quant not in QUANTS:
+        return f"quant must be one of {', '.join(QUANTS)}"
+    return None
+
+
+def check_block_m_for_quant(quant: str, block_m: int) -> str | None:
+    if quant == "mxfp8" and block_m != MXFP8_BLOCK_M:
+        return (
+            f"mxfp8 requires block_m = {MXFP8_BLOCK_M} (its packed A scale holds a "
+            f"lane's four 64-row M tiles in one dword)"
+        )
+    return None
+
+
+def check_gather_dtype(gather_dtype: str) -> str | None:
+    if gather_dtype not in GATHER_DTYPES:
+        return f"gather_dtype must be one of {', '.join(GATHER_DTYPES)}"
+    return None
+
+
+def check_gather_transport(gather_transport: str) -> str | None:
+    if gather_transport not in GATHER_TRANSPORTS:
+        return f"gather_transport must be one of {', '.join(GATHER_TRANSPORTS)}"
+    return None
+
+
+def check_block_n(block_n: int) -> str | None:
+    """The permlane epilogue pairs exactly two 128-wide N tiles."""
+    if block_n != DEFAULT_BLOCK_N:
+        return (
+            f"block_n must be exactly {DEFAULT_BLOCK_N} (the permlane epilogue "
+            f"pairs exactly two N tiles)"
+        )
+    return None
+
+
+def check_tile(block_m: int, block_n: int, n_granule: int = TILE_N_GRANULE) -> str | None:
+    """Both tile sides must be positive multiples of the mainloop's granules."""
+    for name, value, granule in (
+        ("block_m", block_m, TILE_M_GRANULE),
+        ("block_n", block_n, n_granule),
+    ):
+        if value < granule or value % granule:
+            return (
+                f"{name} must be a positive multiple of {granule} (the mainloop's "
+                f"MFMA tiling and LDS staging granule)"
+            )
+    return None
+
+
+def check_m_max(m_max: int) -> str | None:
+    if m_max < 1:
+        return "m_max must be >= 1"
+    return None
+
+
+def check_sdma_queues(sdma_queues: int) -> str | None:
+    if sdma_queues < 1:
+        return "sdma_queues must be >= 1"
+    return None
+
+
+def check_max_shapes(max_shapes: int) -> str | None:
+    if max_shapes < 1:
+        return "max_shapes must be >= 1"
+    return None
+
+
+def check_k(k: int, quant: str = "blockscale") -> str | None:
+    if k % SCALE_BLOCK_K:
+        why = "the block-scale group" if quant == "blockscale" else "the scaled MFMA's K step"
+        return f"K must be a multiple of {SCALE_BLOCK_K} ({why})"
+    if k < MIN_K:
+        return (
+            f"K must be at least {MIN_K} (the mainloop prefetches a second K block "
+            f"and runs two tail steps, so K/{BLOCK_K} >= 2)"
+        )
+    return None
+
+
+def check_n(n: int, block_n: int = DEFAULT_BLOCK_N, quant: str = "blockscale") -> str | None:
+    if n % block_n:
+        return f"N must be a multiple of block_n = {block_n}"
+    group = MXFP8_BLOCK if quant == "mxfp8" else SCALE_BLOCK_K
+    if n % group:
+        return f"N must be a multiple of {group} (the B scale group)"
+    return None
+
+
+def check_gemm_shape(n: int, k: int, block_n: int = DEFAULT_BLOCK_N, quant: str = "blockscale") -> str | None:
+    """The GEMM's shape rules: K first, then N (the op's order)."""
+    return check_k(k, quant) or check_n(n, block_n, quant)
+
+
+def check_world(world: int) -> str | None:
+    if not 2 <= world <= MAX_WORLD:
+        return f"world must be in [2, {MAX_WORLD}] (one of {', '.join(map(str, WORLD_SIZES))})"
+    if THREADS % world:
+        return (
+            f"world must divide the {THREADS}-thread block "
+            f"(one of {', '.join(map(str, WORLD_SIZES))})"
+        )
+    return None
+
+
+def check_m(m: int) -> str | None:
+    if m < 1:
+        return "M must be >= 1"
+    return None
+
+
+def check_payload(m_pad: int, n: int, world: int) -> str | None:
+    """The bf16 payload must split into whole 16-byte packs per rank."""
+    if (m_pad * n * BF16_BYTES) % (world * PACK_BYTES):
+        return (
+            f"the payload M*N*2 bytes must be a multiple of world*{PACK_BYTES} = "
+            f"{world * PACK_BYTES} (whole 16-byte packs per rank)"
+        )
+    return None
+
+
+def check_fp8_gather_n(n: int, gather_dtype: str) -> str | None:
+    if gather_dtype == "fp8" and n % FP8_GATHER_N_MULTIPLE:
+        return (
+            f"an fp8 gather needs N to be a multiple of {FP8_GATHER_N_MULTIPLE} "
+            f"(one wave converts one row, 16 elements per lane per chunk)"
+        )
+    return None
+
+
+def check_int32_extents(m: int, n: int, k: int) -> str | None:
+    """c_m, c_n and every flat buffer's element count are int32 kernel arguments."""
+    for what, value in (("M*K (A's elements)", m * k), ("N*K (B's elements)", n * k),
+                        ("M*N (C's elements)", m * n)):
+        if value > INT32_MAX:
+            return f"{what} = {value} exceeds the int32 kernel-argument limit {INT32_MAX}"
+    return None
+
+
+def check_gemm_ar(
+    m: int,
+    n: int,
+    k: int,
+    world: int,
+    *,
+    block_m: int | None = None,
+    block_n: int = DEFAULT_BLOCK_N,
+    gather_dtype: str = "bf16",
+    gather_transport: str = "lsa",
+    quant: str = "blockscale",
+    m_max: int | None = None,
+    sdma_queues: int = 1,
+    max_shapes: int | None = None,
+) -> str | None:
+    """First reason GemmAllReduceOp (constructed for ``m_max``, called at ``m``) fails.
+
+    ``m`` is the unpadded M; it is padded as the caller would. ``m_max`` defaults
+    to ``m``. Returns None when the op accepts the shape.
+    """
+    why = check_quant(quant)
+    if why:
+        return why
+    if block_m is None:
+        block_m = default_block_m(quant)
+    why = (
+        check_block_m_for_quant(quant, block_m)
+        or check_gather_dtype(gather_dtype)
+        or check_gather_transport(gather_transport)
+        or check_block_n(block_n)
+        or check_tile(block_m, block_n)
+    )
+    if why:
+        return why
+    if m_max is None:
+        m_max = m
+    why = check_m_max(m_max) or check_sdma_queues(sdma_queues)
+    if why:
+        return why
+    if max_shapes is not None:
+        why = check_max_shapes(max_shapes)
+        if why:
+            return why
+    why = check_gemm_shape(n, k, block_n, quant) or check_world(world) or check_m(m)
+    if why:
+        return why
+    m_pad = padded_m(m, world, block_m)
+    m_max_pad = padded_m(m_max, world, block_m)
+    if m_pad > m_max_pad:
+        return f"M (padded {m_pad}) exceeds m_max (padded {m_max_pad})"
+    return (
+        check_payload(m_max_pad, n, world)
+        or check_payload(m_pad, n, world)
+        or check_fp8_gather_n(n, gather_dtype)
+        or check_int32_extents(m_max_pad, n, k)
+    )
+
+
+def check_mxfp8_gemm(n: int, k: int, *, block_n: int = DEFAULT_BLOCK_N, m: int | None = None) -> str | None:
+    """First reason Mxfp8GemmOp (gemm-only) cannot serve ``(N, K)``, or None.
+
+    Both of its kernels must be buildable: the wide tile (``block_n``, permlane)
+    and the narrow 128-wide tile it switches to at small grids.
+    """
+    why = (
+        check_tile(MXFP8_BLOCK_M, block_n)
+        or check_block_n(block_n)
+        or check_gemm_shape(n, k, block_n, "mxfp8")
+        or check_gemm_shape(n, k, NARROW_BLOCK_N, "mxfp8")
+    )
+    if why or m is None:
+        return why
+    return check_m(m) or check_int32_extents(gemm_only_padded_m(m), n, k)
+
+
+# --------------------------------------------------------------------------
+# Window layout
+# --------------------------------------------------------------------------
+
+
+def _payload_packs(m: int, n: int) -> int:
+    return m * n * BF16_BYTES // PACK_BYTES
+
+
+def window_layout(
+    world: int,
+    n: int,
+    m_max_pad: int,
+    block_m: int = 128,
+    gather_dtype: str = "bf16",
+    gather_transport: str = "lsa",
+    max_shapes: int | None = None,
+    m_pad: int | None = None,
+    *,
+    recv_slots: int | None = None,
+) -> dict:
+    """Every window offset the kernels compile in, for one op instance.
+
+    Reproduces the layout ``GemmAllReduceOp`` builds: ``recv_slots = world``,
+    counter region sized for :data:`MAX_CHUNKS` chunks times ``max_shapes``
+    sets (default :func:`default_max_shapes`), and every payload offset taken
+    from the capacity ``m_max_pad`` so it is the same for every M.
+
+    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``.
+    Keys of the returned dict:
+
+    * configuration: ``world``, ``n``, ``m_max``, ``block_m``, ``gather_dtype``,
+      ``gather_transport``, ``max_shapes``, ``counter_capacity``, ``recv_slots``,
+      ``gather_bands``;
+    * control area: ``start_off``, ``end_off``, ``flag_off``,
+      ``counter_region_off``, ``counter_set_bytes``, ``counter_bytes``,
+      ``lock_off``, ``lock_bytes``, ``gather_counter_region_off``,
+      ``gather_counter_set_bytes``, ``gather_counter_bytes``, ``signal_bytes``;
+    * payload: ``input_off``, ``output_off``, ``output_end``, ``gout_off``,
+      ``gout_scale_off``, ``tmp_off``, ``tmp_bytes``, ``recv_off``,
+      ``recv_slot_bytes``, ``recv_slot_offs`` (one per peer),
+      ``gout_scale_slice_offs`` (one per peer), ``window_bytes``.
+
+    With ``m_pad`` (a padded M this instance serves) the per-call values are
+    added: ``m``, ``slot``, ``counter_off``, ``gather_counter_off``,
+    ``counter_chunks``, ``slice_rows``, ``num_packs``, ``packs_per_rank``,
+    ``largest_pack_part``, ``slice_bytes``, ``chunk_bytes``,
+    ``gather_slice_bytes``, ``gather_scale_slice_bytes``, ``reduce_blocks``,
+    ``lsa_stage``, ``lsa_blocks``.
+
+    ``recv_slots`` (keyword only) overrides the landing-slot count; the op always
+    uses ``world``; an LSA-only all-reduce needs none.
+
+    Raises ValueError on arguments the op would reject.
+    """
+    why = (
+        check_world(world)
+        or check_gather_dtype(gather_dtype)
+        or check_gather_transport(gather_transport)
+        or (None if block_m >= 1 else "block_m must be >= 1")
+        or (None if n >= 1 else "n must be >= 1")
+        or (None if m_max_pad >= 1 else "m_max_pad must be >= 1")
+        or check_fp8_gather_n(n, gather_dtype)
+    )
+    if why:
+        raise ValueError(why)
+    if m_max_pad % (world * block_m):
+        raise ValueError(
+            f"m_max_pad={m_max_pad} is not a multiple of world*block_m = {world * block_m}"
+        )
+    if max_shapes is None:
+        max_shapes = default_max_shapes(m_max_pad, world, block_m)
+    if max_shapes < 1:
+        raise ValueError("max_shapes must be >= 1")
+    if recv_slots is None:
+        recv_slots = world
+    if not 0 <= recv_slots <= world:
+        raise ValueError(f"recv_slots must be in [0, {world}]")
+    why = check_payload(m_max_pad, n, world)
+    if why:
+        raise ValueError(why)
+    fp8 = gather_dtype == "fp8"
+
+    # --- control area: independent of M ---
+    start_off = 0
+    end_off = align_up(K_MAX_BLOCKS * MAX_WORLD * 4)
+    flag_off = 2 * end_off
+    counter_region_off = align_up(flag_off + K_MAX_BLOCKS * 4)
+    counter_set_bytes = world * MAX_CHUNKS * 4
+    counter_bytes = align_up(counter_set_bytes * max_shapes)
+    lock_off = counter_region_off + counter_bytes
+    lock_bytes = align_up(world * 4)
+    gather_counter_region_off = lock_off + lock_bytes
+    gather_counter_set_bytes = GATHER_BANDS * 4
+    gather_counter_bytes = align_up(gather_counter_set_bytes * max_shapes)
+    signal_bytes = gather_counter_region_off + gather_counter_bytes
+    input_off = align_up(signal_bytes)
+
+    # --- payload, laid out for the capacity M so every M shares one map ---
+    cm = m_max_pad
+    payload = cm * n * BF16_BYTES
+    # The scatter leg is always bf16 in this op, so its scale region is empty
+    # and output follows input directly.
+    output_off = align_up(input_off + payload)
+    output_end = align_up(output_off + payload)
+    if fp8:
+        gout_off = output_end
+        gout_bytes = cm * n  # one byte per element
+        gather_scale_bytes = align_up(cm * 4)  # one fp32 scale per row
+    else:
+        gout_off = output_off  # the bf16 gather pushes straight out of output
+        gout_bytes = 0
+        gather_scale_bytes = 0
+    gout_scale_off = align_up(gout_off + gout_bytes)
+    tmp_off = max(output_end, gout_scale_off + gather_scale_bytes)
+    cap_packs = _payload_packs(cm, n)
+    tmp_bytes = (cap_packs // world + cap_packs % world) * PACK_BYTES
+    recv_off = tmp_off + tmp_bytes
+    cap_slice_rows = cm // world
+    recv_slot_bytes = cap_slice_rows * n * BF16_BYTES
+    # No scatter-leg scales on a bf16 scatter, so nothing follows the slots.
+    window_bytes = align_up(recv_off + recv_slots * recv_slot_bytes)
+
+    out = {
+        "world": world,
+        "n": n,
+        "m_max": cm,
+        "block_m": block_m,
+        "gather_dtype": gather_dtype,
+        "gather_transport": gather_transport,
+        "max_shapes": max_shapes,
+        "counter_capacity": MAX_CHUNKS,
+        "recv_slots": recv_slots,
+        "gather_bands": GATHER_BANDS,
+        "start_off": start_off,
+        "end_off": end_off,
+        "flag_off": flag_off,
+        "counter_region_off": counter_region_off,
+        "counter_set_bytes": counter_set_bytes,
+        "counter_bytes": counter_bytes,
+        "lock_off": lock_off,
+        "lock_bytes": lock_bytes,
+        "gather_counter_region_off": gather_counter_region_off,
+        "gather_counter_set_bytes": gather_counter_set_bytes,
+        "gather_counter_bytes": gather_counter_bytes,
+        "signal_bytes": signal_bytes,
+        "input_off": input_off,
+        "output_off": output_off,
+        "output_end": output_end,
+        "gout_off": gout_off,
+        "gout_scale_off": gout_scale_off,
+        "tmp_off": tmp_off,
+        "tmp_bytes": tmp_bytes,
+        "recv_off": recv_off,
+        "recv_slot_bytes": recv_slot_bytes,
+        "recv_slot_offs": tuple(recv_off + p * recv_slot_bytes for p in range(recv_slots)),
+        "gout_scale_slice_offs": tuple(
+            gout_scale_off + p * cap_slice_rows * 4 for p in range(world)
+        ),
+        "window_bytes": window_bytes,
+    }
+    if m_pad is None:
+        return out
+
+    if not 1 <= m_pad <= m_max_pad:
+        raise ValueError(f"m_pad={m_pad} must be in [1, m_max_pad={m_max_pad}]")
+    slot = counter_slot(m_pad, world, block_m)  # also checks the granule
+    if slot >= max_shapes:
+        raise ValueError(
+            f"m_pad={m_pad} needs counter set {slot} but the window has only "
+            f"{max_shapes}"
+        )
+    chunks = counter_chunks(m_pad, world, block_m)
+    packs = _payload_packs(m_pad, n)
+    packs_per_rank = packs // world
+    slice_bytes = packs_per_rank * PACK_BYTES
+    slice_rows = m_pad // world
+    nbytes = m_pad * n * BF16_BYTES
+    stage = lsa_stage(world, nbytes)
+    lsa_cover = packs if stage == 1 else packs_per_rank
+    out.update(
+        {
+            "m": m_pad,
+            "slot": slot,
+            "counter_off": counter_region_off + slot * counter_set_bytes,
+            "gather_counter_off": gather_counter_region_off + slot * gather_counter_set_bytes,
+            "counter_chunks": chunks,
+            "slice_rows": slice_rows,
+            "num_packs": packs,
+            "packs_per_rank": packs_per_rank,
+            "largest_pack_part": packs_per_rank + packs % world,
+            "slice_bytes": slice_bytes,
+            "chunk_bytes": slice_bytes // chunks,
+            "gather_slice_bytes": slice_rows * n * (1 if fp8 else BF16_BYTES),
+            "gather_scale_slice_bytes": slice_rows * 4 if fp8 else 0,
+            "reduce_blocks": max(1, min(SDMA_REDUCE_BLOCK_CAP, -(-packs_per_rank // THREADS))),
+            "lsa_stage": stage,
+            "lsa_blocks": max(1, min(LSA_BLOCK_CAP, -(-lsa_cover // THREADS))),
+        }
+    )
+    return out
+
