@@ -1,0 +1,126 @@
+"""The ``gemmar-aot`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gemmar_aot.errors import GemmarError
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+class _Group(click.Group):
+    """Turn our own errors into one clean message and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except GemmarError as exc:
+            _fail(exc)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="gemmar-aot")
+def main() -> None:
+    """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """Check every piece of the build toolchain; say how to fix what is missing."""
+    from gemmar_aot.toolchain import doctor as run_doctor
+
+    checks = run_doctor()
+    if as_json:
+        click.echo(json.dumps([{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix}
+                               for c in checks], indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            mark = "ok " if c.ok else "MISSING"
+            click.echo(f"{mark:7} {c.name:<{width}}  {c.detail}")
+            if not c.ok and c.fix:
+                click.echo(f"{'':7} {'':<{width}}  fix: {c.fix}")
+    sys.exit(0 if all(c.ok for c in checks) else 1)
+
+
+@main.command()
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--verbose", "-v", is_flag=True, help="List every rank's kernel sequence.")
+def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
+    """Show what MANIFEST expands to, without compiling."""
+    from gemmar_aot.manifest import load_manifest
+    from gemmar_aot.plan import make_plan
+
+    p = make_plan(load_manifest(manifest))
+    if as_json:
+        click.echo(json.dumps(p.to_json(), indent=2, sort_keys=True))
+        return
+    click.echo(f"manifest {p.manifest} ({p.arch}): {len(p.tuples)} tuples")
+    for t in p.tuples:
+        w = t.workload
+        wire = f" wire={w.gather_dtype}/{w.gather_transport}" if w.transport == "fused-sdma" else ""
+        lay = "" if t.layout is None else f" m_max={t.layout.m_max} slot={t.layout.slot}"
+        seq = " -> ".join(s.kind for s in t.ranks[0].launches)
+        click.echo(f"  {w.transport:<10} M={w.m:<6} N={w.n} K={w.k} world={w.world} {w.quant}{wire}"
+                   f"{lay}: {len(t.ranks)} rank(s) x [{seq}]"
+                   + (f" + self-test [{' -> '.join(s.kind for s in t.ranks[0].self_test)}]"
+                      if t.ranks[0].self_test else ""))
+        if verbose:
+            for r in t.ranks:
+                click.echo(f"      rank {r.rank}: " + ", ".join(f"{s.kind}={s.spec_id[:12]}" for s in r.launches))
+    click.echo(f"kernel instances: {p.instances}; distinct specs: {len(p.specs)}; "
+               f"dedup ratio {p.dedup_ratio:.2f}")
+    for kind, n in p.distinct_by_kind().items():
+        click.echo(f"  {kind:<26} {n}")
+
+
+@main.command()
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default: artifacts/ in the checkout).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel compile workers (default: the number of cores).")
+@click.option("--debug-locations", is_flag=True,
+              help="Keep FlyDSL's source-location capture (readable compile errors, ~7x slower).")
+@click.option("--only", "only", multiple=True,
+              help="Compile only specs of this kind (gemm, drain, reduce, ...); repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def build(manifest: Path, out: Path | None, jobs: int | None, debug_locations: bool,
+          only: tuple[str, ...], as_json: bool, quiet: bool) -> None:
+    """Compile every kernel MANIFEST needs into gfx950 code objects."""
+    from gemmar_aot.build import run_build
+
+    summary = run_build(manifest, out=out, jobs=jobs, debug_locations=debug_locations,
+                        only=only, progress=not quiet)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        click.echo(_format_summary(summary), err=False)
+    sys.exit(0 if summary["failed"] == 0 else 1)
+
+
+def _format_summary(s: dict) -> str:
+    lines = [f"built {s['manifest']}: {s['compiled']} compiled, {s['failed']} failed, "
+             f"{s['distinct_specs']} distinct specs for {s['kernel_instances']} kernel instances "
+             f"in {s['wall_seconds']:.1f}s with {s['jobs']} worker(s) -> {s['out']}"]
+    for kind, k in sorted(s["by_kind"].items()):
+        lines.append(f"  {kind:<26} {k['count']:4d} kernels  {k['mean_seconds']:6.2f}s mean  "
+                     f"{k['bytes']:>10,d} bytes")
+    for f in s["failures"]:
+        lines.append(f"FAILED {f['label']} ({f['spec_id'][:12]}):\n    " + f["error"].replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
