@@ -1,0 +1,23 @@
+"""Where the store lives when the user does not say."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_VAR = "GEMMAR_AOT_STORE"
+
+
+def checkout_dir() -> Path:
+    """The directory holding the ``gemmar_aot`` package (the checkout, in a source tree)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def default_store_root(explicit: str | os.PathLike | None = None) -> Path:
+    """``--store DIR`` if given, else ``$GEMMAR_AOT_STORE``, else ``<checkout>/artifacts``."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return checkout_dir() / "artifacts"

@@ -1,0 +1,548 @@
+"""The artifact store: never a stale, partial or corrupt kernel; writes atomic; each key compiled once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gemmar_aot.errors import GemmarError
+from gemmar_aot.store import (
+    LOCK_SCHEMA,
+    STORE_FORMAT,
+    BlobNotFoundError,
+    CorruptArtifactError,
+    LockFileError,
+    Store,
+    StoreFormatError,
+    default_store_root,
+    dumps_lock,
+    lock_blobs,
+    lock_keys,
+    read_lock_file,
+    write_lock_file,
+)
+from gemmar_aot.store import blobfmt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def key_of(name: str) -> str:
+    return hashlib.sha256(f"key:{name}".encode()).hexdigest()
+
+
+def code_object(i: int, size: int = 6000) -> bytes:
+    """Near-identical fake code objects: one body, a few patched "immediates" per i."""
+    body = bytearray(random.Random(1234).randbytes(size))
+    rng = random.Random(i)
+    for _ in range(8):
+        off = rng.randrange(size - 4)
+        body[off:off + 4] = rng.randbytes(4)
+    return b"\x7fELF" + bytes(body)
+
+
+def fields(i: int) -> dict:
+    return {"metadata": {"name": f"k{i}", "vgpr_count": 64}, "launch": {"kernel": f"k{i}", "grid": [1, 1, 1]},
+            "ingredients": {"spec": f"s{i}", "toolchain": "t"}}
+
+
+def flip_byte(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    off = len(data) // 2 if offset is None else offset
+    data[off] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "store", durable=False)
+
+
+# ---- basics ----
+
+def test_put_get_round_trip(store):
+    k = key_of("a")
+    assert store.get_record(k) is None
+    assert store.load(k) is None
+    code = code_object(1)
+    rec = store.put(k, code, fields(1))
+    assert rec["blob"] == {"digest": hashlib.sha256(code).hexdigest(), "size": len(code)}
+    got = Store(store.root).get_record(k)  # a fresh instance (another process's view)
+    assert got == rec
+    assert got["metadata"] == fields(1)["metadata"] and got["ingredients"] == fields(1)["ingredients"]
+    assert store.load_blob(rec["blob"]["digest"], rec["blob"]["size"]) == code
+    assert store.load(k) == (rec, code)
+    assert (store.root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n"
+    # The layout: fanned out by the first two hex digits.
+    assert store.record_path(k) == store.root / "ac" / k[:2] / f"{k}.json"
+    assert store.blob_path(rec["blob"]["digest"]).parent.name == rec["blob"]["digest"][:2]
+
+
+def test_reading_never_creates_a_store(tmp_path):
+    s = Store(tmp_path / "nothing")
+    assert s.get_record(key_of("x")) is None
+    assert not (tmp_path / "nothing").exists()
+    with pytest.raises(BlobNotFoundError, match="not in the store"):
+        s.load_blob("0" * 64)
+
+
+def test_identical_outputs_are_stored_once(store):
+    code = code_object(7)
+    r1 = store.put(key_of("one"), code, fields(1))
+    r2 = store.put(key_of("two"), code, fields(2))
+    assert r1["blob"] == r2["blob"]
+    st = store.stats()
+    assert st["entries"] == 2 and st["blobs"] == 1 and st["raw_bytes"] == len(code)
+    assert len(list((store.root / "blobs").rglob("*.zst"))) == 1
+
+
+def test_reserved_fields_and_bad_keys_are_refused(store):
+    with pytest.raises(ValueError, match="reserved"):
+        store.put(key_of("a"), b"x", {"blob": 1})
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        store.get_record("../../etc/passwd")
+    with pytest.raises(ValueError, match="not JSON-able"):
+        store.put(key_of("a"), b"x", {"metadata": {1.5j}})
+
+
+def test_claim_hit_and_miss(store):
+    k = key_of("c")
+    with store.claim(k) as c:
+        assert c.hit is None
+        c.put(code_object(3), fields(3))
+    with store.claim(k) as c:
+        assert c.hit is not None and c.hit["key"] == k
+    assert store.counters["misses"] == 1 and store.counters["hits"] == 1
+
+
+# ---- concurrency ----
+
+def _builder(root: str, keys: list[str], markers: str, seed: int) -> None:
+    store = Store(root)
+    order = list(keys)
+    random.Random(seed).shuffle(order)
+    for k in order:
+        with store.claim(k) as c:
+            if c.hit is None:
+                # "compile": leave a marker per compile, take a little while.
+                Path(markers, f"{k}.{os.getpid()}").write_text("compiled")
+                time.sleep(0.02)
+                i = keys.index(k)
+                c.put(code_object(i % 5), fields(i))  # some keys share outputs
+
+
+def test_concurrent_builders_compile_each_key_once(tmp_path):
+    root = tmp_path / "store"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    keys = [key_of(f"conc{i}") for i in range(12)]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_builder, args=(str(root), keys, str(markers), seed)) for seed in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    compiled = sorted(m.name.split(".")[0] for m in markers.iterdir())
+    assert compiled == sorted(keys), "every key compiled exactly once"
+    store = Store(root)
+    assert store.verify() == []
+    for i, k in enumerate(keys):
+        rec, code = store.load(k)
+        assert code == code_object(i % 5)
+    assert store.stats()["blobs"] == 5
+
+
+def _killed_writer(root: str, key: str, stage: str, flag: str) -> None:
+    """Start a put and hang at ``stage`` (after telling the parent) until SIGKILLed."""
+    import gemmar_aot.store._fs as fs
+
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def hang():
+        Path(flag).write_text(stage)
+        time.sleep(600)
+
+    def fsync(fd):  # mid-write of the blob: temp file written, not yet renamed
+        if stage == "blob" and ".zst." in os.readlink(f"/proc/self/fd/{fd}"):
+            hang()
+        real_fsync(fd)
+
+    def replace(src, dst):  # blob published, record not yet
+        if stage == "record" and str(dst).endswith(".json"):
+            hang()
+        real_replace(src, dst)
+
+    store = Store(root)
+    store.init()
+    fs.os.fsync = fsync  # (fs.os is os: the patch is process-wide, this process does nothing else)
+    fs.os.replace = replace
+    store.put(key, code_object(42, size=2_000_000), fields(42))
+
+
+@pytest.mark.parametrize("stage", ["blob", "record"])
+def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
+    root = tmp_path / "store"
+    flag = tmp_path / "flag"
+    k = key_of("killed")
+    p = mp.get_context("spawn").Process(target=_killed_writer, args=(str(root), k, stage, str(flag)))
+    p.start()
+    deadline = time.time() + 60
+    while not flag.exists():
+        assert time.time() < deadline and p.is_alive(), "writer never reached the kill point"
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    assert p.exitcode == -signal.SIGKILL
+
+    store = Store(root)
+    assert store.get_record(k) is None
+    assert store.ls() == []
+    assert store.verify() == []  # temp debris is not an entry, so not a problem
+    temps = [f for f in root.rglob("*.tmp")]
+    # The kill hit where it was meant to: the blob's temp file, or the record's after the blob.
+    assert [t.name.split(".")[2] for t in temps] == ["zst" if stage == "blob" else "json"]
+    digest = hashlib.sha256(code_object(42, size=2_000_000)).hexdigest()
+    assert store.has_blob(digest) == (stage == "record")
+    # A subsequent build completes the entry.
+    with store.claim(k) as c:
+        assert c.hit is None
+        c.put(code_object(42, size=2_000_000), fields(42))
+    assert store.load(k)[1] == code_object(42, size=2_000_000)
+    lock_file = root / "locks" / "smoke.lock.json"  # the build keeps its lock files here
+    write_lock_file(lock_file, {"schema": LOCK_SCHEMA, "launches": []})
+    report = store.gc(keep_blobs=set(), stale_s=0)
+    assert report["removed_temp_files"] == len(temps)
+    assert report["removed_lock_files"] == 1 and lock_file.exists()  # the per-key build lock only
+    assert not list(root.rglob("*.tmp"))
+    assert store.load(k) is not None
+
+
+# ---- corruption ----
+
+def test_flipped_byte_is_detected_quarantined_and_becomes_a_miss(store):
+    k = key_of("flip")
+    code = code_object(5)
+    rec = store.put(k, code, fields(5))
+    path = store.blob_path(rec["blob"]["digest"])
+    flip_byte(path)
+    with pytest.raises(CorruptArtifactError) as ei:
+        store.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
+    assert str(path) in str(ei.value)
+    assert isinstance(ei.value, GemmarError)
+    assert not path.exists()
+    q = [f for f in (store.root / "quarantine").iterdir()]
+    assert any(f.name.endswith(".zst") for f in q) and any(f.name.endswith(".reason") for f in q)
+    assert store.get_record(k) is None  # the record is a miss now
+    with store.claim(k) as c:  # so the next build recompiles
+        assert c.hit is None
+        c.put(code, fields(5))
+    assert store.load(k)[1] == code
+
+
+def test_valid_zstd_of_other_bytes_is_caught_by_the_digest(store):
+    rec = store.put(key_of("swap"), code_object(1), fields(1))
+    path = store.blob_path(rec["blob"]["digest"])
+    other = code_object(2)
+    path.write_bytes(blobfmt.compressor(3).compress(other))  # decodes fine, wrong content
+    with pytest.raises(CorruptArtifactError, match="sha256"):
+        store.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
+    assert store.get_record(key_of("swap")) is None
+
+
+def test_wrong_size_from_the_caller_is_refused_without_harming_the_blob(store):
+    rec = store.put(key_of("size"), code_object(1), fields(1))
+    with pytest.raises(CorruptArtifactError, match="intact"):
+        store.load_blob(rec["blob"]["digest"], rec["blob"]["size"] + 1)
+    assert store.load_blob(rec["blob"]["digest"], rec["blob"]["size"]) == code_object(1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=4096))
+def test_any_bytes_round_trip(store, data):
+    rec = store.put(hashlib.sha256(b"h" + data).hexdigest(), data, {"n": len(data)})
+    assert Store(store.root).load_blob(rec["blob"]["digest"], len(data)) == data
+
+
+def test_claim_verifies_a_hit_and_recompiles_a_corrupt_one(store):
+    k = key_of("claimcorrupt")
+    rec = store.put(k, code_object(9), fields(9))
+    flip_byte(store.blob_path(rec["blob"]["digest"]))
+    with store.claim(k) as c:
+        assert c.hit is None
+
+
+def test_unreadable_record_is_quarantined_and_a_miss(store):
+    k = key_of("badjson")
+    store.put(k, code_object(1), fields(1))
+    store.record_path(k).write_text('{"schema": 1, "key": ')
+    assert store.get_record(k) is None
+    assert not store.record_path(k).exists()
+    assert any("ac-" in f.name for f in (store.root / "quarantine").iterdir())
+
+
+def test_verify_reports_and_quarantines_every_bad_blob(store):
+    recs = [store.put(key_of(f"v{i}"), code_object(i), fields(i)) for i in range(4)]
+    assert store.verify() == []
+    bad = store.blob_path(recs[2]["blob"]["digest"])
+    flip_byte(bad)
+    problems = store.verify()
+    assert [(p["kind"], p["path"]) for p in problems] == [
+        ("blob", str(bad)), ("record", str(store.record_path(key_of("v2"))))]
+    assert problems[0]["quarantined_to"] and "missing" in problems[1]["problem"]
+    assert store.get_record(key_of("v2")) is None
+    assert store.get_record(key_of("v1")) is not None
+    # The dangling record stays reported (it is a miss) until gc removes it.
+    assert [p["kind"] for p in store.verify()] == ["record"]
+    assert store.gc(keep_blobs=set())["removed_record_reasons"] == {"blob missing": 1}
+    assert store.verify() == []
+
+
+# ---- gc ----
+
+def test_gc_keeps_every_referenced_entry_and_removes_the_rest(store):
+    recs = {i: store.put(key_of(f"g{i}"), code_object(i), fields(i)) for i in range(6)}
+    keep_keys = {key_of("g0"), key_of("g1")}
+    keep_blobs = {recs[2]["blob"]["digest"]}  # a lock needs g2's blob (not its record)
+    report = store.gc(keep_blobs=keep_blobs, keep_keys=keep_keys)
+    assert report["removed_records"] == 4 and report["removed_blobs"] == 3
+    assert {r["key"] for r in store.ls()} == keep_keys
+    for i in (0, 1, 2):
+        assert store.load_blob(recs[i]["blob"]["digest"]) == code_object(i)
+    for i in (3, 4, 5):
+        assert not store.has_blob(recs[i]["blob"]["digest"])
+    assert store.verify() == []
+
+
+def test_gc_lru_cap_and_age(store):
+    recs = {i: store.put(key_of(f"l{i}"), code_object(i, size=20000), fields(i)) for i in range(5)}
+    now = time.time()
+    for i in range(5):  # l0 is the least recently used
+        os.utime(store.record_path(key_of(f"l{i}")), (now - 86400 * (10 - i), now - 86400 * (10 - i)))
+    protected = recs[0]["blob"]["digest"]
+    report = store.gc(keep_blobs={protected}, max_age_days=7.5, now=now)  # l0..l2 are older than 7.5 days
+    assert report["removed_record_reasons"] == {"unused for more than 7.5 days": 2}
+    assert store.get_record(key_of("l0")) is not None  # protected by keep_blobs
+    assert store.get_record(key_of("l1")) is None and store.get_record(key_of("l2")) is None
+    one = store.stats()["total_bytes"] // 3
+    report = store.gc(keep_blobs={protected}, max_bytes=2 * one, now=now)
+    assert report["removed_records"] == 1 and not report["over_budget"]
+    assert store.get_record(key_of("l3")) is None  # the LRU unprotected one went first
+    assert store.get_record(key_of("l4")) is not None
+    dry = store.gc(keep_blobs=set(), keep_keys=set(), dry_run=True)
+    assert dry["removed_records"] == 2 and len(store.ls()) == 2
+
+
+def test_get_record_hit_refreshes_the_lru_clock(store):
+    k = key_of("touch")
+    store.put(k, code_object(1), fields(1))
+    old = time.time() - 86400
+    os.utime(store.record_path(k), (old, old))
+    Store(store.root).get_record(k)
+    assert store.record_path(k).stat().st_mtime > old + 3600
+    os.utime(store.record_path(k), (old, old))
+    Store(store.root, touch=False).get_record(k)
+    assert store.record_path(k).stat().st_mtime == pytest.approx(old)
+
+
+# ---- dictionary ----
+
+def test_dictionary_training_repack_and_verified_loads(store):
+    recs = [store.put(key_of(f"d{i}"), code_object(i), fields(i)) for i in range(40)]
+    plain = store.stats()["compressed_bytes"]
+    report = store.optimize()
+    assert report["trained"] and report["repacked"] == 40
+    st = store.stats()
+    assert st["dictionaries"] == 1 and st["compressed_bytes"] + st["dictionary_bytes"] < plain / 2
+    fresh = Store(store.root)
+    for i, r in enumerate(recs):
+        assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
+        data = fresh.blob_path(r["blob"]["digest"]).read_bytes()
+        assert blobfmt.split(data)[0] == report["trained"]  # each blob names its dictionary
+    # New blobs use the dictionary; gc keeps it even with nothing else referenced.
+    new = store.put(key_of("d-new"), code_object(99), fields(99))
+    assert blobfmt.split(store.blob_path(new["blob"]["digest"]).read_bytes())[0] == report["trained"]
+    store.gc(keep_blobs={new["blob"]["digest"]}, keep_keys=set())
+    assert Store(store.root).load_blob(new["blob"]["digest"]) == code_object(99)
+    assert store.verify() == []
+    assert store.optimize()["repacked"] == 0  # nothing to do the second time
+
+
+def test_corrupt_dictionary_makes_its_blobs_misses(store):
+    for i in range(40):
+        store.put(key_of(f"cd{i}"), code_object(i), fields(i))
+    digest = store.optimize()["trained"]
+    flip_byte(store.blob_path(digest), 30)
+    fresh = Store(store.root)
+    rec = fresh.get_record(key_of("cd3"))
+    with pytest.raises(CorruptArtifactError, match="dictionary"):
+        fresh.load_blob(rec["blob"]["digest"])
+    assert fresh.get_record(key_of("cd3")) is None
+    assert fresh.current_dictionary() is None  # new blobs are written plain again
+    r = fresh.put(key_of("cd3"), code_object(3), fields(3))
+    assert Store(store.root).load_blob(r["blob"]["digest"]) == code_object(3)
+    # The next build recompiles what the lost dictionary took with it, and retrains.
+    for i in range(40):
+        with fresh.claim(key_of(f"cd{i}")) as c:
+            if c.hit is None:
+                c.put(code_object(i), fields(i))
+    # Training is deterministic: the same samples give the same (content-addressed) dictionary.
+    assert fresh.optimize()["trained"] == digest
+    assert fresh.has_blob(digest) and Store(store.root).verify() == []
+    assert Store(store.root).load(key_of("cd7"))[1] == code_object(7)
+
+
+# ---- export / import ----
+
+def _lock_for(recs: dict[str, dict]) -> dict:
+    return {"schema": LOCK_SCHEMA, "tuples": [{"m": 128, "ranks": [
+        {"rank": 0, "launches": [{"key": k, "blob": r["blob"]["digest"], "launch": r["launch"]}
+                                 for k, r in recs.items()]}]}]}
+
+
+@pytest.mark.parametrize("with_dictionary", [False, True])
+def test_export_import_round_trip(tmp_path, store, with_dictionary):
+    recs = {key_of(f"e{i}"): store.put(key_of(f"e{i}"), code_object(i), fields(i)) for i in range(40)}
+    if with_dictionary:
+        assert store.optimize()["trained"]
+    wanted = dict(list(recs.items())[:5])
+    lock = _lock_for(wanted)
+    report = store.export(lock, tmp_path / "export")
+    assert report["blobs"] == 5 and report["records"] == 5 and report["missing_records"] == []
+    assert report["dictionaries"] == (1 if with_dictionary else 0)
+    other = Store(tmp_path / "other", durable=False)
+    imp = other.import_(tmp_path / "export")
+    assert imp["records_added"] == 5
+    for k, r in wanted.items():
+        assert other.get_record(k) == r
+        assert other.load(k)[1] == store.load(k)[1]
+    assert {r["key"] for r in other.ls()} == set(wanted)
+    assert other.verify() == []
+    assert other.import_(tmp_path / "export")["records_added"] == 0  # idempotent
+
+
+def test_import_rejects_a_tampered_blob_and_imports_nothing(tmp_path, store):
+    recs = {key_of(f"t{i}"): store.put(key_of(f"t{i}"), code_object(i), fields(i)) for i in range(3)}
+    store.export(_lock_for(recs), tmp_path / "export")
+    exported = Store(tmp_path / "export")
+    victim = exported.blob_path(next(iter(recs.values()))["blob"]["digest"])
+    flip_byte(victim)
+    other = Store(tmp_path / "other", durable=False)
+    with pytest.raises(CorruptArtifactError) as ei:
+        other.import_(tmp_path / "export")
+    assert str(victim) in str(ei.value)
+    assert other.ls() == [] and not list((tmp_path / "other").rglob("*.zst"))
+    assert victim.exists(), "import never modifies its source"
+
+
+def test_export_refuses_a_lock_whose_blob_is_missing(tmp_path, store):
+    recs = {key_of("m0"): store.put(key_of("m0"), code_object(0), fields(0))}
+    lock = _lock_for(recs)
+    lock["tuples"][0]["ranks"][0]["launches"].append({"key": key_of("nope"), "blob": "ab" * 32, "launch": {}})
+    with pytest.raises(GemmarError, match="does not have"):
+        store.export(lock, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
+# ---- format ----
+
+@pytest.mark.parametrize("content,match", [("2\n", "newer gemmar-aot"), ("banana\n", "unreadable"),
+                                           ("0\n", "unknown store format")])
+def test_store_format_refusal(tmp_path, content, match):
+    root = tmp_path / "s"
+    Store(root, durable=False).put(key_of("f"), b"code", {})
+    (root / "STORE_FORMAT").write_text(content)
+    with pytest.raises(StoreFormatError, match=match):
+        Store(root)
+
+
+def test_store_dirs_without_format_file_are_refused(tmp_path):
+    (tmp_path / "s" / "ac").mkdir(parents=True)
+    with pytest.raises(StoreFormatError, match="no STORE_FORMAT"):
+        Store(tmp_path / "s")
+
+
+def test_unknown_blob_header_is_corrupt(store):
+    rec = store.put(key_of("hdr"), b"payload", {})
+    p = store.blob_path(rec["blob"]["digest"])
+    p.write_bytes(b"\x50\x2a\x4d\x18" + b"\x04\x00\x00\x00abcd" + p.read_bytes())
+    with pytest.raises(CorruptArtifactError, match="skippable"):
+        store.load_blob(rec["blob"]["digest"])
+
+
+# ---- lock files ----
+
+def test_lock_file_is_deterministic_and_validated(tmp_path):
+    d1, d2 = "11" * 32, "22" * 32
+    a = {"schema": LOCK_SCHEMA, "tuples": {"t1": {"ranks": [{"launches": [
+        {"key": "aa" * 32, "blob": d1, "launch": {"grid": [1, 2, 3], "kernel": "g"}}]}]}}, "mode": "fused"}
+    b = {"mode": "fused", "tuples": {"t1": {"ranks": [{"launches": [
+        {"launch": {"kernel": "g", "grid": [1, 2, 3]}, "blob": d1, "key": "aa" * 32}]}]}}, "schema": LOCK_SCHEMA}
+    assert dumps_lock(a) == dumps_lock(b)
+    assert dumps_lock(a).endswith(b"\n")
+    write_lock_file(tmp_path / "x.lock.json", a)
+    write_lock_file(tmp_path / "y.lock.json", b)
+    assert (tmp_path / "x.lock.json").read_bytes() == (tmp_path / "y.lock.json").read_bytes()
+    assert read_lock_file(tmp_path / "x.lock.json") == a
+    assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
+    a["tuples"]["t2"] = [{"key": "bb" * 32, "blob": {"digest": d2, "size": 3}, "launch": {"blob": "opaque"}}]
+    assert lock_blobs(a) == {d1, d2}
+    assert lock_keys(a) == {"aa" * 32, "bb" * 32}
+
+
+def test_lock_file_refusals(tmp_path):
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps({"schema": LOCK_SCHEMA + 1}))
+    with pytest.raises(LockFileError, match="newer"):
+        read_lock_file(p)
+    p.write_text(json.dumps({"launches": []}))
+    with pytest.raises(LockFileError, match="schema"):
+        read_lock_file(p)
+    with pytest.raises(LockFileError, match="not a sha256"):
+        dumps_lock({"schema": LOCK_SCHEMA, "l": [{"key": "k", "blob": "nothex"}]})
+    with pytest.raises(LockFileError, match="not a string"):
+        dumps_lock({"schema": LOCK_SCHEMA, "m": {1: "x"}})
+    with pytest.raises(LockFileError, match="no lock file"):
+        read_lock_file(tmp_path / "absent.json")
+
+
+# ---- runtime hygiene and root selection ----
+
+def test_runtime_import_needs_no_build_side_modules(tmp_path):
+    store = Store(tmp_path / "s", durable=False)
+    rec = store.put(key_of("rt"), code_object(1), fields(1))
+    code = (
+        "import sys\n"
+        "from gemmar_aot.store import Store\n"
+        f"s = Store({str(tmp_path / 's')!r}, readonly=True)\n"
+        f"assert s.load_blob({rec['blob']['digest']!r}) == {code_object(1)!r}\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('filelock', 'torch', 'flydsl', 'mori', 'mlir')"
+        " or m.startswith(('gemmar_aot.compiler', 'gemmar_aot.toolchain', 'gemmar_aot_kernels'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_default_store_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("GEMMAR_AOT_STORE", str(tmp_path / "env"))
+    assert default_store_root(str(tmp_path / "x")) == tmp_path / "x"
+    assert default_store_root(None) == tmp_path / "env"
+    monkeypatch.delenv("GEMMAR_AOT_STORE")
+    assert default_store_root(None) == REPO / "artifacts"
+
+
+def test_build_stats_are_reported(store):
+    store.record_build_stats({"hits": 3, "misses": 1})
+    assert store.stats()["last_build"] == {"hits": 3, "misses": 1}
