@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_ours(manifest: str, jobs: int | None) -> dict:
     out = tempfile.mkdtemp(prefix="gemmar-bench-")
-    cmd = [sys.executable, "-m", "gemmar_aot.cli", "build", manifest, "--out", out, "--json", "-q"]
+    cmd = [sys.executable, "-m", "gemmar_aot", "build", manifest, "--out", out, "--json", "-q"]
     if jobs:
         cmd += ["-j", str(jobs)]
     t0 = time.perf_counter()

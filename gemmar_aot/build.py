@@ -1,113 +1,159 @@
-"""``gemmar-aot build``: manifest -> plan -> compile -> artifacts.
+"""``gemmar-aot build``: manifest -> plan -> keys -> compile misses -> store -> lock file.
 
 Validation happens before anything is started: the manifest (all errors at once)
-and the toolchain (loaded and verified in this process, so a missing piece is
-one clear error rather than a broken worker pool). Each finished kernel is
-written as it arrives, atomically, so an interrupted build keeps what it had.
+and the toolchain (loaded and verified in this process, so a missing piece is one
+clear error rather than a broken worker pool). Every spec gets its action key;
+keys already in the store (blob present and verified) are hits and are not
+compiled. Workers write each finished kernel into the store as it completes, under
+a per-key lock, so an interrupted build keeps what it had and concurrent builders
+compile each key once. The lock file is written last.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from gemmar_aot.compiler.worker import CompileResult
+from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.spec import KernelSpec
 
 
-def checkout_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+def lock_path(store_root: Path, manifest_name: str) -> Path:
+    return Path(store_root) / "locks" / f"{manifest_name}.lock.json"
 
 
-def default_out() -> Path:
-    env = os.environ.get("GEMMAR_AOT_STORE")
-    return Path(env) if env else checkout_root() / "artifacts"
+def _launch_entry(spec: KernelSpec, key: str, rec: dict) -> dict:
+    return {
+        "kind": spec.kind,
+        "key": key,
+        "blob": rec["blob"]["digest"],
+        "size": rec["blob"]["size"],
+        "kernel": rec["launch"]["kernel"],
+        "launch": rec["launch"],
+    }
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp: dict) -> dict:
+    """The runtime's entry point: every tuple and rank -> ordered launches. Deterministic."""
+    tuples = []
+    for t in plan.tuples:
+        w = t.workload
+        tuples.append({
+            "transport": w.transport, "m": w.m, "n": w.n, "k": w.k, "world": w.world,
+            "quant": w.quant, "gather_dtype": w.gather_dtype, "gather_transport": w.gather_transport,
+            "block_m": w.block_m, "block_n": w.block_n, "sdma_queues": w.sdma_queues,
+            "source": w.source.replace(str(manifest.path), Path(manifest.path).name),
+            "layout": None if t.layout is None else {
+                "m_max": t.layout.m_max, "max_shapes": t.layout.max_shapes,
+                "slot": t.layout.slot, "window": t.layout.window},
+            "ranks": [
+                {"rank": r.rank,
+                 "launches": [_launch_entry(s, keys[s.spec_id], records[s.spec_id]) for s in r.launches],
+                 "self_test": [_launch_entry(s, keys[s.spec_id], records[s.spec_id]) for s in r.self_test]}
+                for r in t.ranks
+            ],
+        })
+    text = Path(manifest.path).read_bytes()
+    return {
+        "manifest": {"name": manifest.name, "arch": manifest.arch,
+                     "sha256": hashlib.sha256(text).hexdigest()},
+        "arch": fp["target"]["arch"],
+        "code_object_version": fp["target"]["code_object_version"],
+        "toolchain": {"digest": fp["digest"], **toolchain_ingredients(fp)},
+        "env": dict(plan.env),
+        "tuples": tuples,
+    }
 
 
-def _json_bytes(obj) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
-
-
-def run_build(manifest_path: Path, *, out: Path | None = None, jobs: int | None = None,
+def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               progress: bool = True, toolchain_root: str | None = None) -> dict:
-    from gemmar_aot.compiler.driver import compile_all
+    from gemmar_aot.compiler.driver import Task, compile_all
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
+    from gemmar_aot.store import Store, default_store_root, write_lock_file
     from gemmar_aot.toolchain import load_toolchain
 
+    t_start = time.perf_counter()
     manifest = load_manifest(manifest_path)
     plan = make_plan(manifest)
     tc = load_toolchain(toolchain_root)
-    out = Path(out) if out is not None else default_out()
-    specs = [s for s in plan.specs if not only or s.kind in only]
+    fp = tc.fingerprint
+    root = default_store_root(str(store) if store is not None else None)
+    st = Store(root)
 
-    atomic_write(out / "plans" / f"{manifest.name}.json", _json_bytes(plan.to_json()))
-    fingerprint = tc.fingerprint
+    keys: dict[str, str] = {}
+    ingr: dict[str, dict] = {}
+    for s in plan.specs:
+        ingr[s.spec_id] = ingredients(s, fp)
+        keys[s.spec_id] = action_key(ingr[s.spec_id])
 
-    def on_result(spec: KernelSpec, res: CompileResult) -> None:
-        if not res.ok:
-            return
-        base = out / "kernels" / spec.spec_id
-        atomic_write(base.with_suffix(".co"), res.code)
-        atomic_write(base.with_suffix(".json"), _json_bytes({
-            "spec": spec.to_json(),
-            "metadata": res.metadata,
-            "launch": res.launch,
-            "compile_seconds": round(res.seconds, 3),
-            "toolchain": fingerprint,
-        }))
+    selected = [s for s in plan.specs if not only or s.kind in only]
+    records: dict[str, dict] = {}
+    todo = []
+    for s in selected:
+        rec = st.get_record(keys[s.spec_id], verify=True)
+        if rec is not None:
+            records[s.spec_id] = rec
+        else:
+            todo.append(Task(s, keys[s.spec_id], ingr[s.spec_id]))
+    hits = len(records)
 
     t0 = time.perf_counter()
-    results = compile_all(specs, jobs=jobs, toolchain_root=toolchain_root,
-                          debug_locations=debug_locations, on_result=on_result, progress=progress)
-    wall = time.perf_counter() - t0
+    results = compile_all(todo, str(root), jobs=jobs, toolchain_root=toolchain_root,
+                          debug_locations=debug_locations, progress=progress) if todo else []
+    compile_wall = time.perf_counter() - t0
 
     by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "bytes": 0})
     failures = []
+    waited = 0
     for spec, res in results:
         if res.ok:
+            records[spec.spec_id] = res.record
+            if res.hit:
+                waited += 1
+                continue
             k = by_kind[f"{spec.recipe}:{spec.kind}"]
             k["count"] += 1
             k["seconds"] += res.seconds
-            k["bytes"] += len(res.code)
+            k["bytes"] += res.record["blob"]["size"]
         else:
-            failures.append({"spec_id": spec.spec_id, "label": spec.label(), "error": res.error})
+            failures.append({"spec_id": spec.spec_id, "key": keys[spec.spec_id],
+                             "label": spec.label(), "error": res.error})
     for k in by_kind.values():
         k["mean_seconds"] = round(k["seconds"] / k["count"], 3)
         k["seconds"] = round(k["seconds"], 3)
+
+    # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
+    optimized = st.optimize() if compiled else None
+    lock_file = None
+    if not failures and not only:
+        lock_file = write_lock_file(lock_path(root, manifest.name),
+                                    make_lock(plan, manifest, keys, records, fp))
+    compiled = sum(1 for _, r in results if r.ok and not r.hit)
     summary = {
         "manifest": manifest.name,
-        "out": str(out),
-        "jobs": jobs or os.cpu_count(),
+        "store": str(root),
+        "lock_file": str(lock_file) if lock_file else None,
+        "jobs": max(1, min(jobs or os.cpu_count() or 1, len(todo))) if todo else 0,
         "kernel_instances": plan.instances,
         "distinct_specs": len(plan.specs),
-        "selected_specs": len(specs),
-        "compiled": sum(1 for _, r in results if r.ok),
+        "selected_specs": len(selected),
+        "hits": hits + waited,
+        "misses": len(todo),
+        "compiled": compiled,
         "failed": len(failures),
-        "wall_seconds": round(wall, 3),
-        "cpu_seconds": round(sum(r.seconds for _, r in results), 3),
+        "compile_wall_seconds": round(compile_wall, 3),
+        "wall_seconds": round(time.perf_counter() - t_start, 3),
+        "cpu_seconds": round(sum(r.seconds for _, r in results if not r.hit), 3),
         "by_kind": dict(by_kind),
         "failures": sorted(failures, key=lambda f: f["label"]),
+        "toolchain": fp["digest"],
+        "store_optimize": optimized,
     }
-    atomic_write(out / "builds" / f"{manifest.name}.json", _json_bytes(summary))
+    st.record_build_stats({k: summary[k] for k in (
+        "manifest", "hits", "misses", "compiled", "failed", "distinct_specs", "wall_seconds")})
     return summary

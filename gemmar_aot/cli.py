@@ -86,8 +86,9 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
 
 @main.command()
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output directory (default: artifacts/ in the checkout).")
+@click.option("--store", "--out", "store", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Artifact store (default: $GEMMAR_AOT_STORE, else artifacts/ "
+                                 "in the checkout).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel compile workers (default: the number of cores).")
 @click.option("--debug-locations", is_flag=True,
@@ -96,12 +97,16 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
               help="Compile only specs of this kind (gemm, drain, reduce, ...); repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def build(manifest: Path, out: Path | None, jobs: int | None, debug_locations: bool,
+def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
           only: tuple[str, ...], as_json: bool, quiet: bool) -> None:
-    """Compile every kernel MANIFEST needs into gfx950 code objects."""
+    """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
+
+    Kernels already in the store (same action key, blob verified) are not
+    compiled again. Writes the lock file <store>/locks/<manifest>.lock.json.
+    """
     from gemmar_aot.build import run_build
 
-    summary = run_build(manifest, out=out, jobs=jobs, debug_locations=debug_locations,
+    summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
                         only=only, progress=not quiet)
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
@@ -111,9 +116,12 @@ def build(manifest: Path, out: Path | None, jobs: int | None, debug_locations: b
 
 
 def _format_summary(s: dict) -> str:
-    lines = [f"built {s['manifest']}: {s['compiled']} compiled, {s['failed']} failed, "
-             f"{s['distinct_specs']} distinct specs for {s['kernel_instances']} kernel instances "
-             f"in {s['wall_seconds']:.1f}s with {s['jobs']} worker(s) -> {s['out']}"]
+    lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs for "
+             f"{s['kernel_instances']} kernel instances: {s['hits']} in the store, "
+             f"{s['compiled']} compiled, {s['failed']} failed, in {s['wall_seconds']:.1f}s "
+             f"({s['jobs']} worker(s)) -> {s['store']}"]
+    if s["lock_file"]:
+        lines.append(f"lock file: {s['lock_file']}")
     for kind, k in sorted(s["by_kind"].items()):
         lines.append(f"  {kind:<26} {k['count']:4d} kernels  {k['mean_seconds']:6.2f}s mean  "
                      f"{k['bytes']:>10,d} bytes")
@@ -121,6 +129,9 @@ def _format_summary(s: dict) -> str:
         lines.append(f"FAILED {f['label']} ({f['spec_id'][:12]}):\n    " + f["error"].replace("\n", "\n    "))
     return "\n".join(lines)
 
+
+# The store and explain commands register themselves on ``main``.
+from gemmar_aot import cli_store  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

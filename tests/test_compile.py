@@ -32,15 +32,19 @@ SMOKE = ROOT / "manifests" / "smoke.toml"
 def smoke_build(tmp_path_factory):
     from gemmar_aot.build import run_build
 
-    out = tmp_path_factory.mktemp("smoke-artifacts")
-    summary = run_build(SMOKE, out=out, jobs=2, progress=False)
+    out = tmp_path_factory.mktemp("smoke-store")
+    summary = run_build(SMOKE, store=out, jobs=2, progress=False)
     return summary, out
 
 
 def _kernels(out: Path):
-    for meta_path in sorted((out / "kernels").glob("*.json")):
-        rec = json.loads(meta_path.read_text())
-        code = meta_path.with_suffix(".co").read_bytes()
+    """(spec, record, verified code bytes) for every distinct kernel the lock file names."""
+    from gemmar_aot.store import Store, lock_keys, read_lock_file
+
+    store = Store(out)
+    lock = read_lock_file(out / "locks" / "smoke.lock.json")
+    for key in sorted(lock_keys(lock)):
+        rec, code = store.load(key)
         yield KernelSpec.from_json(rec["spec"]), rec, code
 
 
@@ -48,8 +52,19 @@ def test_smoke_builds_every_spec(smoke_build):
     summary, out = smoke_build
     plan = make_plan(load_manifest(SMOKE))
     assert summary["failures"] == []
-    assert summary["compiled"] == len(plan.specs)
+    assert summary["compiled"] == len(plan.specs) and summary["hits"] == 0
     assert {s.spec_id for s, _, _ in _kernels(out)} == {s.spec_id for s in plan.specs}
+
+
+def test_unchanged_manifest_rebuilds_with_zero_compiles(smoke_build):
+    from gemmar_aot.build import run_build
+
+    summary, out = smoke_build
+    lock = (out / "locks" / "smoke.lock.json").read_bytes()
+    again = run_build(SMOKE, store=out, jobs=2, progress=False)
+    assert again["compiled"] == 0 and again["misses"] == 0
+    assert again["hits"] == summary["distinct_specs"]
+    assert (out / "locks" / "smoke.lock.json").read_bytes() == lock  # deterministic
 
 
 def test_code_objects_are_gfx950_v6_and_self_contained(smoke_build):
@@ -131,11 +146,10 @@ _FRESH = textwrap.dedent(
     """
     import json, sys
     from gemmar_aot.compiler import worker
+    from gemmar_aot.spec import KernelSpec
     args = json.loads(sys.argv[1])
     worker.init(None, args["debug_locations"])
-    res = worker.compile_spec(args["spec"])
-    assert res.ok, res.error
-    sys.stdout.buffer.write(res.code)
+    sys.stdout.buffer.write(worker.compile_kernel(KernelSpec.from_json(args["spec"])).code)
     """
 )
 

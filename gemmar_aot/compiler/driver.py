@@ -72,8 +72,18 @@ class Progress:
             self._last_print = now
 
 
+@dataclass(frozen=True)
+class Task:
+    """One spec to compile into the store under its action key."""
+
+    spec: KernelSpec
+    key: str
+    ingredients: dict
+
+
 def compile_all(
-    specs: Iterable[KernelSpec],
+    tasks: Iterable[Task],
+    store_root: str,
     *,
     jobs: int | None = None,
     toolchain_root: str | None = None,
@@ -81,8 +91,9 @@ def compile_all(
     on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
     progress: bool = True,
 ) -> list[tuple[KernelSpec, CompileResult]]:
-    """Compile ``specs``; returns (spec, result) for each, in completion order."""
-    todo = sorted(specs, key=lambda s: (-_cost(s), s.spec_id))
+    """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order."""
+    by_spec = {t.spec: t for t in tasks}
+    todo = sorted(by_spec, key=lambda s: (-_cost(s), s.spec_id))
     if not todo:
         return []
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
@@ -114,7 +125,8 @@ def compile_all(
             while queue or futures:
                 while queue and len(futures) < jobs * 2:
                     s = queue.pop(0)
-                    futures[pool.submit(compile_spec, s.to_json())] = s
+                    t = by_spec[s]
+                    futures[pool.submit(compile_spec, s.to_json(), store_root, t.key, t.ingredients)] = s
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
                 for f in done:
                     s = futures.pop(f)
@@ -132,17 +144,18 @@ def compile_all(
             pool.shutdown(wait=not broken, cancel_futures=True)
         # Retry suspects alone, each in its own worker, so a crash names its spec.
         for s in suspects:
-            record(s, _isolated(s, toolchain_root, debug_locations, ctx))
+            record(s, _isolated(by_spec[s], store_root, toolchain_root, debug_locations, ctx))
         suspects = []
     return results
 
 
-def _isolated(spec: KernelSpec, toolchain_root, debug_locations, ctx) -> CompileResult:
+def _isolated(task: Task, store_root, toolchain_root, debug_locations, ctx) -> CompileResult:
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=init,
                              initargs=(toolchain_root, debug_locations)) as pool:
         try:
-            return pool.submit(compile_spec, spec.to_json()).result()
+            return pool.submit(compile_spec, task.spec.to_json(), store_root, task.key,
+                               task.ingredients).result()
         except BrokenProcessPool:
-            return CompileResult(spec.spec_id, False, 0.0,
+            return CompileResult(task.spec.spec_id, False, 0.0,
                                  error="the compile worker died (native abort or out of memory) "
                                        "while compiling this spec")

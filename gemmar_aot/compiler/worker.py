@@ -27,13 +27,23 @@ _STATE: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
+class CompiledKernel:
+    """What one compile produces, before it is stored."""
+
+    code: bytes
+    metadata: dict  # KernelMetadata.to_json() of the one kernel
+    launch: dict  # LaunchRecord.to_json()
+
+
+@dataclass(frozen=True)
 class CompileResult:
+    """What a worker reports back for one spec (the bytes stay in the store)."""
+
     spec_id: str
     ok: bool
     seconds: float
-    code: bytes = b""
-    metadata: dict | None = None  # KernelMetadata.to_json() of the one kernel
-    launch: dict | None = None  # LaunchRecord.to_json()
+    record: dict | None = None  # the store's record for the key
+    hit: bool = False  # another builder stored it first (we waited on its lock)
     error: str = ""
 
 
@@ -44,7 +54,14 @@ def init(toolchain_root: str | None, debug_locations: bool) -> None:
     from gemmar_aot.toolchain import compile_env, import_mori_device, load_toolchain
 
     tc = load_toolchain(toolchain_root)
-    os.environ.update(compile_env(tc))
+    env = compile_env(tc)
+    # Only what the key records may steer code generation: drop every other FlyDSL
+    # or mori knob (dump, debug-info, opt-level overrides, MORI_GEMM_AR_* tuning)
+    # inherited from the caller. Specs that read an env value carry it themselves.
+    for name in list(os.environ):
+        if name.startswith(("FLYDSL_", "MORI_")) and name not in env:
+            del os.environ[name]
+    os.environ.update(env)
     import_mori_device(tc)
     if not debug_locations:
         _disable_location_capture()
@@ -104,39 +121,68 @@ def _code_object_bytes(ir_text: str) -> bytes:
         return bytes(gpu.ObjectAttr(objects[0]).object)
 
 
-def compile_spec(spec_json: dict) -> CompileResult:
-    """Compile one spec. Returns a result; builder errors are captured, not raised."""
+def compile_kernel(spec: KernelSpec) -> CompiledKernel:
+    """Trace, lower and link one spec; raise on any failure."""
     from gemmar_aot.compiler.hostir import read_launch_record
     from gemmar_aot_kernels import recipe_module
+    import flydsl.expr as fx
 
+    fn, args = recipe_module(spec.recipe).build(spec)
+    fn._last_compiled = None
+    fn(*args, stream=fx.Stream(None))  # COMPILE_ONLY=1: trace, lower, link; no launch
+    last = getattr(fn, "_last_compiled", None)
+    if last is None:
+        raise RuntimeError("FlyDSL produced no artifact (was COMPILE_ONLY honoured?)")
+    ir_text = last[1]._ir_text
+    code = _code_object_bytes(ir_text)
+    co = parse_code_object(code)
+    if co.arch != "gfx950":
+        raise RuntimeError(f"compiled for {co.arch}, expected gfx950")
+    if co.undefined_symbols:
+        raise RuntimeError(
+            f"code object references undefined symbols {list(co.undefined_symbols)}: the cco "
+            f"device bitcode did not provide them (wrong or empty MORI_CCO_BC?)"
+        )
+    kernel = co.kernel()
+    names, kinds = _arg_kinds(fn, args)
+    record = read_launch_record(ir_text, names, kinds)
+    if record.kernel != kernel.name:
+        raise RuntimeError(f"host IR launches {record.kernel!r} but the code object holds {kernel.name!r}")
+    return CompiledKernel(code, kernel.to_json(), record.to_json())
+
+
+def _store(root: str):
+    from gemmar_aot.store import Store
+
+    stores = _STATE.setdefault("stores", {})
+    if root not in stores:
+        stores[root] = Store(root)
+    return stores[root]
+
+
+def compile_spec(spec_json: dict, store_root: str, key: str, ingredients: dict) -> CompileResult:
+    """Compile one spec into the store under ``key``, unless another builder already did.
+
+    The per-key claim is held while compiling, so concurrent builders compile each
+    key once: the second waits and reuses. Builder errors come back as data.
+    """
     spec = KernelSpec.from_json(spec_json)
     t0 = time.perf_counter()
     try:
-        import flydsl.expr as fx
-
-        fn, args = recipe_module(spec.recipe).build(spec)
-        fn._last_compiled = None
-        fn(*args, stream=fx.Stream(None))  # COMPILE_ONLY=1: trace, lower, link; no launch
-        last = getattr(fn, "_last_compiled", None)
-        if last is None:
-            raise RuntimeError("FlyDSL produced no artifact (was COMPILE_ONLY honoured?)")
-        ir_text = last[1]._ir_text
-        code = _code_object_bytes(ir_text)
-        co = parse_code_object(code)
-        if co.arch != "gfx950":
-            raise RuntimeError(f"compiled for {co.arch}, expected gfx950")
-        if co.undefined_symbols:
-            raise RuntimeError(
-                f"code object references undefined symbols {list(co.undefined_symbols)}: the cco "
-                f"device bitcode did not provide them (wrong or empty MORI_CCO_BC?)"
-            )
-        kernel = co.kernel()
-        names, kinds = _arg_kinds(fn, args)
-        record = read_launch_record(ir_text, names, kinds)
-        if record.kernel != kernel.name:
-            raise RuntimeError(f"host IR launches {record.kernel!r} but the code object holds {kernel.name!r}")
-        return CompileResult(spec.spec_id, True, time.perf_counter() - t0, code,
-                             kernel.to_json(), record.to_json())
+        store = _store(store_root)
+        with store.claim(key) as claim:
+            if claim.hit is not None:
+                return CompileResult(spec.spec_id, True, time.perf_counter() - t0, claim.hit, hit=True)
+            k = compile_kernel(spec)
+            seconds = time.perf_counter() - t0
+            rec = claim.put(k.code, {
+                "spec": spec.to_json(),
+                "metadata": k.metadata,
+                "launch": k.launch,
+                "ingredients": ingredients,
+                "compile_seconds": round(seconds, 3),
+            })
+        return CompileResult(spec.spec_id, True, seconds, rec)
     except BaseException as exc:  # noqa: BLE001 - report every builder failure as data
         if isinstance(exc, KeyboardInterrupt):
             raise

@@ -1,0 +1,279 @@
+"""Store commands: ls, show, stats, verify, gc, export, import, explain. ``--json`` on each."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gemmar_aot.cli import main
+
+STORE_OPT = click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path),
+                         default=None, help="Store root (default: $GEMMAR_AOT_STORE, else artifacts/).")
+JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _open(store: Path | None, *, must_exist: bool = True):
+    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.store import Store, default_store_root
+
+    root = default_store_root(str(store) if store is not None else None)
+    st = Store(root)
+    if must_exist and not st.exists():
+        raise GemmarError(f"no artifact store at {root}; build a manifest into it first "
+                          f"(gemmar-aot build MANIFEST --store {root})")
+    return st
+
+
+def _emit(data, as_json: bool, text) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        text(data)
+
+
+def _summary(rec: dict) -> dict:
+    spec = rec.get("spec", {})
+    p = spec.get("params", {})
+    cfg = p.get("cfg", {}) if isinstance(p.get("cfg"), dict) else {}
+    return {
+        "key": rec["key"], "recipe": spec.get("recipe"), "kind": spec.get("kind"),
+        "rank": spec.get("rank"), "m": cfg.get("m_pad"), "n": cfg.get("n") or p.get("n"),
+        "k": (p.get("builder") or {}).get("K"), "world": cfg.get("world_size"),
+        "blob": rec["blob"]["digest"], "size": rec["blob"]["size"],
+        "kernel": (rec.get("launch") or {}).get("kernel"),
+    }
+
+
+@main.command("ls")
+@STORE_OPT
+@JSON_OPT
+@click.option("--kind", multiple=True, help="Kernel kind (gemm, drain, reduce, ...); repeatable.")
+@click.option("--rank", type=int, multiple=True, help="Rank; repeatable.")
+@click.option("--m", "m", type=int, multiple=True, help="Padded M; repeatable.")
+@click.option("--n", "n", type=int, default=None)
+@click.option("--k", "k", type=int, default=None)
+@click.option("--lock", "lock", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Only what this lock file references.")
+def ls_cmd(store, as_json, kind, rank, m, n, k, lock):
+    """List the store's kernels."""
+    from gemmar_aot.store import lock_keys, read_lock_file
+
+    st = _open(store)
+    keys = lock_keys(read_lock_file(lock)) if lock else None
+
+    def keep(rec: dict) -> bool:
+        s = _summary(rec)
+        return ((keys is None or s["key"] in keys) and (not kind or s["kind"] in kind)
+                and (not rank or s["rank"] in rank) and (not m or s["m"] in m)
+                and (n is None or s["n"] == n) and (k is None or s["k"] == k))
+
+    rows = sorted((_summary(r) for r in st.ls(keep)),
+                  key=lambda s: (s["recipe"] or "", s["kind"] or "", s["m"] or 0, s["k"] or 0, s["rank"] or 0))
+
+    def text(rows):
+        for s in rows:
+            click.echo(f"{s['key'][:16]}  {s['recipe']:<10} {s['kind']:<14} r{s['rank']:<2} "
+                       f"M={s['m'] or '-':<6} N={s['n'] or '-':<6} K={s['k'] or '-':<5} "
+                       f"{s['size']:>8,d} B  {s['kernel']}")
+        click.echo(f"{len(rows)} kernel(s)")
+
+    _emit(rows, as_json, text)
+
+
+@main.command()
+@click.argument("key")
+@STORE_OPT
+@JSON_OPT
+def show(key, store, as_json):
+    """Show one kernel's record: spec, metadata, launch record (KEY may be a unique prefix)."""
+    from gemmar_aot.errors import GemmarError
+
+    st = _open(store)
+    matches = [r for r in st.ls(lambda r: r["key"].startswith(key))]
+    if len(matches) != 1:
+        raise GemmarError(f"{len(matches)} keys start with {key!r}; give more of the key "
+                          f"(see gemmar-aot ls)")
+    rec = matches[0]
+    rec = {k: v for k, v in rec.items() if k != "ingredients"} | {"ingredients": "see gemmar-aot explain"}
+
+    def text(r):
+        s = _summary(r)
+        md = r.get("metadata", {})
+        click.echo(f"key      {r['key']}\nblob     {s['blob']} ({s['size']:,d} bytes)\n"
+                   f"kernel   {s['kernel']}\nspec     {s['recipe']}:{s['kind']} rank {s['rank']} "
+                   f"M={s['m']} N={s['n']} K={s['k']}")
+        click.echo(f"regs     vgpr {md.get('vgpr_count')} sgpr {md.get('sgpr_count')} agpr "
+                   f"{md.get('agpr_count')}, spills {md.get('vgpr_spill_count')}+{md.get('sgpr_spill_count')}, "
+                   f"LDS {md.get('lds_bytes')}, scratch {md.get('scratch_bytes')}, kernarg {md.get('kernarg_size')}")
+        ln = r.get("launch", {})
+        click.echo(f"launch   grid {ln.get('grid')} block {ln.get('block')} args "
+                   f"{[(a['name'], a['kind']) for a in ln.get('args', [])]}")
+        click.echo("params   " + json.dumps(r.get("spec", {}).get("params", {}), sort_keys=True))
+
+    _emit(rec, as_json, text)
+
+
+@main.command()
+@STORE_OPT
+@JSON_OPT
+def stats(store, as_json):
+    """Entries, raw and compressed bytes, and the last build's hits and misses."""
+    st = _open(store)
+    data = st.stats()
+    data["last_build"] = st.last_build_stats()
+
+    def text(d):
+        for k in sorted(d):
+            click.echo(f"{k:<22} {json.dumps(d[k], sort_keys=True)}")
+
+    _emit(data, as_json, text)
+
+
+@main.command()
+@STORE_OPT
+@JSON_OPT
+def verify(store, as_json):
+    """Decompress and check every blob and record; quarantine what is bad."""
+    st = _open(store)
+    problems = st.verify()
+
+    def text(ps):
+        for p in ps:
+            click.echo(f"BAD {p['kind']} {p['path']}: {p['problem']}")
+        click.echo("store verified: no problems" if not ps else f"{len(ps)} problem(s); bad "
+                   f"entries were quarantined and the next build recompiles them")
+
+    _emit({"problems": problems, "ok": not problems}, as_json, lambda d: text(d["problems"]))
+    sys.exit(0 if not problems else 1)
+
+
+@main.command()
+@STORE_OPT
+@JSON_OPT
+@click.option("--keep", "keep", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
+              help="Keep everything this lock file references; repeatable.")
+@click.option("--max-bytes", type=int, default=None, help="Cap the store's compressed size (LRU).")
+@click.option("--max-age-days", type=float, default=None, help="Drop entries unused this long.")
+@click.option("--all-locks", is_flag=True, help="Keep everything the store's own locks/ reference.")
+def gc(store, as_json, keep, max_bytes, max_age_days, all_locks):
+    """Remove entries no given lock file references (or cap size / age)."""
+    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.store import lock_blobs, lock_keys, read_lock_file
+
+    st = _open(store)
+    locks = [read_lock_file(p) for p in keep]
+    if all_locks:
+        locks += [read_lock_file(p) for p in sorted((st.root / "locks").glob("*.lock.json"))]
+    if not locks and max_bytes is None and max_age_days is None:
+        raise GemmarError("gc needs something to keep or a cap: --keep LOCK, --all-locks, "
+                          "--max-bytes or --max-age-days")
+    keep_blobs, keep_keys = set(), set()
+    for lk in locks:
+        keep_blobs |= lock_blobs(lk)
+        keep_keys |= lock_keys(lk)
+    res = st.gc(keep_blobs=keep_blobs, keep_keys=keep_keys if locks else None,
+                max_bytes=max_bytes, max_age_days=max_age_days)
+    _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
+
+
+@main.command("export")
+@click.argument("lock", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@STORE_OPT
+@JSON_OPT
+def export_cmd(lock, dest, store, as_json):
+    """Copy what LOCK needs (records, blobs, the lock itself) into DEST, a portable store."""
+    import shutil
+
+    from gemmar_aot.store import read_lock_file
+
+    st = _open(store)
+    res = st.export(read_lock_file(lock), dest)
+    (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
+    _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
+
+
+@main.command("import")
+@click.argument("src", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@STORE_OPT
+@JSON_OPT
+def import_cmd(src, store, as_json):
+    """Add an exported directory's entries to the store, verifying every blob first."""
+    import shutil
+
+    st = _open(store, must_exist=False)
+    res = st.import_(src)
+    for lk in sorted((Path(src) / "locks").glob("*.lock.json")):
+        (st.root / "locks").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(lk, st.root / "locks" / lk.name)
+    _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
+
+
+@main.command()
+@click.argument("what", nargs=-1, required=True)
+@STORE_OPT
+@JSON_OPT
+def explain(what, store, as_json):
+    """Why a key is what it is, or why a lookup missed.
+
+    \b
+    explain KEY              the ingredients of one key
+    explain KEY_A KEY_B      which ingredients differ between two keys
+    explain LOCK             LOCK against the current toolchain: which launches are
+                             stale and which ingredient moved them
+    explain LOCK_A LOCK_B    two builds: which toolchain ingredients and launches changed
+    """
+    from gemmar_aot import explain as ex
+    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.store import read_lock_file
+
+    st = _open(store)
+    is_lock = [Path(w).is_file() for w in what]
+    if len(what) == 1 and not is_lock[0]:
+        data = ex.explain_key(st, _full_key(st, what[0]))
+        text = lambda d: [click.echo(f"{k:<48} {v}") for k, v in d["ingredients"].items()]  # noqa: E731
+    elif len(what) == 2 and not any(is_lock):
+        data = ex.diff_keys(st, _full_key(st, what[0]), _full_key(st, what[1]))
+        text = lambda d: [click.echo(f"{c['ingredient']}: {c['a']!r} -> {c['b']!r}") for c in d["changed"]] or click.echo("identical ingredients")  # noqa: E731
+    elif len(what) == 1:
+        from gemmar_aot.toolchain import load_toolchain
+
+        data = ex.check_lock(read_lock_file(what[0]), st, load_toolchain().fingerprint)
+
+        def text(d):
+            for c in d["toolchain_changed"]:
+                click.echo(f"toolchain: {c['ingredient']}: {c['locked']!r} -> {c['now']!r}")
+            click.echo(f"{d['stale']} of {d['distinct_keys']} kernels are stale; "
+                       f"{d['records_missing']} records missing from this store")
+            for ing, n in d["stale_by_ingredient"].items():
+                click.echo(f"  {n:5d} moved by {ing}")
+            if d["up_to_date"]:
+                click.echo("up to date: a build would compile nothing")
+    elif len(what) == 2 and all(is_lock):
+        data = ex.diff_locks(read_lock_file(what[0]), read_lock_file(what[1]), st)
+
+        def text(d):
+            for c in d["toolchain_changed"]:
+                click.echo(f"toolchain: {c['ingredient']}: {c['a']!r} -> {c['b']!r}")
+            click.echo(f"{d['launches_changed']} launches changed key, {d['launches_same']} same, "
+                       f"{d['only_in_a']} only in A, {d['only_in_b']} only in B")
+            for ing, n in d["changed_by_ingredient"].items():
+                click.echo(f"  {n:5d} changed by {ing}")
+    else:
+        raise GemmarError("explain takes KEY, KEY KEY, LOCK or LOCK LOCK (lock files are paths)")
+    _emit(data, as_json, text)
+
+
+def _full_key(st, prefix: str) -> str:
+    from gemmar_aot.errors import GemmarError
+
+    if len(prefix) == 64:
+        return prefix
+    keys = [r["key"] for r in st.ls(lambda r: r["key"].startswith(prefix))]
+    if len(keys) != 1:
+        raise GemmarError(f"{len(keys)} keys start with {prefix!r}; give more of the key")
+    return keys[0]

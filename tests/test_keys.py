@@ -1,0 +1,136 @@
+"""Action keys: stable across processes and checkouts, sensitive to every ingredient."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemmar_aot.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
+from gemmar_aot.manifest import load_manifest
+from gemmar_aot.plan import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A toolchain fingerprint of the shape toolchain.json has (values are arbitrary).
+FP = {
+    "schema": 1,
+    "digest": "d" * 64,
+    "cco_bitcode": {"sha256": "b" * 64, "source": "built", "build": {"compiler": "clang version 22.1.8"}},
+    "flydsl": {"version": "0.4.2", "package_digest": "f" * 64},
+    "flydsl_opt_level": 2,
+    "linker": {"identity": "LLD 22.1.8", "via": "ziglang 0.17.0"},
+    "mori": {"version": "1.2.4", "sources_digest": "5" * 64, "wheel": "w.whl", "wheel_sha256": "a" * 64},
+    "python": "3.11.7",
+    "target": {"arch": "gfx950", "code_object_version": 6},
+    "torch": {"version": "2.13.0+cpu"},
+}
+
+
+def _spec():
+    plan = make_plan(load_manifest(ROOT / "manifests" / "smoke.toml"), env={})
+    return next(s for s in plan.specs if s.kind == "gemm" and s.recipe == "fused-sdma")
+
+
+def test_key_is_sha256_of_ingredients_and_has_no_paths():
+    ingr = ingredients(_spec(), FP)
+    key = action_key(ingr)
+    assert len(key) == 64 and int(key, 16) >= 0
+    text = json.dumps(ingr)
+    for bad in (str(ROOT), "/tmp", "/root", "/home", "/work"):
+        assert bad not in text
+
+
+@pytest.mark.parametrize("path,value", [
+    ("cco_bitcode.sha256", "c" * 64),
+    ("cco_bitcode.build", {"compiler": "clang version 23"}),
+    ("flydsl.version", "0.5.0"),
+    ("flydsl.package_digest", "e" * 64),
+    ("flydsl_opt_level", 3),
+    ("linker.identity", "Debian LLD 19.1.7"),
+    ("mori.version", "1.2.5"),
+    ("mori.sources_digest", "6" * 64),
+    ("mori.wheel_sha256", "9" * 64),
+    ("python", "3.10.14"),
+    ("target.arch", "gfx942"),
+    ("target.code_object_version", 5),
+])
+def test_every_toolchain_ingredient_changes_the_key(path, value):
+    base = action_key(ingredients(_spec(), FP))
+    fp = copy.deepcopy(FP)
+    node = fp
+    *parents, leaf = path.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    changed = ingredients(_spec(), fp)
+    assert action_key(changed) != base
+    assert diff_ingredients(ingredients(_spec(), FP), changed)
+
+
+def test_irrelevant_fingerprint_fields_do_not_change_the_key():
+    base = action_key(ingredients(_spec(), FP))
+    fp = copy.deepcopy(FP)
+    fp["torch"]["version"] = "2.14.0+cpu"  # torch only hosts placeholder tensors
+    fp["mori"]["wheel"] = "renamed.whl"  # a file name, not content
+    fp["digest"] = "0" * 64
+    fp["linker"]["via"] = "something else"
+    assert action_key(ingredients(_spec(), fp)) == base
+
+
+def test_every_builder_argument_changes_the_key():
+    spec = _spec()
+    base = action_key(ingredients(spec, FP))
+    d = spec.to_json()
+    for section in ("builder", "cfg"):
+        for name, value in d["params"][section].items():
+            d2 = copy.deepcopy(d)
+            d2["params"][section][name] = (not value) if isinstance(value, bool) else (
+                value + 1 if isinstance(value, int) else f"{value}-x")
+            from gemmar_aot.spec import KernelSpec
+
+            assert action_key(ingredients(KernelSpec.from_json(d2), FP)) != base, (section, name)
+    d2 = copy.deepcopy(d)
+    d2["rank"] += 1
+    from gemmar_aot.spec import KernelSpec
+
+    assert action_key(ingredients(KernelSpec.from_json(d2), FP)) != base
+
+
+def test_our_compiler_sources_are_an_ingredient():
+    ti = toolchain_ingredients(FP)
+    assert len(ti["compiler"]["sources_digest"]) == 64
+    assert ti["compiler"]["recipe_version"] >= 1
+
+
+_KEYS = """
+import json, sys
+from gemmar_aot.keys import action_key, ingredients
+from gemmar_aot.manifest import load_manifest
+from gemmar_aot.plan import make_plan
+fp = json.loads(sys.argv[1])
+plan = make_plan(load_manifest("manifests/smoke.toml"), env={})
+print(json.dumps(sorted(action_key(ingredients(s, fp)) for s in plan.specs)))
+"""
+
+
+def test_keys_are_stable_across_processes_and_checkout_paths(tmp_path):
+    """The same inputs in another checkout give the same keys."""
+    clone = tmp_path / "elsewhere" / "checkout"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
+        ".venv", ".toolchain", "artifacts", ".git", "__pycache__", ".pytest_cache", ".hypothesis"))
+    # gemmar_aot_kernels maps to kernels/ in the installed package: make the copy's importable.
+    (clone / "gemmar_aot_kernels").symlink_to(clone / "kernels")
+    outs = []
+    for cwd in (ROOT, clone):
+        env = {"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "random"}
+        p = subprocess.run([sys.executable, "-c", _KEYS, json.dumps(FP)], cwd=cwd, env=env,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        outs.append(json.loads(p.stdout))
+    assert outs[0] == outs[1] and len(outs[0]) == 39
