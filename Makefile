@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # pip install runs again when pyproject.toml changes.
 DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
 
-.PHONY: setup build test clean
+.PHONY: setup build test lint clean
 
 setup: $(DEPS_STAMP)
 	$(VPY) -m gemmar_aot.toolchain setup
@@ -35,6 +35,9 @@ build: setup
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check gemmar_aot kernels tests bench --select F,E9
 
 clean:
 	rm -rf $(VENV) .toolchain

@@ -127,13 +127,13 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         k["mean_seconds"] = round(k["seconds"] / k["count"], 3)
         k["seconds"] = round(k["seconds"], 3)
 
+    compiled = sum(1 for _, r in results if r.ok and not r.hit)
     # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
     optimized = st.optimize() if compiled else None
     lock_file = None
     if not failures and not only:
         lock_file = write_lock_file(lock_path(root, manifest.name),
                                     make_lock(plan, manifest, keys, records, fp))
-    compiled = sum(1 for _, r in results if r.ok and not r.hit)
     summary = {
         "manifest": manifest.name,
         "store": str(root),

@@ -93,7 +93,9 @@ class KernelSpec:
 
     def label(self) -> str:
         p = self.param_dict()
-        m = p.get("cfg", {}).get("m_pad") if isinstance(p.get("cfg"), dict) else None
+        cfg = p.get("cfg") if isinstance(p.get("cfg"), dict) else {}
+        # A canonical (shape-free) config has no capacity: its M means nothing.
+        m = cfg.get("m_pad") if cfg.get("capacity_m") else None
         bits = [self.recipe, self.kind, f"r{self.rank}"]
         if m:
             bits.append(f"m{m}")

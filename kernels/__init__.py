@@ -11,6 +11,8 @@ Each recipe module has two halves:
   calls mori's own builder with exactly the spec's parameters and returns the
   untraced FlyDSL launcher plus placeholder arguments to trace it with. Imports of
   mori and FlyDSL happen inside it.
+* ``build_group(spec) -> str | None``: specs with the same group are built from one
+  builder call, so the compile driver sends them to one worker together.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gemmar_aot.spec import KernelSpec
 
-from ._common import GEMM_FIXED, PHASE_FIXED, RankKernels, build_gemm, build_phase, op_cfg
+from ._common import GEMM_FIXED, PHASE_FIXED, RankKernels, build_gemm, build_phase, op_cfg, phase_build_group
 
 RECIPE = "fused-sdma"
 #: Phases whose code reads only the control area (start/end/flag offsets, which
@@ -86,3 +86,7 @@ def build(spec: KernelSpec):
     if spec.kind == "gemm":
         return build_gemm(spec, placeholder_m=spec.param_dict()["cfg"]["m_pad"])
     return build_phase(spec)
+
+
+def build_group(spec: KernelSpec) -> str | None:
+    return None if spec.kind == "gemm" else phase_build_group(spec)

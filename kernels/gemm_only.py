@@ -39,3 +39,7 @@ def specs(w, layout, env: dict) -> tuple[RankKernels, ...]:
 
 def build(spec: KernelSpec):
     return build_gemm(spec, placeholder_m=MXFP8_BLOCK_M)
+
+
+def build_group(spec: KernelSpec) -> str | None:
+    return None

@@ -50,3 +50,7 @@ def build(spec: KernelSpec):
     p = spec.param_dict()
     run, _stage = build_lsa_ar(make_cfg(p["cfg"]), spec.rank, **p["builder"])
     return run, (0, 0)
+
+
+def build_group(spec: KernelSpec) -> str | None:
+    return None

@@ -28,24 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
 
 
-@pytest.fixture(scope="session")
-def smoke_build(tmp_path_factory):
-    from gemmar_aot.build import run_build
-
-    out = tmp_path_factory.mktemp("smoke-store")
-    summary = run_build(SMOKE, store=out, jobs=2, progress=False)
-    return summary, out
-
-
-def _kernels(out: Path):
-    """(spec, record, verified code bytes) for every distinct kernel the lock file names."""
-    from gemmar_aot.store import Store, lock_keys, read_lock_file
-
-    store = Store(out)
-    lock = read_lock_file(out / "locks" / "smoke.lock.json")
-    for key in sorted(lock_keys(lock)):
-        rec, code = store.load(key)
-        yield KernelSpec.from_json(rec["spec"]), rec, code
+from conftest import smoke_kernels as _kernels  # noqa: E402
 
 
 def test_smoke_builds_every_spec(smoke_build):
@@ -174,7 +157,8 @@ def test_deterministic_across_fresh_processes(smoke_build):
     assert first == second == code
 
 
-def test_source_locations_do_not_change_bytes(smoke_build):
+def test_debug_mode_does_not_change_bytes(smoke_build):
+    """--debug-locations (source locations on, per-pass verifier on) emits the same bytes."""
     _, out = smoke_build
     spec, code = _smallest_fused_gemm(out)
     assert _compile_fresh(spec, debug_locations=True) == code

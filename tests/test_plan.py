@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 
-import pytest
 
 from gemmar_aot import rules
 from gemmar_aot.manifest import load_manifest, parse_manifest

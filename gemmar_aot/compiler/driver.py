@@ -20,8 +20,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from gemmar_aot.compiler.worker import CompileResult, compile_spec, init
+from gemmar_aot.compiler.worker import CompileResult, compile_batch, compile_spec, init
 from gemmar_aot.spec import KernelSpec
+from gemmar_aot_kernels import recipe_module
 
 #: Relative cost used to order submissions and estimate ETA before timings arrive.
 COST_HINT = {"gemm": 20.0, "lsa_ar": 1.5}
@@ -93,13 +94,13 @@ def compile_all(
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order."""
     by_spec = {t.spec: t for t in tasks}
-    todo = sorted(by_spec, key=lambda s: (-_cost(s), s.spec_id))
-    if not todo:
+    if not by_spec:
         return []
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
-    cost_total = sum(_cost(s) for s in todo)
+    batches = _batches(by_spec.values())
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(batches)))
+    cost_total = sum(_cost(s) for s in by_spec)
     cost_done = 0.0
-    bar = Progress(total=len(todo), enabled=progress)
+    bar = Progress(total=len(by_spec), enabled=progress)
     results: list[tuple[KernelSpec, CompileResult]] = []
 
     def record(spec: KernelSpec, res: CompileResult) -> None:
@@ -111,12 +112,12 @@ def compile_all(
         bar.update(res, spec.label(), cost_done, cost_total)
 
     ctx = mp.get_context("spawn")
-    pending = list(todo)
-    suspects: list[KernelSpec] = []
+    pending = list(batches)
+    suspects: list[Task] = []
     while pending:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init,
                                    initargs=(toolchain_root, debug_locations))
-        futures: dict[Future, KernelSpec] = {}
+        futures: dict[Future, list[Task]] = {}
         broken = False
         try:
             # Keep a bounded window in flight so a broken pool loses little work.
@@ -124,29 +125,41 @@ def compile_all(
             pending = []
             while queue or futures:
                 while queue and len(futures) < jobs * 2:
-                    s = queue.pop(0)
-                    t = by_spec[s]
-                    futures[pool.submit(compile_spec, s.to_json(), store_root, t.key, t.ingredients)] = s
+                    batch = queue.pop(0)
+                    items = [(t.spec.to_json(), t.key, t.ingredients) for t in batch]
+                    futures[pool.submit(compile_batch, items, store_root)] = batch
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
                 for f in done:
-                    s = futures.pop(f)
+                    batch = futures.pop(f)
                     try:
-                        record(s, f.result())
+                        for t, res in zip(batch, f.result()):
+                            record(t.spec, res)
                     except BrokenProcessPool:
                         broken = True
-                        suspects.append(s)
+                        suspects.extend(batch)
                 if broken:
-                    suspects.extend(futures.values())
+                    for batch in futures.values():
+                        suspects.extend(batch)
                     pending = queue
                     futures.clear()
                     break
         finally:
             pool.shutdown(wait=not broken, cancel_futures=True)
         # Retry suspects alone, each in its own worker, so a crash names its spec.
-        for s in suspects:
-            record(s, _isolated(by_spec[s], store_root, toolchain_root, debug_locations, ctx))
+        for t in suspects:
+            record(t.spec, _isolated(t, store_root, toolchain_root, debug_locations, ctx))
         suspects = []
     return results
+
+
+def _batches(tasks: Iterable[Task]) -> list[list[Task]]:
+    """Units of work, most expensive first. Specs the recipe builds from one builder call
+    (the SDMA phases of one config and rank) travel together, so the worker makes that
+    call once; everything else is a batch of one."""
+    groups: dict[str, list[Task]] = {}
+    for t in sorted(tasks, key=lambda t: t.spec.spec_id):
+        groups.setdefault(recipe_module(t.spec.recipe).build_group(t.spec) or t.spec.spec_id, []).append(t)
+    return sorted(groups.values(), key=lambda b: (-sum(_cost(t.spec) for t in b), b[0].spec.spec_id))
 
 
 def _isolated(task: Task, store_root, toolchain_root, debug_locations, ctx) -> CompileResult:

@@ -72,10 +72,11 @@ def fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
     """Publish ``data`` at ``path``: temp file in the same directory, fsync, rename, fsync the dir.
 
     ``durable=False`` skips the fsyncs (still atomic for readers; not crash-durable).
+    ``mode``: the file's permissions (default: 0666 minus the umask).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
+        os.chmod(tmp, file_mode() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

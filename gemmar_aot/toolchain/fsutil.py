@@ -10,40 +10,19 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from gemmar_aot.store._fs import atomic_write_bytes as _store_atomic_write
+from gemmar_aot.store._fs import fsync_dir as _fsync_dir
+
 
 def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Write to a temp file in the same directory, fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    _store_atomic_write(Path(path), data, mode=mode)
 
 
 def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
     atomic_write_bytes(path, text.encode(), mode=mode)
 
 
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextlib.contextmanager
 def staging_dir(target: Path) -> Iterator[Path]:
     """Yield an empty directory next to ``target``; on success it replaces
     ``target`` (the old one is removed), on error it is deleted."""

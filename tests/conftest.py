@@ -1,0 +1,34 @@
+"""Shared fixtures. ``smoke_build`` compiles manifests/smoke.toml once per session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "manifests" / "smoke.toml"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="session")
+def smoke_build(tmp_path_factory):
+    """(summary, store root) of a real compile of smoke.toml. Treat the store as read-only."""
+    from gemmar_aot.build import run_build
+
+    out = tmp_path_factory.mktemp("smoke-store")
+    summary = run_build(SMOKE, store=out, jobs=2, progress=False)
+    return summary, out
+
+
+def smoke_kernels(out: Path):
+    """(spec, record, verified code bytes) for every distinct kernel the smoke lock names."""
+    from gemmar_aot.spec import KernelSpec
+    from gemmar_aot.store import Store, lock_keys, read_lock_file
+
+    store = Store(out, readonly=True)
+    lock = read_lock_file(out / "locks" / "smoke.lock.json")
+    for key in sorted(lock_keys(lock)):
+        rec, code = store.load(key)
+        yield KernelSpec.from_json(rec["spec"]), rec, code

@@ -1,0 +1,152 @@
+"""The build and the store together: warm rebuilds, exact recompiles, concurrency,
+corruption, gc, export/import and explain -- through the real compiler and CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemmar_aot.build import run_build
+from gemmar_aot.store import Store, lock_blobs, lock_keys, read_lock_file
+
+pytestmark = pytest.mark.compile
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "manifests" / "smoke.toml"
+
+SMALL = """
+[manifest]
+name = "{name}"
+
+[[tuple]]
+transport = "fused-sdma"
+m = {ms}
+n = 1024
+k = {k}
+world = 2
+quant = "blockscale"
+m_max = 512
+"""
+
+
+def _cli(*args, cwd=ROOT):
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", *args], capture_output=True, text=True, cwd=cwd)
+    return p.returncode, p.stdout, p.stderr
+
+
+def _copy_store(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.lock"))
+    return dst
+
+
+def test_changing_one_builder_argument_recompiles_exactly_the_affected_specs(smoke_build, tmp_path):
+    """K=512 -> 768 on one tuple: only that tuple's GEMMs are new; phases do not depend on K."""
+    _, store = smoke_build
+    st = _copy_store(store, tmp_path / "store")
+    text = SMOKE.read_text()
+    needle = 'm = [256, 512]\nn = 1024\nk = 512'
+    assert needle in text
+    changed = tmp_path / "smoke.toml"
+    changed.write_text(text.replace(needle, 'm = [256, 512]\nn = 1024\nk = 768'))
+    summary = run_build(changed, store=st, jobs=2, progress=False)
+    assert summary["failed"] == 0
+    assert summary["compiled"] == 2 * 2  # 2 M x 2 ranks, GEMM only
+    assert set(summary["by_kind"]) == {"fused-sdma:gemm"}
+    assert summary["hits"] == summary["distinct_specs"] - 4
+
+
+def test_concurrent_builders_compile_each_spec_once(tmp_path):
+    """Two builds of overlapping manifests into one store, at the same time."""
+    store = tmp_path / "store"
+    a = tmp_path / "a.toml"
+    b = tmp_path / "b.toml"
+    a.write_text(SMALL.format(name="a", ms="[256, 512]", k=256))
+    b.write_text(SMALL.format(name="b", ms="[512]", k=256))
+    procs = [subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(m), "--store", str(store),
+                               "-j", "1", "--json", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT) for m in (a, b)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out))
+    union = lock_keys(read_lock_file(store / "locks" / "a.lock.json")) | lock_keys(
+        read_lock_file(store / "locks" / "b.lock.json"))
+    assert lock_keys(read_lock_file(store / "locks" / "b.lock.json")) <= union
+    assert sum(o["compiled"] for o in outs) == len(union)  # every key compiled exactly once
+    assert Store(store).verify() == []
+
+
+def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path):
+    _, store = smoke_build
+    st_root = _copy_store(store, tmp_path / "store")
+    lock = read_lock_file(st_root / "locks" / "smoke.lock.json")
+    digest = sorted(lock_blobs(lock))[0]
+    blob = st_root / "blobs" / "sha256" / digest[:2] / f"{digest}.zst"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    blob.write_bytes(bytes(data))
+
+    code, out, err = _cli("verify", "--store", str(st_root), "--json")
+    assert code == 1
+    problems = json.loads(out)["problems"]
+    assert any(digest in p["path"] for p in problems)
+    assert not blob.exists()  # quarantined
+    summary = run_build(SMOKE, store=st_root, jobs=1, progress=False)
+    users = {e["key"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"] + r["self_test"]
+             if e["blob"] == digest}
+    assert summary["compiled"] == len(users) >= 1
+    assert Store(st_root).verify() == []
+    assert blob.exists()
+
+
+def test_gc_keeps_what_the_lock_references(smoke_build, tmp_path):
+    _, store = smoke_build
+    st_root = _copy_store(store, tmp_path / "store")
+    st = Store(st_root)
+    st.put("e" * 64, b"not referenced by any lock", {"note": "orphan"})
+    before = {r["key"] for r in st.ls()}
+    code, out, err = _cli("gc", "--store", str(st_root), "--keep", str(st_root / "locks" / "smoke.lock.json"), "--json")
+    assert code == 0, err
+    after = {r["key"] for r in Store(st_root).ls()}
+    assert after == before - {"e" * 64}
+    assert after == lock_keys(read_lock_file(st_root / "locks" / "smoke.lock.json"))
+    assert Store(st_root).verify() == []
+
+
+def test_export_import_round_trip(smoke_build, tmp_path):
+    _, store = smoke_build
+    lock_file = store / "locks" / "smoke.lock.json"
+    code, out, err = _cli("export", str(lock_file), str(tmp_path / "bundle"), "--store", str(store))
+    assert code == 0, err
+    code, out, err = _cli("import", str(tmp_path / "bundle"), "--store", str(tmp_path / "other"))
+    assert code == 0, err
+    other = Store(tmp_path / "other")
+    lock = read_lock_file(tmp_path / "other" / "locks" / "smoke.lock.json")
+    for key in lock_keys(lock):
+        rec, code_bytes = other.load(key)
+        assert rec["key"] == key and len(code_bytes) == rec["blob"]["size"]
+    # A build against the imported store compiles nothing.
+    summary = run_build(SMOKE, store=tmp_path / "other", jobs=1, progress=False)
+    assert summary["compiled"] == 0
+
+
+def test_explain_names_the_changed_ingredient(smoke_build):
+    from gemmar_aot.explain import check_lock
+    from gemmar_aot.toolchain import load_toolchain
+
+    _, store = smoke_build
+    lock = read_lock_file(store / "locks" / "smoke.lock.json")
+    fp = load_toolchain().fingerprint
+    assert check_lock(lock, Store(store, readonly=True), fp)["up_to_date"]
+    other = json.loads(json.dumps(fp))
+    other["cco_bitcode"]["sha256"] = "0" * 64
+    res = check_lock(lock, Store(store, readonly=True), other)
+    assert res["stale"] == len(lock_keys(lock))
+    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": len(lock_keys(lock))}
+    assert [c["ingredient"] for c in res["toolchain_changed"]] == ["toolchain.cco_bitcode_sha256"]
