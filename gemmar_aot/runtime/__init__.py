@@ -1,0 +1,54 @@
+"""The serving-side runtime: mori's fused GEMM + all-reduce from precompiled kernels.
+
+    from gemmar_aot.runtime import GemmAllReduceOp
+
+    op = GemmAllReduceOp(comm, n=7168, k=2048, m_max=16384)   # artifacts from $GEMMAR_AOT_ARTIFACTS
+    out = op(a_fp8, b_preshuffled, a_scale, b_scale)          # bf16 [M, N] view of the window
+
+A drop-in for ``mori.ops.gemm_ar.GemmAllReduceOp`` (same keywords, call, checks
+and results) that loads verified code objects from a gemmar-aot store instead of
+JIT-compiling, and refuses an M it has no kernels for instead of compiling it.
+
+Import rule: this package imports neither FlyDSL, MLIR, mori's kernel builders
+(``mori.ops``), nor gemmar-aot's build side (``gemmar_aot.compiler``,
+``.toolchain``, ``.keys``, ``.build``, ``gemmar_aot_kernels``). torch is imported
+lazily, when an op is built or called; ``mori.cco`` only for a mori communicator.
+"""
+
+from .artifacts import ENTRY_POINT_GROUP, ENV_VAR, Artifacts, Source, TupleKey, load_artifacts
+from .driver import Driver, KernArgs, arch_base
+from .errors import (
+    ArtifactConflictError,
+    ArtifactError,
+    ArtifactMismatchError,
+    ArtifactMissingError,
+    ArtifactNotFoundError,
+    HipError,
+    SelfTestError,
+)
+from .hip import HipDriver
+from .op import GemmAllReduceOp, padded_m, supports, window_bytes_for
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "ArtifactConflictError",
+    "ArtifactError",
+    "ArtifactMismatchError",
+    "ArtifactMissingError",
+    "ArtifactNotFoundError",
+    "Artifacts",
+    "Driver",
+    "GemmAllReduceOp",
+    "HipDriver",
+    "HipError",
+    "KernArgs",
+    "SelfTestError",
+    "Source",
+    "TupleKey",
+    "arch_base",
+    "load_artifacts",
+    "padded_m",
+    "supports",
+    "window_bytes_for",
+]

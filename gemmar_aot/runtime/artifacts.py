@@ -1,0 +1,346 @@
+"""Finding compiled artifacts: lock files plus the stores that hold their blobs.
+
+Where the runtime looks, first match wins:
+
+1. ``artifacts=`` given to the op (or to :func:`load_artifacts`): a lock-file path,
+   a store directory holding ``locks/*.lock.json``, a ``(lock, store_root)`` pair
+   (the lock may be a path or an already-parsed dict), a parsed lock dict alone
+   (its blobs are looked up in the default store: ``$GEMMAR_AOT_STORE`` or
+   ``artifacts/``), an :class:`Artifacts`, or a list of any of these;
+2. ``$GEMMAR_AOT_ARTIFACTS``: lock paths and/or store directories, separated by
+   ``os.pathsep``;
+3. installed artifact packages: every entry point in the group
+   ``gemmar_aot.artifacts``. An entry point resolves to a callable that takes no
+   arguments and returns a ``(lock_path, store_root)`` pair, a store directory,
+   or a list of those. A wheel declares it like::
+
+       [project.entry-points."gemmar_aot.artifacts"]
+       dsv4-pro-wo_b = "gemmar_aot_artifacts_dsv4:locate"
+
+All sources are merged into one index keyed by :class:`TupleKey` -> padded M ->
+rank. The same (tuple, M, rank) found twice is fine when both name the same
+kernels (same action keys, in the same order); otherwise it is an
+:class:`ArtifactConflictError` naming both sources, because picking one silently
+would make which kernels run depend on install order.
+
+For the bf16 wire the gather transport is irrelevant (only an fp8 gather has a
+transport), so bf16 tuples are indexed with ``gather_transport=None`` and match
+whatever the caller passes.
+
+Runtime module: standard library plus ``gemmar_aot.store`` (zstandard).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple, Sequence
+
+from gemmar_aot.store import Store, read_lock_file
+from gemmar_aot.store.lockfile import parse_lock
+
+from .errors import ArtifactConflictError, ArtifactError, ArtifactNotFoundError
+
+ENV_VAR = "GEMMAR_AOT_ARTIFACTS"
+ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
+LOCK_GLOB = "*.lock.json"
+
+
+class TupleKey(NamedTuple):
+    """What selects a set of kernels, apart from M and rank."""
+
+    transport: str
+    n: int
+    k: int
+    world: int
+    quant: str
+    gather_dtype: str
+    gather_transport: str | None  # None on the bf16 wire, where it means nothing
+    block_m: int
+    sdma_queues: int
+
+    @classmethod
+    def make(cls, *, transport: str, n: int, k: int, world: int, quant: str, gather_dtype: str,
+             gather_transport: str | None, block_m: int, sdma_queues: int) -> "TupleKey":
+        return cls(transport, int(n), int(k), int(world), quant, gather_dtype,
+                   None if gather_dtype == "bf16" else gather_transport, int(block_m),
+                   int(sdma_queues))
+
+    def describe(self) -> str:
+        wire = self.gather_dtype + ("" if self.gather_transport is None else f"/{self.gather_transport}")
+        return (f"{self.transport} N={self.n} K={self.k} world={self.world} {self.quant} "
+                f"block_m={self.block_m} sdma_queues={self.sdma_queues} wire={wire}")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One lock file and the store its blobs live in."""
+
+    lock_path: Path | None  # None for a lock handed over as a dict
+    store_root: Path
+    origin: str  # how it was found: "artifacts=", "$GEMMAR_AOT_ARTIFACTS", "entry point NAME"
+
+    def __str__(self) -> str:
+        where = str(self.lock_path) if self.lock_path is not None else f"<lock dict> (store {self.store_root})"
+        return f"{where} [{self.origin}]"
+
+
+@dataclass
+class LockInfo:
+    """The per-lock facts every entry of that lock shares."""
+
+    source: Source
+    arch: str
+    code_object_version: int | None
+    manifest: str
+    toolchain_digest: str | None
+
+
+@dataclass
+class RankEntry:
+    """The kernels of one (tuple, padded M, rank): what the op loads and launches."""
+
+    key: TupleKey
+    m: int
+    rank: int
+    tuple: Mapping[str, Any]  # the lock's tuple (``ranks`` included; treat as read-only)
+    launches: Sequence[Mapping[str, Any]]
+    self_test: Sequence[Mapping[str, Any]]
+    lock: LockInfo
+
+    @property
+    def layout(self) -> Mapping[str, Any] | None:
+        return self.tuple.get("layout")
+
+    @property
+    def where(self) -> str:
+        """The lock and the manifest line this entry came from."""
+        return f"{self.lock.source} ({self.tuple.get('source', '?')})"
+
+    def identity(self) -> tuple:
+        """What two entries must share to be the same kernels: every action key, in order."""
+        return (tuple((e.get("kind"), e.get("key"), e.get("blob")) for e in self.launches),
+                tuple((e.get("kind"), e.get("key"), e.get("blob")) for e in self.self_test))
+
+
+@dataclass
+class Artifacts:
+    """Every tuple of every source, merged. Build with :func:`load_artifacts`."""
+
+    sources: list[Source] = field(default_factory=list)
+    locks: list[LockInfo] = field(default_factory=list)
+    index: dict[TupleKey, dict[int, dict[int, RankEntry]]] = field(default_factory=dict)
+    _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
+
+    # ---- building ----
+
+    def add_lock(self, lock: Mapping[str, Any], source: Source) -> None:
+        """Index every tuple of ``lock``; raises ArtifactConflictError on a conflicting duplicate."""
+        tuples = lock.get("tuples")
+        if not isinstance(tuples, list):
+            raise ArtifactError(f"{source}: the lock has no 'tuples' list; rebuild it with gemmar-aot build")
+        info = LockInfo(
+            source=source,
+            arch=str(lock.get("arch") or (lock.get("manifest") or {}).get("arch") or ""),
+            code_object_version=lock.get("code_object_version"),
+            manifest=str((lock.get("manifest") or {}).get("name", "")),
+            toolchain_digest=(lock.get("toolchain") or {}).get("digest"),
+        )
+        self.sources.append(source)
+        self.locks.append(info)
+        for t in tuples:
+            try:
+                key = TupleKey.make(
+                    transport=t["transport"], n=t["n"], k=t["k"], world=t["world"], quant=t["quant"],
+                    gather_dtype=t["gather_dtype"], gather_transport=t["gather_transport"],
+                    block_m=t["block_m"], sdma_queues=t.get("sdma_queues", 1))
+                m = int(t["m"])
+                ranks = t["ranks"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ArtifactError(f"{source}: malformed tuple {t.get('source', '?') if isinstance(t, dict) else t!r}: "
+                                    f"{exc!r}") from None
+            for r in ranks:
+                self.add_entry(RankEntry(key=key, m=m, rank=int(r["rank"]), tuple=t,
+                                         launches=r.get("launches", []), self_test=r.get("self_test", []),
+                                         lock=info))
+
+    def add_entry(self, entry: RankEntry) -> None:
+        """Index one (tuple, M, rank); a duplicate must name the same kernels."""
+        by_rank = self.index.setdefault(entry.key, {}).setdefault(entry.m, {})
+        old = by_rank.get(entry.rank)
+        if old is None:
+            by_rank[entry.rank] = entry
+        elif old.identity() != entry.identity():
+            lo, ln = old.layout or {}, entry.layout or {}
+            why = (f"built for window m_max {lo.get('m_max')} and {ln.get('m_max')}"
+                   if lo.get("m_max") != ln.get("m_max") else "different action keys")
+            raise ArtifactConflictError(
+                f"conflicting artifacts for {entry.key.describe()} M={entry.m} rank {entry.rank}: "
+                f"{old.where} and {entry.where} name different kernels ({why}). "
+                f"Remove one of them, or point artifacts=/${ENV_VAR} at exactly one")
+
+    def store(self, source: Source) -> Store:
+        st = self._stores.get(source.store_root)
+        if st is None:
+            st = self._stores[source.store_root] = Store(source.store_root, readonly=True)
+        return st
+
+    # ---- queries ----
+
+    def m_values(self, key: TupleKey, rank: int | None = None, world: int | None = None) -> tuple[int, ...]:
+        """Padded M values held for ``key``: for ``rank``, or (rank None) for every rank of the world."""
+        out = []
+        for m, ranks in self.index.get(key, {}).items():
+            if rank is not None:
+                if rank in ranks:
+                    out.append(m)
+            elif all(r in ranks for r in range(world if world is not None else key.world)):
+                out.append(m)
+        return tuple(sorted(out))
+
+    def entry(self, key: TupleKey, m: int, rank: int) -> RankEntry | None:
+        return self.index.get(key, {}).get(m, {}).get(rank)
+
+    def keys_like(self, **fields: Any) -> list[TupleKey]:
+        """Indexed keys whose named fields equal the given values (for error messages, coverage)."""
+        return [k for k in self.index if all(getattr(k, f) == v for f, v in fields.items())]
+
+    def describe_sources(self) -> str:
+        return ", ".join(str(s) for s in self.sources) or "(none)"
+
+
+# ---------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------
+
+
+def _store_root_for_lock(lock_path: Path) -> Path:
+    """``<root>/locks/NAME.lock.json`` -> ``<root>``; a lock elsewhere -> its directory."""
+    parent = lock_path.parent
+    return parent.parent if parent.name == "locks" else parent
+
+
+def _check_store(root: Path, what: str) -> None:
+    from gemmar_aot.store import read_store_format
+
+    if read_store_format(root) is None:
+        raise ArtifactNotFoundError(f"{what}: {root} is not an artifact store (no STORE_FORMAT file); "
+                                    f"point at the store the lock was built into")
+
+
+def _add_path(arts: Artifacts, path: Path, origin: str, store_root: Path | None = None) -> None:
+    path = Path(path).expanduser()
+    if path.is_dir():
+        locks = sorted((path / "locks").glob(LOCK_GLOB)) if (path / "locks").is_dir() else []
+        if not locks:
+            raise ArtifactNotFoundError(
+                f"{path} ({origin}) holds no lock files (expected {path}/locks/{LOCK_GLOB}); build a "
+                f"manifest into it (gemmar-aot build MANIFEST --store {path}) or name a lock file")
+        root = Path(store_root) if store_root is not None else path
+        _check_store(root, str(path))
+        for lp in locks:
+            arts.add_lock(read_lock_file(lp), Source(lp, root, origin))
+        return
+    if not path.exists():
+        raise ArtifactNotFoundError(f"no artifacts at {path} ({origin}): neither a lock file nor a store directory")
+    root = Path(store_root).expanduser() if store_root is not None else _store_root_for_lock(path)
+    _check_store(root, f"lock {path}")
+    arts.add_lock(read_lock_file(path), Source(path, root, origin))
+
+
+def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
+    if isinstance(spec, Artifacts):
+        for by_m in spec.index.values():
+            for by_rank in by_m.values():
+                for entry in by_rank.values():
+                    arts.add_entry(entry)
+        for s in spec.sources:
+            if s not in arts.sources:
+                arts.sources.append(s)
+        arts.locks.extend(i for i in spec.locks if i not in arts.locks)
+        arts._stores.update(spec._stores)
+        return
+    if isinstance(spec, (str, os.PathLike)):
+        _add_path(arts, Path(spec), origin)
+        return
+    if _is_pair(spec):
+        lock, root = spec
+        root = Path(root).expanduser()
+        if isinstance(lock, Mapping):
+            _check_store(root, "lock dict")
+            parsed = parse_lock(_json_bytes(lock), "<lock dict>")
+            arts.add_lock(parsed, Source(None, root, origin))
+        else:
+            _add_path(arts, Path(lock), origin, store_root=root)
+        return
+    if isinstance(spec, Mapping):  # a parsed lock alone: its blobs are in the default store
+        from gemmar_aot.store import default_store_root
+
+        _add_spec(arts, (spec, default_store_root()), origin)
+        return
+    if isinstance(spec, (list, tuple)):
+        for s in spec:
+            _add_spec(arts, s, origin)
+        return
+    raise TypeError(f"artifacts= must be a lock path, a store directory, a (lock, store_root) pair, a lock "
+                    f"dict, an Artifacts object or a list of these; got {type(spec).__name__}")
+
+
+def _is_pair(spec: Any) -> bool:
+    """``(lock, store_root)``: a lock (dict or file) and a directory -- not two sources in a tuple."""
+    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], (str, os.PathLike))):
+        return False
+    if not Path(spec[1]).expanduser().is_dir():
+        return False
+    lock = spec[0]
+    return isinstance(lock, Mapping) or (isinstance(lock, (str, os.PathLike)) and not Path(lock).expanduser().is_dir())
+
+
+def _json_bytes(obj: Mapping[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(obj).encode()
+
+
+def _entry_point_specs() -> list[tuple[Any, str]]:
+    from importlib.metadata import entry_points
+
+    out = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        origin = f"entry point {ep.name} = {ep.value}"
+        try:
+            fn = ep.load()
+            spec = fn() if callable(fn) else fn
+        except Exception as exc:  # noqa: BLE001 - report which package is broken
+            raise ArtifactError(f"artifact package {origin} failed to load: {exc!r}") from exc
+        out.append((spec, origin))
+    return out
+
+
+def load_artifacts(artifacts: Any = None) -> Artifacts:
+    """The merged artifacts: ``artifacts`` if given, else ``$GEMMAR_AOT_ARTIFACTS``, else packages.
+
+    Raises ArtifactNotFoundError when none of the three yields a lock file, and
+    ArtifactConflictError when two sources disagree about one (tuple, M, rank).
+    """
+    if isinstance(artifacts, Artifacts):
+        return artifacts
+    arts = Artifacts()
+    if artifacts is not None:
+        _add_spec(arts, artifacts, "artifacts=")
+        return arts
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        for part in env.split(os.pathsep):
+            if part.strip():
+                _add_path(arts, Path(part.strip()), f"${ENV_VAR}")
+        return arts
+    for spec, origin in _entry_point_specs():
+        _add_spec(arts, spec, origin)
+    if not arts.sources:
+        raise ArtifactNotFoundError(
+            f"no gemmar-aot artifacts found: pass artifacts= (a lock file or a store directory), set "
+            f"${ENV_VAR}, or install an artifact package (entry-point group {ENTRY_POINT_GROUP!r})")
+    return arts
+

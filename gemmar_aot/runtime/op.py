@@ -1,0 +1,633 @@
+"""``GemmAllReduceOp``: mori's fused FP8 GEMM + all-reduce, served from precompiled kernels.
+
+Same constructor keywords, call signature, validation and results as
+``mori.ops.gemm_ar.GemmAllReduceOp`` (amd-mori 1.2.4), plus:
+
+``artifacts``     where the compiled kernels are (see :mod:`.artifacts`);
+``self_test``     run :meth:`self_test` before returning (default True);
+``driver``        the HIP driver (default: :class:`~.hip.HipDriver`, the real one);
+``jit_fallback``  on an M without artifacts, build mori's own op and use it (logged
+                  at WARNING on every call) instead of raising. Off by default.
+
+What differs from mori on purpose:
+
+* **Nothing compiles.** Every M the op serves is loaded, verified and resolved at
+  construction. A call at an M the artifacts lack raises
+  :class:`~.errors.ArtifactMissingError` naming the M, the nearest built M values
+  and the manifest lines that would add it.
+* **Counter slots are deterministic** (``rules.counter_slot``: band count - 1),
+  as compiled into the kernels, not first-seen; so any call order works and every
+  rank agrees without coordination.
+* **The hot path allocates nothing and never syncs**: per M the GEMM's argument
+  buffer and struct, every phase's packed arguments, grids and blocks are fixed at
+  construction; a call validates operand metadata, writes four pointers and queues
+  four launches. That is what lets a CUDA/HIP graph capture it.
+
+Contract (mori's): every rank constructs the op and calls it the same number of
+times in the same order; the output aliases the window and is overwritten by the
+next call; one instance is not safe to use concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gemmar_aot import rules
+from gemmar_aot.codeobject import CodeObjectError, parse_code_object
+from gemmar_aot.launch import LaunchRecord, LaunchRecordError
+
+from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
+from .driver import Driver, arch_base
+from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
+from .kernel import PreparedLaunch, prepare_launch, verify_code_object
+from .manifest_lines import manifest_snippet, nearest
+from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
+from .operands import check_operands
+
+log = logging.getLogger("gemmar_aot.runtime")
+
+TRANSPORT = "fused-sdma"
+DEFAULT_BLOCK_N = rules.DEFAULT_BLOCK_N
+#: Window fields that depend on M; every other field must be the same for every M.
+_SHARED_KEYS = frozenset(rules.window_layout(2, 1024, 256).keys())
+#: The GEMM launcher's arguments, in order: (kind, dtype per quant or None).
+_GEMM_ARGS = ("tensor", "tensor", "tensor", "tensor", "tensor", "i32", "i32", "i64", "i64", "stream")
+_PHASE_ARGS = ("i64", "i64", "stream")
+
+
+class _Plan:
+    """One M, resolved: the GEMM, the tail phases, the self-test sequence, the window views."""
+
+    __slots__ = ("m", "slot", "entry", "gemm", "tail", "self_test", "input", "output", "a_slot", "b_slot",
+                 "as_slot", "bs_slot")
+
+    def __init__(self, m: int, slot: int, entry: RankEntry, gemm: PreparedLaunch, tail: tuple,
+                 self_test: tuple, input, output):
+        self.m, self.slot, self.entry = m, slot, entry
+        self.gemm, self.tail, self.self_test = gemm, tail, self_test
+        self.input, self.output = input, output
+        self.a_slot, self.b_slot, self.as_slot, self.bs_slot = gemm.slots
+
+
+def _jsonish(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return [_jsonish(v) for v in x]
+    return x
+
+
+def padded_m(m: int, world_size: int, block_m: int = 128) -> int:
+    """``m`` rounded up to a whole number of row bands per destination (mori's ``padded_m``)."""
+    return rules.padded_m(m, world_size, block_m)
+
+
+def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128, gather_dtype: str = "bf16",
+                     gather_transport: str = "lsa", max_shapes: int | None = None) -> int:
+    """Symmetric-window bytes an op for this shape allocates (size the communicator's VMM with it).
+
+    Like mori's, this has no ``quant``: for mxfp8 pass ``block_m=256``.
+    """
+    m_pad = rules.padded_m(m_max, world_size, block_m)
+    return rules.window_layout(world_size, n, m_pad, block_m, gather_dtype, gather_transport,
+                               max_shapes or rules.default_max_shapes(m_pad, world_size, block_m))["window_bytes"]
+
+
+def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = None,
+             block_n: int = DEFAULT_BLOCK_N, gather_dtype: str = "bf16", gather_transport: str = "lsa",
+             quant: str = "blockscale", sdma_queues: int = 1, m_max: int | None = None,
+             artifacts: Any = None) -> bool:
+    """Whether an op could serve M here: the shape rules hold AND the kernels for padded M exist.
+
+    "Exist" means for every rank of the world, which is what the op itself requires
+    (an M only some ranks can run would hang the others). ``m_max`` (optional) must
+    also match the window the artifacts were built for. Never raises: no artifacts
+    at all is False.
+    """
+    try:
+        if rules.check_gemm_ar(m, n, k, world_size, block_m=block_m, block_n=block_n, gather_dtype=gather_dtype,
+                               gather_transport=gather_transport, quant=quant, sdma_queues=sdma_queues,
+                               m_max=m_max if m_max is not None else m) is not None:
+            return False
+        bm = rules.default_block_m(quant) if block_m is None else block_m
+        arts = load_artifacts(artifacts)
+        key = TupleKey.make(transport=TRANSPORT, n=n, k=k, world=world_size, quant=quant,
+                            gather_dtype=gather_dtype, gather_transport=gather_transport, block_m=bm,
+                            sdma_queues=sdma_queues)
+        pm = rules.padded_m(m, world_size, bm)
+        if pm not in arts.m_values(key, world=world_size):
+            return False
+        if m_max is not None:
+            want = rules.padded_m(m_max, world_size, bm)
+            for r in range(world_size):
+                e = arts.entry(key, pm, r)
+                if e is None or (e.layout or {}).get("m_max") != want:
+                    return False
+        return True
+    except (ArtifactError, ValueError, TypeError, OSError):
+        return False
+
+
+class GemmAllReduceOp:
+    """Fused fp8 GEMM + all-reduce over cco SDMA, from ahead-of-time compiled kernels.
+
+    Owns the symmetric window and one resolved launch plan per M the artifacts hold
+    for this (N, K, world, quant, wire, rank). ``m_max`` must be the window the
+    artifacts were built for (it is compiled into every kernel).
+    """
+
+    def __init__(self, comm, *, n: int, k: int, m_max: int, block_m: int | None = None,
+                 block_n: int = DEFAULT_BLOCK_N, sdma_queues: int = 1, gather_dtype: str = "bf16",
+                 gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
+                 artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
+                 jit_fallback: bool = False):
+        # Cleanup state first, so a failure anywhere below can roll back through close().
+        self._closed = True
+        self.mem = self.win = self.dev_comm = None
+        self._modules: list[Any] = []
+        self._plans: dict[int, _Plan] = {}
+        self._entries: dict[int, RankEntry] = {}
+        self._pad_in = None
+        self._fallback = None
+        self._driver: Any = None
+
+        # ---- 1. arguments, in mori's order ----
+        why = rules.check_quant(quant)
+        if why:
+            raise ValueError(f"quant={quant!r}: {why}")
+        if block_m is None:
+            block_m = rules.default_block_m(quant)
+        for why in (rules.check_block_m_for_quant(quant, block_m), rules.check_gather_dtype(gather_dtype),
+                    rules.check_gather_transport(gather_transport), rules.check_block_n(block_n),
+                    rules.check_tile(block_m, block_n)):
+            if why:
+                raise ValueError(why)
+        if m_max < 1 or sdma_queues < 1:
+            raise ValueError(f"m_max and sdma_queues must both be >= 1; got m_max={m_max} sdma_queues={sdma_queues}")
+        world, rank = int(comm.nranks), int(comm.rank)
+        why = rules.check_world(world)
+        if why:
+            raise ValueError(f"world_size={world}: {why}")
+        m_max_pad = rules.padded_m(m_max, world, block_m)
+        if max_shapes is None:
+            max_shapes = rules.default_max_shapes(m_max_pad, world, block_m)
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be >= 1; got {max_shapes}")
+        why = rules.check_gemm_shape(n, k, block_n, quant) or rules.check_gemm_ar(
+            m_max_pad, n, k, world, block_m=block_m, block_n=block_n, gather_dtype=gather_dtype,
+            gather_transport=gather_transport, quant=quant, sdma_queues=sdma_queues, max_shapes=max_shapes)
+        if why:
+            raise ValueError(f"unsupported shape: {why}")
+
+        self.comm = comm
+        self.rank, self.world_size = rank, world
+        self.n, self.k = n, k
+        self.quant = quant
+        self.block_m, self.block_n = block_m, block_n
+        self.sdma_queues = sdma_queues
+        self.gather_dtype, self.gather_transport = gather_dtype, gather_transport
+        self.max_shapes = max_shapes
+        self.m_max = m_max_pad
+        self._jit_fallback = bool(jit_fallback)
+
+        # ---- 2. the artifacts: every M held for this op and rank, one shared layout ----
+        self.artifacts: Artifacts = load_artifacts(artifacts)
+        self.key = TupleKey.make(transport=TRANSPORT, n=n, k=k, world=world, quant=quant,
+                                 gather_dtype=gather_dtype, gather_transport=gather_transport,
+                                 block_m=block_m, sdma_queues=sdma_queues)
+        # Only M values built for EVERY rank: a rank that served an M its peers lack would enter
+        # the collective alone and hang them, so all ranks must agree on the set -- and they do,
+        # given the same artifacts, without talking to each other.
+        served = self.artifacts.m_values(self.key, world=world)
+        partial = sorted(set(self.artifacts.m_values(self.key, rank=rank)) - set(served))
+        if partial:
+            log.warning("gemmar-aot: M %s are built for only some of the %d ranks (%s); this op will not "
+                        "serve them", partial, world, self.key.describe())
+        entries = {m: self.artifacts.entry(self.key, m, rank) for m in served}
+        if not entries:
+            raise self._nothing_built_error()
+        self._entries = entries
+        self.window_bytes = self._check_layouts(entries)
+
+        # ---- 3. the device ----
+        if driver is None:
+            from .hip import HipDriver
+
+            driver = HipDriver()
+        self._driver = driver
+        self.device = communicator_device(comm)
+        dev_arch = driver.device_arch(self.device)
+        for e in entries.values():
+            if e.lock.arch != arch_base(dev_arch):
+                raise ArtifactMismatchError(
+                    f"the artifacts for M={e.m} were compiled for {e.lock.arch or '?'} ({e.where}) but "
+                    f"{self.device} is {dev_arch}; build the manifest for this GPU's arch")
+        self.arch = arch_base(dev_arch)
+
+        # ---- 4. every code object: loaded once, verified, parsed, checked against its records ----
+        images = self._load_code_objects(entries)
+
+        # ---- 5. acquire (on the op's device); roll everything back if any step fails ----
+        with device_context(self.device):
+            try:
+                functions = {}
+                for digest, (data, kern) in images.items():
+                    module = driver.load_module(data)
+                    self._modules.append(module)
+                    functions[digest] = driver.get_function(module, kern.name)
+                self.mem = comm.alloc_mem(self.window_bytes)
+                self.win = comm.register_window(self.mem.ptr, self.mem.size)
+                # Counters live in the window and are read before first written: zero it once,
+                # completely, before any peer can run the protocol.
+                driver.memset(self.mem.ptr, 0, self.window_bytes)
+                self.dev_comm = comm.create_dev_comm(dev_comm_requirements(comm, sdma_queues))
+                comm.barrier()
+                self._closed = False
+                for m, e in sorted(entries.items()):
+                    self._plans[m] = self._make_plan(e, images, functions)
+                if self_test:
+                    self.self_test()
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        """Release whatever the constructor acquired; never masks the error being raised."""
+        self._closed = False
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            log.exception("gemmar-aot: releasing a half-constructed GemmAllReduceOp failed")
+
+    # ------------------------------------------------------------------
+    # construction helpers
+    # ------------------------------------------------------------------
+
+    def _describe(self) -> str:
+        return f"{self.key.describe()} rank {self.rank}"
+
+    def _nothing_built_error(self) -> ArtifactMissingError:
+        others = sorted({(k.n, k.k, k.world, k.quant, k.gather_dtype) for k in self.artifacts.index
+                         if k.transport == TRANSPORT})
+        snippet = manifest_snippet(self.key, [self.m_max], self.m_max)
+        return ArtifactMissingError(
+            f"the artifacts hold no kernels for {self._describe()} (sources: "
+            f"{self.artifacts.describe_sources()}). fused-sdma tuples present (n, k, world, quant, wire): "
+            f"{others or 'none'}. Add to the manifest and rebuild:\n{snippet}",
+            m=self.m_max, manifest_lines=snippet)
+
+    def _check_layouts(self, entries: dict[int, RankEntry]) -> int:
+        """Every M must share one window layout, equal to the one recomputed here. Returns window bytes."""
+        first: RankEntry | None = None
+        for m, e in sorted(entries.items()):
+            lay = e.layout
+            if not lay or not isinstance(lay.get("window"), dict):
+                raise ArtifactMismatchError(f"{e.where}: M={m} has no window layout in the lock; rebuild it")
+            if lay.get("m_max") != self.m_max:
+                raise ArtifactMismatchError(
+                    f"the artifacts were built for m_max {lay.get('m_max')} (window of "
+                    f"{lay['window'].get('window_bytes')} bytes, {e.where}), but this op pads m_max to "
+                    f"{self.m_max}: the window layout is compiled into every kernel. Construct the op "
+                    f"with m_max={lay.get('m_max')}, or rebuild the manifest with m_max = {self.m_max}")
+            if lay.get("max_shapes") != self.max_shapes:
+                raise ArtifactMismatchError(
+                    f"the artifacts were built with max_shapes {lay.get('max_shapes')} ({e.where}), this op "
+                    f"asks for {self.max_shapes}; pass max_shapes={lay.get('max_shapes')} (or leave it unset)")
+            if int(e.tuple.get("block_n", DEFAULT_BLOCK_N)) != self.block_n:
+                raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.get('block_n')}")
+            if first is None:
+                first = e
+            else:
+                w0, w1 = first.layout["window"], lay["window"]
+                diff = sorted(k for k in _SHARED_KEYS if _jsonish(w0.get(k)) != _jsonish(w1.get(k)))
+                if diff:
+                    raise ArtifactMismatchError(
+                        f"the artifacts' window layouts differ between M={first.m} ({first.where}) and "
+                        f"M={m} ({e.where}) in {diff}: one window cannot serve both. Rebuild them together "
+                        f"from one manifest")
+            slot = rules.counter_slot(m, self.world_size, self.block_m)
+            want = rules.window_layout(self.world_size, self.n, self.m_max, self.block_m, self.gather_dtype,
+                                       e.tuple.get("gather_transport", self.gather_transport), self.max_shapes,
+                                       m_pad=m)
+            got = lay["window"]
+            diff = sorted(k for k in set(want) | set(got) if _jsonish(want.get(k)) != _jsonish(got.get(k)))
+            if diff or lay.get("slot") != slot:
+                raise ArtifactMismatchError(
+                    f"{e.where}: the recorded window layout for M={m} is not the one this runtime computes "
+                    f"(differs in {diff or ['slot']}); the kernels would address the wrong bytes. Rebuild "
+                    f"with this gemmar-aot version")
+        return int(first.layout["window"]["window_bytes"])
+
+    def _load_code_objects(self, entries: dict[int, RankEntry]) -> dict[str, tuple[bytes, Any]]:
+        """digest -> (verified bytes, kernel metadata), each blob read once; nothing acquired yet."""
+        images: dict[str, tuple[bytes, Any]] = {}
+        codes: dict[str, Any] = {}
+        for m, e in sorted(entries.items()):
+            store = self.artifacts.store(e.lock.source)
+            for le in list(e.launches) + list(e.self_test):
+                digest = le["blob"]["digest"] if isinstance(le["blob"], dict) else le["blob"]
+                where = f"{e.where} M={m} {le.get('kind')} (blob {digest[:12]})"
+                try:
+                    record = LaunchRecord.from_json(le["launch"])
+                except (KeyError, LaunchRecordError) as exc:
+                    raise ArtifactMismatchError(f"{where}: bad launch record: {exc}") from None
+                code = codes.get(digest)
+                if code is None:
+                    data = store.load_blob(digest, le.get("size"))
+                    try:
+                        code = codes[digest] = parse_code_object(data)
+                    except CodeObjectError as exc:
+                        raise ArtifactMismatchError(f"{store.blob_path(digest)}: not a loadable code object: "
+                                                    f"{exc}") from None
+                    images[digest] = (data, None)
+                kern = verify_code_object(code, record, arch=e.lock.arch, where=where)
+                images[digest] = (images[digest][0], kern)
+        return images
+
+    def _make_plan(self, e: RankEntry, images, functions) -> _Plan:
+        m = e.m
+        lay = e.layout["window"]
+        launches = list(e.launches)
+        if not launches or launches[0].get("kind") != "gemm":
+            raise ArtifactMismatchError(f"{e.where}: M={m}'s launch sequence does not start with the GEMM")
+        c_ptr = self.mem.ptr + lay["input_off"]
+        dev_comm, win = int(self.dev_comm.ptr), int(self.win.handle)
+
+        def digest_of(le):
+            return le["blob"]["digest"] if isinstance(le["blob"], dict) else le["blob"]
+
+        def phase(le) -> PreparedLaunch:
+            rec = LaunchRecord.from_json(le["launch"])
+            kinds = tuple(a.kind for a in rec.args)
+            if kinds != _PHASE_ARGS:
+                raise ArtifactMismatchError(f"{e.where}: phase {le.get('kind')} takes {kinds}, expected "
+                                            f"(dev_comm, win, stream)")
+            d = digest_of(le)
+            return prepare_launch(kind=le["kind"], digest=d, record=rec, kernel=images[d][1],
+                                  function=functions[d], where=f"{e.where} {le['kind']}",
+                                  fixed={rec.args[0].params[0]: dev_comm, rec.args[1].params[0]: win},
+                                  per_call=())
+
+        g = launches[0]
+        rec = LaunchRecord.from_json(g["launch"])
+        kinds = tuple(a.kind for a in rec.args)
+        if kinds != _GEMM_ARGS:
+            raise ArtifactMismatchError(f"{e.where}: the GEMM launcher takes {kinds}, expected "
+                                        f"(A, B, C, A_scale, B_scale, c_m, c_n, dev_comm, win, stream)")
+        scale_dtype = "int32" if self.quant == "mxfp8" else "float32"
+        want_dtypes = ("int8", "int8", "bfloat16", scale_dtype, scale_dtype)
+        got_dtypes = tuple(a.dtype for a in rec.args[:5])
+        if any(g_ and g_ != w for g_, w in zip(got_dtypes, want_dtypes)):
+            raise ArtifactMismatchError(f"{e.where}: the GEMM was traced with operand dtypes {got_dtypes}, this "
+                                        f"op passes {want_dtypes}")
+        a, b, c, asc, bsc, c_m, c_n, dc, wn, _s = rec.args
+        n, k = self.n, self.k
+        numel = {"a": m * k, "b": n * k}
+        if self.quant == "mxfp8":
+            numel["as"], numel["bs"] = m * k // 128, (n // 32) * (k // 32)
+        else:
+            numel["as"], numel["bs"] = m * (k // 128), (n // 128) * (k // 128)
+        fixed = {a.params[1]: numel["a"], b.params[1]: numel["b"], asc.params[1]: numel["as"],
+                 bsc.params[1]: numel["bs"], c.params[0]: c_ptr, c.params[1]: m * n,
+                 c_m.params[0]: m, c_n.params[0]: n, dc.params[0]: dev_comm, wn.params[0]: win}
+        d = digest_of(g)
+        gemm = prepare_launch(kind="gemm", digest=d, record=rec, kernel=images[d][1], function=functions[d],
+                              where=f"{e.where} gemm", fixed=fixed,
+                              per_call=(a.params[0], b.params[0], asc.params[0], bsc.params[0]))
+        import torch
+
+        return _Plan(
+            m=m, slot=rules.counter_slot(m, self.world_size, self.block_m), entry=e, gemm=gemm,
+            tail=tuple(phase(le) for le in launches[1:]),
+            self_test=tuple(phase(le) for le in e.self_test),
+            input=tensor_at(self.comm, c_ptr, (m, n), torch.bfloat16, self.device),
+            output=tensor_at(self.comm, self.mem.ptr + lay["output_off"], (m, n), torch.bfloat16, self.device),
+        )
+
+    # ------------------------------------------------------------------
+    # public surface
+    # ------------------------------------------------------------------
+
+    @property
+    def m_values(self) -> tuple[int, ...]:
+        """The padded M values this op serves (sorted)."""
+        return tuple(sorted(self._entries))
+
+    @property
+    def driver(self):
+        return self._driver
+
+    window_bytes_for = staticmethod(window_bytes_for)
+    supports = staticmethod(supports)
+
+    def padded_m(self, m: int) -> int:
+        """``m`` rounded up to what :meth:`__call__` accepts."""
+        return rules.padded_m(m, self.world_size, self.block_m)
+
+    def counter_slot(self, m: int) -> int:
+        """The counter set M's kernels were compiled for (deterministic: bands - 1)."""
+        return rules.counter_slot(m, self.world_size, self.block_m)
+
+    def __call__(self, a_fp8, b_preshuffled, a_scale, b_scale):
+        """One fused GEMM + all-reduce; returns the bf16 ``[M, N]`` output view of the window.
+
+        Same operands as mori's op (see :mod:`.operands`). The result aliases the
+        window and is overwritten by the next call; clone it to keep it.
+        """
+        plan = self._plans.get(a_fp8.shape[0])
+        if plan is None:
+            return self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)
+        a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n, k=self.k,
+                                        quant=self.quant, device=self.device)
+        g = plan.gemm
+        v = g.values
+        v[plan.a_slot] = a.data_ptr()
+        v[plan.b_slot] = b.data_ptr()
+        v[plan.as_slot] = asc.data_ptr()
+        v[plan.bs_slot] = bsc.data_ptr()
+        g.struct.pack_into(g.args.buf, 0, *v)
+        driver = self._driver
+        stream = driver.current_stream(self.device)
+        launch = driver.launch
+        launch(g.function, g.grid, g.block, g.args, stream)
+        for p in plan.tail:
+            launch(p.function, p.grid, p.block, p.args, stream)
+        return plan.output
+
+    def _unplanned_call(self, a_fp8, b_preshuffled, a_scale, b_scale):
+        """Why there is no plan for this M: closed, too big, off-granule, or not built."""
+        if self._closed:
+            raise RuntimeError("this GemmAllReduceOp has been closed")
+        if a_fp8.dim() != 2:
+            raise ValueError(f"a_fp8 must be 2-D [M, K], got shape {tuple(a_fp8.shape)}")
+        m = int(a_fp8.shape[0])
+        if m > self.m_max:
+            raise ValueError(f"M={m} exceeds the window's m_max={self.m_max}; the window cannot grow after "
+                             f"construction")
+        if m % (self.world_size * self.block_m):
+            raise ValueError(f"M={m} must be a multiple of world_size * block_m = "
+                             f"{self.world_size * self.block_m}; use padded_m()/pad_rows()")
+        err = self.missing_error(m)
+        if not self._jit_fallback:
+            raise err
+        return self._fallback_call(m, err, a_fp8, b_preshuffled, a_scale, b_scale)
+
+    def missing_error(self, m: int) -> ArtifactMissingError:
+        """The error a call at padded ``m`` raises when the artifacts lack it."""
+        avail = self.m_values
+        near = nearest(m, avail)
+        snippet = manifest_snippet(self.key, [m], self.m_max)
+        return ArtifactMissingError(
+            f"no precompiled kernels for M={m} ({self._describe()}); nothing is compiled at run time. "
+            f"This op serves M in {list(avail)}; nearest: {' and '.join(map(str, near)) or 'none'}. "
+            f"Pad to one of those, or add M={m} to the manifest and rebuild (gemmar-aot build), e.g.:\n"
+            f"{snippet}",
+            m=m, available=avail, nearest=near, manifest_lines=snippet)
+
+    def _fallback_call(self, m, err, a_fp8, b_preshuffled, a_scale, b_scale):
+        """jit_fallback=True: serve a missing M with mori's own (JIT-compiling) op. Loud, every time."""
+        log.warning(
+            "gemmar-aot: M=%d has no precompiled kernels (%s); falling back to mori's JIT op "
+            "(jit_fallback=True). The first call per M compiles for seconds, it uses a second window, "
+            "and it cannot be captured into a graph. Add this M to the manifest:\n%s",
+            m, self._describe(), err.manifest_lines)
+        if self._fallback is None:
+            try:
+                from mori.ops.gemm_ar import GemmAllReduceOp as MoriOp
+            except Exception as exc:  # noqa: BLE001 - mori missing or broken
+                raise ArtifactMissingError(
+                    f"{err}\njit_fallback=True, but mori's op cannot be imported: {exc!r}",
+                    m=m, available=err.available, nearest=err.nearest,
+                    manifest_lines=err.manifest_lines) from exc
+            self._fallback = MoriOp(self.comm, n=self.n, k=self.k, m_max=self.m_max, block_m=self.block_m,
+                                    block_n=self.block_n, sdma_queues=self.sdma_queues,
+                                    gather_dtype=self.gather_dtype, gather_transport=self.gather_transport,
+                                    quant=self.quant, max_shapes=self.max_shapes)
+        return self._fallback(a_fp8, b_preshuffled, a_scale, b_scale)
+
+    def self_test(self, m: int | None = None) -> None:
+        """Check the all-reduce moves bytes: every rank writes rank+1, every element must read sum(1..world).
+
+        Runs the recorded self-test sequence (scatter -> reduce -> gather, plus the
+        fp8 wire's quantize/pull steps) at ``m`` (default: m_max, or the largest M
+        built). The failure this exists for is silent: a mori built without
+        ``BUILD_CCO_SDMA=ON``, or run without ``MORI_ENABLE_SDMA=1``, launches every
+        kernel and returns from every put, but the puts do nothing -- the model
+        keeps answering, wrongly, and the fused path even measures faster.
+        """
+        if self._closed:
+            raise RuntimeError("this GemmAllReduceOp has been closed")
+        if m is None:
+            m = self.m_max if self.m_max in self._plans else max(self._plans)
+        plan = self._plans.get(m)
+        if plan is None:
+            raise self.missing_error(m)
+        if not plan.self_test:
+            raise ArtifactMismatchError(f"{plan.entry.where}: no self-test kernels recorded for M={m}; rebuild")
+        want = self.world_size * (self.world_size + 1) / 2
+        plan.input.fill_(float(self.rank + 1))
+        plan.output.zero_()
+        driver = self._driver
+        stream = driver.current_stream(self.device)
+        for p in plan.self_test:
+            driver.launch(p.function, p.grid, p.block, p.args, stream)
+        driver.synchronize(stream)
+        got = plan.output.float()
+        worst = (got - want).abs().max().item() / want
+        if worst > 1e-2:
+            built = _mori_build_cco_sdma()
+            hint = (" mori was built with BUILD_CCO_SDMA=OFF, so the SDMA puts are compiled out and do "
+                    "nothing; rebuild mori with BUILD_CCO_SDMA=ON."
+                    if built is False else
+                    " Check that mori was built with BUILD_CCO_SDMA=ON and that MORI_ENABLE_SDMA=1 is set: "
+                    "without either, every put silently does nothing.")
+            raise SelfTestError(
+                f"gemm_ar self-test failed: the all-reduce returned {got.flatten()[0].item():g} where "
+                f"{want:g} was expected (worst relative error {worst:.3g} at M={m}, world_size="
+                f"{self.world_size}, rank {self.rank}).{hint}")
+
+    def close(self) -> None:
+        """Release the window, its memory and the loaded modules. Idempotent.
+
+        Synchronise first if work may be in flight: the kernels address the window.
+        The dev comm is left to the communicator, as mori does (its SDMA queues are
+        communicator-scoped; destroying it first aborts the process at teardown).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._plans.clear()
+        self._pad_in = None
+        errors = []
+        if self._fallback is not None:
+            try:
+                self._fallback.close()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+            self._fallback = None
+        for handle in (self.win, self.mem):  # deregister before free
+            if handle is not None:
+                try:
+                    handle.close()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(exc)
+        self.win = self.mem = None
+        while self._modules:
+            module = self._modules.pop()
+            try:
+                self._driver.unload_module(module)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "GemmAllReduceOp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def pad_rows(self, x, m_pad: int):
+        """Zero-extend ``x`` to ``m_pad`` rows in a buffer reused across calls (pad before quantising).
+
+        The result is a view of a reused buffer: a later ``pad_rows`` overwrites it.
+        """
+        import torch
+
+        if x.dim() != 2:
+            raise ValueError(f"expected a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
+        m, k = x.shape
+        if m_pad < m:
+            raise ValueError(f"m_pad={m_pad} is smaller than the input's M={m}")
+        buf = self._pad_in
+        if buf is None or buf.shape[0] < m_pad or buf.shape[1] != k or buf.dtype != x.dtype \
+                or buf.device != x.device:
+            buf = self._pad_in = torch.zeros((m_pad, k), dtype=x.dtype, device=x.device)
+        buf = buf[:m_pad]
+        buf[:m].copy_(x)
+        buf[m:].zero_()
+        return buf
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"M {list(self.m_values)}"
+        return (f"<gemmar_aot GemmAllReduceOp n={self.n} k={self.k} world={self.world_size} rank={self.rank} "
+                f"{self.quant} wire={self.gather_dtype} m_max={self.m_max}: {state}>")
+
+
+def _mori_build_cco_sdma() -> bool | None:
+    """mori's BUILD_CCO_SDMA flag, read from its file without importing mori's device package."""
+    try:
+        import ast
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.find_spec("mori")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(list(spec.submodule_search_locations)[0]) / "cco" / "device" / "_build_flags.py"
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILD_CCO_SDMA"
+                                                    for t in node.targets):
+                return bool(ast.literal_eval(node.value))
+    except Exception:  # noqa: BLE001 - only a hint
+        return None
+    return None
