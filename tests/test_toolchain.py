@@ -459,3 +459,18 @@ def test_doctor_cli_exit_codes(real_root, tmp_path):
         timeout=120,
     )
     assert bad.returncode == 1 and "fix: run `make setup`" in bad.stdout
+
+
+def test_staging_dir_replaces_on_success_and_keeps_old_on_failure(tmp_path):
+    from gemmar_aot.toolchain.fsutil import staging_dir
+
+    target = tmp_path / "out"
+    with staging_dir(target) as tmp:
+        (tmp / "a").write_text("1")
+    assert (target / "a").read_text() == "1"
+    with pytest.raises(RuntimeError):
+        with staging_dir(target) as tmp:
+            (tmp / "a").write_text("2")
+            raise RuntimeError("boom")
+    assert (target / "a").read_text() == "1"  # the old install survives a failed one
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind

@@ -23,6 +23,7 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
     atomic_write_bytes(path, text.encode(), mode=mode)
 
 
+@contextlib.contextmanager
 def staging_dir(target: Path) -> Iterator[Path]:
     """Yield an empty directory next to ``target``; on success it replaces
     ``target`` (the old one is removed), on error it is deleted."""
