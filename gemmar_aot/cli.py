@@ -130,8 +130,8 @@ def _format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-# The store, explain and coverage commands register themselves on ``main``.
-from gemmar_aot import cli_runtime, cli_store  # noqa: E402,F401
+# The store, explain, coverage and wheel commands register themselves on ``main``.
+from gemmar_aot import cli_runtime, cli_store, cli_wheel  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

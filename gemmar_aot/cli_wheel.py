@@ -1,0 +1,125 @@
+"""Wheel commands: ``gemmar-aot wheel`` (build one artifact wheel) and ``gemmar-aot inspect``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gemmar_aot.cli import main
+
+
+def _mib(n: int) -> str:
+    return f"{n:,d} B ({n / 2**20:.2f} MiB)"
+
+
+def _coverage_lines(cov: list[dict]) -> list[str]:
+    lines = []
+    for g in cov:
+        wire = f" wire={g['wire']}" if g.get("wire") else ""
+        mmax = f" m_max={g['m_max']}" if g.get("m_max") else ""
+        lines.append(f"  {g['transport']:<10} M={','.join(map(str, g['m']))} N={g['n']} K={g['k']} "
+                     f"world={g['world']} {g['quant']}{wire}{mmax} ranks={len(g['ranks'])}")
+    return lines
+
+
+@main.command("wheel")
+@click.argument("manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
+              show_default=True, help="Directory to write the wheel into.")
+@click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Artifact store to build into / reuse (default: $GEMMAR_AOT_STORE, else artifacts/).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel compile workers for the kernels the store misses (default: the number of cores).")
+@click.option("--version", "version", default=None,
+              help="Wheel version (normalized PEP 440). Default: 1.0.0+<first 12 hex of the lock's sha256>.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, version: str | None,
+              as_json: bool, quiet: bool) -> None:
+    """Build MANIFEST (compiling only what the store misses) and write ONE installable wheel.
+
+    The wheel holds the lock file and exactly the code objects it names, as a read-only
+    store inside the package gemmar_artifacts_<manifest>; installing it makes the runtime
+    find the kernels (entry-point group gemmar_aot.artifacts). Same lock -> same bytes.
+    """
+    from gemmar_aot.cli import _format_summary
+    from gemmar_aot.wheel import WheelBuildFailed, build_wheel
+
+    try:
+        s = build_wheel(manifest, out, store=store, jobs=jobs, version=version,
+                        progress=not (quiet or as_json))
+    except WheelBuildFailed as exc:
+        if as_json:
+            click.echo(json.dumps({"wheel": None, "error": str(exc), "build": exc.summary}, indent=2,
+                                  sort_keys=True))
+        else:
+            click.echo(_format_summary(exc.summary))
+            click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(s, indent=2, sort_keys=True))
+        return
+    b = s["build"]
+    click.echo(f"built {b['manifest']}: {b['distinct_specs']} distinct specs, {b['hits']} in the store, "
+               f"{b['compiled']} compiled ({b['wall_seconds']:.1f}s) -> {b['store']}")
+    click.echo(f"wheel: {s['wheel']}")
+    click.echo(f"  {s['distribution']} {s['version']} (import {s['package']}), {s['arch']}, "
+               f"toolchain {str(s['toolchain'])[:12]}")
+    click.echo(f"  {s['kernels']} kernels, {s['code_objects']} code objects: raw {_mib(s['raw_bytes'])}, "
+               f"blobs {_mib(s['blob_bytes'])}"
+               + (f" + dictionary {s['dictionary_file_bytes']:,d} B" if s["dictionary"] else "")
+               + f", wheel {_mib(s['wheel_bytes'])}")
+    click.echo(f"  sha256 {s['wheel_sha256']}")
+
+
+@main.command("inspect")
+@click.argument("wheel", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--no-manifest", is_flag=True, help="Do not print the manifest text.")
+def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
+    """Show what an artifact WHEEL holds and verify it (RECORD hashes, every blob's digest).
+
+    Exit code 1 when anything was modified after the wheel was built.
+    """
+    from gemmar_aot.wheel import inspect_wheel
+
+    r = inspect_wheel(wheel)
+    if as_json:
+        click.echo(json.dumps(r, indent=2, sort_keys=True))
+        sys.exit(0 if r["ok"] else 1)
+    tc = r.get("toolchain") or {}
+    inner = tc.get("toolchain") or {}
+    man = r["manifest"]
+    sz = r["sizes"]
+    click.echo(f"{r['wheel']}")
+    click.echo(f"  {r['distribution']} {r['version']} [{r['tag']}] package {r['package']}; "
+               f"requires {', '.join(r['requires_dist']) or '-'}")
+    click.echo(f"  entry points: {'; '.join(r['entry_points']) or 'NONE (the runtime will not find it)'}")
+    click.echo(f"  arch {r['arch']} (code object v{r['code_object_version']}), built by {r['generator']}")
+    click.echo(f"  toolchain {tc.get('digest')}")
+    if inner:
+        click.echo("    " + ", ".join(f"{k}={inner[k]}" for k in sorted(inner)
+                                      if k in ("flydsl_version", "linker", "python", "opt_level")))
+    click.echo(f"  manifest {man['name']} ({man['file']}) sha256 {man['sha256']}")
+    click.echo(f"  {r['kernels']} kernels, {r['code_objects']} code objects")
+    click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}, compressed blobs {_mib(sz['blob_bytes'])}"
+               + (f" + dictionary {sz['dictionary_file_bytes']:,d} B" if sz["dictionary_file_bytes"] else "")
+               + f", raw code objects {_mib(sz['raw_bytes'])}")
+    click.echo("  tuples covered:")
+    for line in _coverage_lines(r["coverage"]):
+        click.echo("  " + line)
+    if not no_manifest and man.get("text"):
+        click.echo("  manifest text:")
+        for line in man["text"].rstrip("\n").splitlines():
+            click.echo(f"    | {line}")
+    if r["ok"]:
+        click.echo(f"verified: {r['files_checked']} files match RECORD, every blob matches its digest")
+    else:
+        for p in r["problems"]:
+            click.echo(f"TAMPERED {p}")
+        click.echo(f"{len(r['problems'])} problem(s): this wheel was modified after it was built; "
+                   f"do not install it")
+    sys.exit(0 if r["ok"] else 1)

@@ -1,0 +1,669 @@
+"""Prebuilt artifact wheels: one manifest's kernels as a pip-installable, reproducible wheel.
+
+``gemmar-aot wheel MANIFEST --out DIR`` builds the manifest (:func:`gemmar_aot.build.run_build`,
+which compiles only what the store misses) and writes ONE wheel holding its lock file and
+exactly the code objects the lock names, as a store directory inside an import package.
+Serving pods ``pip install`` it; the runtime finds it through the entry-point group
+``gemmar_aot.artifacts`` (see :mod:`gemmar_aot.runtime.artifacts`), no path or env var needed.
+
+Layout (``{pkg}`` = ``gemmar_artifacts_<manifest>``, ``{dist}`` = ``{pkg}-{version}``)::
+
+    {pkg}/__init__.py                    locate() -> (lock path, store root), relative to __file__
+    {pkg}/lock.json                      the build's lock file (canonical bytes)
+    {pkg}/BUILD_INFO.json                arch, toolchain fingerprint, manifest text + sha256,
+                                         coverage, sizes, blob encoding
+    {pkg}/store/STORE_FORMAT             a store directory the runtime opens read-only:
+    {pkg}/store/blobs/sha256/ab/<d>.zst  every code object the lock names (+ the zstd dictionary)
+    {dist}.dist-info/METADATA            Requires-Dist: gemmar-aot>=X.Y.Z,<X+1
+    {dist}.dist-info/WHEEL               Root-Is-Purelib: true, Tag: py3-none-any
+    {dist}.dist-info/entry_points.txt    [gemmar_aot.artifacts] <manifest> = {pkg}:locate
+    {dist}.dist-info/RECORD              sha256 (urlsafe base64, unpadded) and size of every file
+
+Names: distribution ``gemmar-artifacts-<manifest name, lowercased, every run of other
+characters than [a-z0-9] -> "-">`` (``dsv4-pro-wo_b`` -> ``gemmar-artifacts-dsv4-pro-wo-b``),
+import package the same with ``_`` (``gemmar_artifacts_dsv4_pro_wo_b``), entry point named
+after the manifest.
+
+Version: ``1.0.0+<first 12 hex digits of the sha256 of the lock file>`` unless ``--version``
+gives one. The lock pins everything the runtime sees -- every code object by sha256, the
+manifest text by sha256, the toolchain fingerprint, the gemmar-aot version -- so the
+version changes exactly when the served kernels (or the manifest) change, and two builds
+of the same thing get the same version. Local versions do not sort by age: pin the exact
+version (``==1.0.0+abcdef012345``), or pass ``--version`` (e.g. a release number) to get
+ordered upgrades.
+
+Reproducible: the same lock gives the same wheel bytes, whatever the store's history, the
+checkout path, the machine or the clock. Blobs are *re-encoded canonically* rather than
+copied (a store's files depend on which dictionary it had trained when they were written):
+decoded and verified, a zstd dictionary trained on exactly the wheel's code objects in
+digest order (:func:`gemmar_aot.store.maint.train_best_dictionary`; deterministic, or none
+when it does not pay), each blob compressed at level 19 with it. Zip entries are in a fixed order
+(package files sorted, then METADATA, WHEEL, entry_points.txt, top_level.txt, RECORD), dated 1980-01-01 (or
+``$SOURCE_DATE_EPOCH``, clamped to the zip range), mode 0644, Unix; ``.zst`` blobs are
+STORED, everything else DEFLATED at level 9. "Same toolchain" therefore also means the
+same python-zstandard/libzstd (recorded in BUILD_INFO) and zlib.
+
+Records (``ac/``) are not shipped: the runtime needs only the lock and the blobs, and the
+records would more than double the wheel (compile times in them also differ per machine).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import time
+import zipfile
+import zlib
+from collections.abc import Mapping
+from email.parser import HeaderParser
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import zstandard
+
+from gemmar_aot import __version__
+from gemmar_aot.errors import GemmarError
+from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, lock_keys, read_lock_file
+from gemmar_aot.store.lockfile import parse_lock
+
+#: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
+WHEEL_FORMAT = 1
+ENTRY_POINT_GROUP = "gemmar_aot.artifacts"  # == gemmar_aot.runtime.artifacts.ENTRY_POINT_GROUP
+DIST_PREFIX = "gemmar-artifacts-"
+DEFAULT_PUBLIC_VERSION = "1.0.0"
+#: zstd level of the shipped blobs (as the store's DEFAULT_LEVEL; see bench/bench_store.py).
+ZSTD_LEVEL = 19
+#: 1980-01-01 00:00:00, the earliest time a zip entry can hold.
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+FILE_MODE = 0o100644
+TAG = "py3-none-any"
+
+_NORMALIZED_VERSION = re.compile(
+    r"^(?:[1-9]\d*!)?(?:0|[1-9]\d*)(?:\.(?:0|[1-9]\d*))*(?:(?:a|b|rc)(?:0|[1-9]\d*))?"
+    r"(?:\.post(?:0|[1-9]\d*))?(?:\.dev(?:0|[1-9]\d*))?(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$")
+
+
+class WheelError(GemmarError):
+    """A wheel cannot be built, or a file is not an artifact wheel."""
+
+
+class WheelBuildFailed(WheelError):
+    """The manifest's build failed; ``summary`` is :func:`run_build`'s summary (failures listed)."""
+
+    def __init__(self, summary: dict):
+        self.summary = summary
+        super().__init__(f"the build of {summary.get('manifest')} failed ({summary.get('failed')} kernel(s)); "
+                         f"no wheel was written")
+
+
+# ---------------------------------------------------------------------------
+# names, versions
+# ---------------------------------------------------------------------------
+
+
+def names(manifest_name: str) -> tuple[str, str]:
+    """(distribution name, import package) for a manifest name."""
+    slug = re.sub(r"[^a-z0-9]+", "-", manifest_name.lower()).strip("-")
+    if not slug:
+        raise WheelError(f"manifest name {manifest_name!r} has no letters or digits to name a wheel after")
+    dist = DIST_PREFIX + slug
+    return dist, dist.replace("-", "_")
+
+
+def default_version(lock_bytes: bytes) -> str:
+    return f"{DEFAULT_PUBLIC_VERSION}+{hashlib.sha256(lock_bytes).hexdigest()[:12]}"
+
+
+def check_version(version: str) -> str:
+    if not _NORMALIZED_VERSION.match(version):
+        raise WheelError(f"--version {version!r} is not a normalized PEP 440 version; write e.g. 1.2.0, "
+                         f"2.0.0rc1, 1.0.0.post1 or 1.0.0+build7 (lowercase, no leading zeros, no 'v')")
+    return version
+
+
+def requires_dist() -> str:
+    """``gemmar-aot`` ranged to this version's major: the lock schema and store format of a major."""
+    major = int(__version__.split(".")[0])
+    return f"gemmar-aot<{major + 1},>={__version__}"
+
+
+def wheel_filename(dist: str, version: str) -> str:
+    return f"{dist.replace('-', '_')}-{version}-{TAG}.whl"
+
+
+def zip_date_time() -> tuple[int, int, int, int, int, int]:
+    """``$SOURCE_DATE_EPOCH`` as a zip date (UTC, clamped to 1980..2107), else 1980-01-01."""
+    env = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not env:
+        return ZIP_EPOCH
+    try:
+        epoch = int(env)
+    except ValueError:
+        raise WheelError(f"SOURCE_DATE_EPOCH={env!r} is not an integer number of seconds") from None
+    t = time.gmtime(min(max(epoch, 315532800), 4354819198))  # 1980-01-01 .. 2107-12-31
+    return (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec - t.tm_sec % 2)
+
+
+# ---------------------------------------------------------------------------
+# content
+# ---------------------------------------------------------------------------
+
+
+def _canonical_json(obj: Any) -> bytes:
+    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
+
+
+def _digest_of(entry: Mapping[str, Any]) -> str:
+    b = entry["blob"]
+    return b["digest"] if isinstance(b, Mapping) else b
+
+
+def _blob_arcpath(digest: str) -> str:
+    return f"store/blobs/sha256/{digest[:2]}/{digest}.zst"
+
+
+def lock_sizes(lock: Mapping[str, Any]) -> dict[str, int | None]:
+    """digest -> raw size as the lock names it (None when no entry gives one). Raises on disagreement."""
+    sizes: dict[str, int | None] = {}
+    for where, e in iter_launches(lock):
+        d = _digest_of(e)
+        s = e.get("size")
+        if s is None and isinstance(e["blob"], Mapping):
+            s = e["blob"].get("size")
+        old = sizes.get(d)
+        if old is not None and s is not None and old != s:
+            raise WheelError(f"the lock names blob {d} with sizes {old} and {s} (at {where}); rebuild it")
+        sizes[d] = s if s is not None else old
+    return sizes
+
+
+def coverage(lock: Mapping[str, Any]) -> list[dict]:
+    """The tuples a lock covers, grouped: transport, N, K, world, quant, wire -> M list."""
+    groups: dict[tuple, dict] = {}
+    for t in lock.get("tuples", []):
+        wire = None
+        if t["transport"] == "fused-sdma":
+            wire = t["gather_dtype"] + ("" if t["gather_dtype"] == "bf16" else f"/{t['gather_transport']}")
+        lay = t.get("layout") or {}
+        k = (t["transport"], t["n"], t["k"], t["world"], t["quant"], wire, t.get("block_m"),
+             t.get("sdma_queues", 1), lay.get("m_max"))
+        g = groups.setdefault(k, {
+            "transport": t["transport"], "m": [], "n": t["n"], "k": t["k"], "world": t["world"],
+            "quant": t["quant"], "wire": wire, "block_m": t.get("block_m"),
+            "sdma_queues": t.get("sdma_queues", 1), "m_max": lay.get("m_max"),
+            "ranks": sorted(r["rank"] for r in t["ranks"])})
+        g["m"].append(int(t["m"]))
+    out = []
+    for g in groups.values():
+        g["m"] = sorted(set(g["m"]))
+        out.append(g)
+    return sorted(out, key=lambda g: (g["transport"], g["n"], g["k"], g["world"], g["quant"], g["wire"] or "",
+                                      g["m_max"] or 0))
+
+
+def _init_py(manifest_name: str, dist: str, version: str) -> bytes:
+    return f'''"""Prebuilt gemmar-aot kernels for manifest {manifest_name!r} ({dist} {version}).
+
+Generated by ``gemmar-aot wheel``; do not edit. The runtime finds these kernels through
+the entry point ``{manifest_name} = {dist.replace("-", "_")}:locate`` in the group
+``{ENTRY_POINT_GROUP}``; nothing here imports gemmar_aot. The store is read-only data.
+"""
+
+from pathlib import Path
+
+__version__ = {version!r}
+MANIFEST = {manifest_name!r}
+_HERE = Path(__file__).resolve().parent
+LOCK = _HERE / "lock.json"
+STORE = _HERE / "store"
+BUILD_INFO = _HERE / "BUILD_INFO.json"
+
+
+def locate():
+    """(lock file, store root) of these artifacts, for gemmar_aot.runtime.load_artifacts."""
+    return (str(LOCK), str(STORE))
+'''.encode()
+
+
+def _metadata(dist: str, version: str, manifest_name: str, arch: str, description: str) -> bytes:
+    summary = f"Prebuilt gemmar-aot {arch} kernels for manifest {manifest_name}"
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {dist}",
+        f"Version: {version}",
+        f"Summary: {summary}",
+        "Requires-Python: >=3.10",
+        f"Requires-Dist: {requires_dist()}",
+        "Description-Content-Type: text/plain",
+        "",
+        f"{summary}, built by gemmar-aot {__version__} (`gemmar-aot wheel`).",
+        "Installing this package makes gemmar_aot.runtime find the kernels (entry-point group",
+        f"{ENTRY_POINT_GROUP}). `gemmar-aot inspect <wheel>` shows the manifest, the toolchain and",
+        "the tuples covered, and verifies every file.",
+    ]
+    if description:
+        lines += ["", description]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _wheel_file() -> bytes:
+    return (f"Wheel-Version: 1.0\nGenerator: gemmar-aot {__version__}\nRoot-Is-Purelib: true\n"
+            f"Tag: {TAG}\n").encode()
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _record(files: Mapping[str, bytes], record_name: str) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for name in files:
+        w.writerow([name, _record_hash(files[name]), len(files[name])])
+    w.writerow([record_name, "", ""])
+    return buf.getvalue().encode()
+
+
+def encode_blobs(raws: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict]:
+    """Canonical file bytes of ``raws`` (digest -> raw): {digest: file bytes} (dictionary included)
+    and the encoding facts. Deterministic for a given libzstd."""
+    from gemmar_aot.store.maint import train_best_dictionary
+
+    samples = [raws[d] for d in sorted(raws)]
+    dict_raw, report = train_best_dictionary(samples) if samples else (None, {})
+    files: dict[str, bytes] = {}
+    dict_digest = None
+    if dict_raw is not None:
+        dict_digest = hashlib.sha256(dict_raw).hexdigest()
+        files[dict_digest] = blobfmt.encode(dict_raw, blobfmt.compressor(ZSTD_LEVEL), None)
+        cctx = blobfmt.compressor(ZSTD_LEVEL, zstandard.ZstdCompressionDict(dict_raw))
+    else:
+        cctx = blobfmt.compressor(ZSTD_LEVEL)
+    for d in sorted(raws):
+        files[d] = blobfmt.encode(raws[d], cctx, dict_digest)
+    decoder = _Decoder(lambda d: files.get(d))
+    for d in sorted(raws):  # every byte shipped decodes back to its digest
+        decoder.decode(d, len(raws[d]))
+    return files, {
+        "zstd_level": ZSTD_LEVEL,
+        "dictionary": dict_digest,
+        "dictionary_bytes": 0 if dict_raw is None else len(dict_raw),
+        "dictionary_gain_vs_plain": report.get("gain_vs_plain"),
+        "python_zstandard": zstandard.__version__,
+        "libzstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
+    }
+
+
+class _Decoder:
+    """Decode and verify blob files fetched by ``get(digest) -> bytes | None`` (e.g. from a zip)."""
+
+    def __init__(self, get):
+        self.get = get
+        self._dicts: dict[str, zstandard.ZstdCompressionDict] = {}
+
+    def decode(self, digest: str, size: int | None = None, *, where: str | None = None) -> bytes:
+        where = where or _blob_arcpath(digest)
+        data = self.get(digest)
+        if data is None:
+            raise WheelError(f"blob {digest} is missing ({where})")
+        try:
+            dict_ref, frame = blobfmt.split(data)
+            dd = None
+            if dict_ref is not None:
+                dd = self._dicts.get(dict_ref)
+                if dd is None:
+                    raw_dict = self.decode(dict_ref)
+                    dd = self._dicts[dict_ref] = zstandard.ZstdCompressionDict(raw_dict)
+            raw = blobfmt.decode_frame(frame, zstandard.ZstdDecompressor(dict_data=dd), None)
+        except blobfmt.BlobFormatError as e:
+            raise WheelError(f"corrupt blob {where}: {e}") from None
+        got = hashlib.sha256(raw).hexdigest()
+        if got != digest:
+            raise WheelError(f"corrupt blob {where}: content sha256 is {got}, expected {digest}")
+        if size is not None and len(raw) != size:
+            raise WheelError(f"blob {where} holds {len(raw)} bytes, the lock says {size}")
+        return raw
+
+
+# ---------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------
+
+
+def _load_raws(lock: Mapping[str, Any], store_root: Path) -> dict[str, bytes]:
+    """Every code object the lock names, verified (against digest and the lock's size)."""
+    from gemmar_aot.store import BlobNotFoundError, CorruptArtifactError, Store
+
+    st = Store(store_root, readonly=True)
+    if st.format is None:
+        raise WheelError(f"{store_root} is not an artifact store (no STORE_FORMAT file)")
+    raws: dict[str, bytes] = {}
+    problems: list[str] = []
+    for d, size in sorted(lock_sizes(lock).items()):
+        try:
+            raws[d] = st.load_blob(d, size)
+        except (BlobNotFoundError, CorruptArtifactError) as e:
+            problems.append(str(e))
+    if problems:
+        raise WheelError(f"no wheel written: {len(problems)} blob(s) the lock names are not usable in "
+                         f"{store_root}:\n" + "\n".join(f"  - {p}" for p in problems))
+    return raws
+
+
+def wheel_from_lock(lock: Mapping[str, Any] | str | os.PathLike, store_root: str | os.PathLike,
+                    manifest: str | os.PathLike | None, out_dir: str | os.PathLike, *,
+                    version: str | None = None, manifest_text: bytes | None = None,
+                    manifest_file: str | None = None) -> dict:
+    """Write the wheel of an already-built ``lock`` (a path or a dict) whose blobs are in ``store_root``.
+
+    ``manifest``: the manifest file the lock was built from (or pass ``manifest_text`` and
+    ``manifest_file``, its bare file name); its sha256 must be the lock's. Returns a summary.
+    """
+    if not isinstance(lock, Mapping):
+        lock = read_lock_file(lock)
+    lock_bytes = dumps_lock(lock)
+    lock = parse_lock(lock_bytes, "<lock>")
+    if manifest is not None:
+        manifest_text = Path(manifest).read_bytes()
+        manifest_file = Path(manifest).name
+    if manifest_text is None:
+        raise WheelError("the manifest text is needed (the wheel records it)")
+    man = lock.get("manifest") or {}
+    mname = man.get("name")
+    if not isinstance(mname, str) or not mname:
+        raise WheelError("the lock names no manifest; rebuild it with gemmar-aot build")
+    msha = hashlib.sha256(manifest_text).hexdigest()
+    if man.get("sha256") != msha:
+        raise WheelError(f"the lock for {mname} was built from another version of the manifest "
+                         f"{manifest_file or ''} (lock: sha256 {man.get('sha256')}, file: {msha}); rebuild "
+                         f"the manifest, then make the wheel")
+    arch = str(lock.get("arch") or man.get("arch") or "")
+    dist, pkg = names(mname)
+    version = check_version(version) if version else default_version(lock_bytes)
+
+    raws = _load_raws(lock, Path(store_root))
+    blob_files, encoding = encode_blobs(raws)
+    dict_digest = encoding["dictionary"]
+    try:
+        description = _manifest_description(manifest_text)
+    except Exception:  # noqa: BLE001 - the description is decoration
+        description = ""
+    build_info = {
+        "format": WHEEL_FORMAT,
+        "generator": f"gemmar-aot {__version__}",
+        "distribution": dist,
+        "package": pkg,
+        "version": version,
+        "arch": arch,
+        "code_object_version": lock.get("code_object_version"),
+        "toolchain": lock.get("toolchain"),
+        "manifest": {"name": mname, "file": manifest_file, "sha256": msha,
+                     "text": manifest_text.decode("utf-8", errors="replace")},
+        "lock": {"sha256": hashlib.sha256(lock_bytes).hexdigest(), "bytes": len(lock_bytes)},
+        "coverage": coverage(lock),
+        "kernels": len(lock_keys(lock)),
+        "code_objects": len(raws),
+        "raw_bytes": sum(len(r) for r in raws.values()),
+        "blob_bytes": sum(len(v) for d, v in blob_files.items() if d != dict_digest),
+        "dictionary_file_bytes": len(blob_files[dict_digest]) if dict_digest else 0,
+        "encoding": encoding,
+    }
+    files: dict[str, bytes] = {
+        f"{pkg}/BUILD_INFO.json": _canonical_json(build_info),
+        f"{pkg}/__init__.py": _init_py(mname, dist, version),
+        f"{pkg}/lock.json": lock_bytes,
+        f"{pkg}/store/STORE_FORMAT": f"{STORE_FORMAT}\n".encode(),
+    }
+    for d, data in blob_files.items():
+        files[f"{pkg}/{_blob_arcpath(d)}"] = data
+    files = {k: files[k] for k in sorted(files)}
+    di = f"{dist.replace('-', '_')}-{version}.dist-info"
+    files[f"{di}/METADATA"] = _metadata(dist, version, mname, arch, description)
+    files[f"{di}/WHEEL"] = _wheel_file()
+    files[f"{di}/entry_points.txt"] = f"[{ENTRY_POINT_GROUP}]\n{mname} = {pkg}:locate\n".encode()
+    files[f"{di}/top_level.txt"] = f"{pkg}\n".encode()
+    record_name = f"{di}/RECORD"
+    files[record_name] = _record(files, record_name)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / wheel_filename(dist, version)
+    data = _zip_bytes(files)
+    _atomic_write(dest, data)
+    return {
+        "wheel": str(dest),
+        "distribution": dist,
+        "package": pkg,
+        "version": version,
+        "manifest": mname,
+        "arch": arch,
+        "toolchain": (lock.get("toolchain") or {}).get("digest"),
+        "wheel_bytes": len(data),
+        "wheel_sha256": hashlib.sha256(data).hexdigest(),
+        "kernels": build_info["kernels"],
+        "code_objects": build_info["code_objects"],
+        "raw_bytes": build_info["raw_bytes"],
+        "blob_bytes": build_info["blob_bytes"],
+        "dictionary": dict_digest,
+        "dictionary_file_bytes": build_info["dictionary_file_bytes"],
+        "lock_sha256": build_info["lock"]["sha256"],
+        "coverage": build_info["coverage"],
+    }
+
+
+def _manifest_description(text: bytes) -> str:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - python 3.10
+        import tomli as tomllib
+    d = tomllib.loads(text.decode()).get("manifest", {}).get("description", "")
+    return " ".join(str(d).split())
+
+
+def _zip_bytes(files: Mapping[str, bytes]) -> bytes:
+    """A zip of ``files`` in the given order; identical input -> identical bytes."""
+    date_time = zip_date_time()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zi = zipfile.ZipInfo(name, date_time=date_time)
+            zi.create_system = 3  # Unix, whatever the host
+            zi.external_attr = FILE_MODE << 16
+            if name.endswith(".zst"):  # already zstd: deflate would only cost time
+                zi.compress_type = zipfile.ZIP_STORED
+                zf.writestr(zi, data)
+            else:
+                zi.compress_type = zipfile.ZIP_DEFLATED
+                zf.writestr(zi, data, compresslevel=9)
+    return buf.getvalue()
+
+
+def _atomic_write(dest: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, store: str | os.PathLike | None = None,
+                jobs: int | None = None, version: str | None = None, progress: bool = True,
+                toolchain_root: str | None = None) -> dict:
+    """Build ``manifest`` into the store (compiling only misses), then write its wheel into ``out_dir``.
+
+    Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
+    """
+    from gemmar_aot.build import run_build
+
+    summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
+                        progress=progress, toolchain_root=toolchain_root)
+    if summary["failed"] or not summary["lock_file"]:
+        raise WheelBuildFailed(summary)
+    out = wheel_from_lock(summary["lock_file"], summary["store"], manifest, out_dir, version=version)
+    out["build"] = summary
+    return out
+
+
+# ---------------------------------------------------------------------------
+# inspecting
+# ---------------------------------------------------------------------------
+
+
+def _parse_record(text: str) -> dict[str, tuple[str, str]]:
+    out = {}
+    for row in csv.reader(io.StringIO(text)):
+        if row:
+            out[row[0]] = (row[1] if len(row) > 1 else "", row[2] if len(row) > 2 else "")
+    return out
+
+
+def inspect_wheel(path: str | os.PathLike) -> dict:
+    """What an artifact wheel holds, and whether it is intact.
+
+    Checks every file against RECORD (sha256 and size; files missing from either side),
+    the lock against BUILD_INFO, the manifest text against its sha256, and decodes every
+    blob the lock names against its digest. ``ok`` is False and ``problems`` lists each
+    finding when anything does not match.
+    """
+    path = Path(path)
+    try:
+        zf = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise WheelError(f"{path} is not a wheel (zip): {e}") from None
+    problems: list[str] = []
+    with zf:
+        members = {zi.filename: zi for zi in zf.infolist() if not zi.is_dir()}
+        dist_infos = sorted({PurePosixPath(n).parts[0] for n in members
+                             if PurePosixPath(n).parts[0].endswith(".dist-info")})
+        if len(dist_infos) != 1:
+            raise WheelError(f"{path}: expected one .dist-info directory, found {dist_infos or 'none'}")
+        di = dist_infos[0]
+        record_name = f"{di}/RECORD"
+        if record_name not in members:
+            raise WheelError(f"{path}: no {record_name}")
+
+        contents: dict[str, bytes] = {}
+        for n in members:
+            try:
+                contents[n] = zf.read(n)
+            except (zipfile.BadZipFile, zlib.error) as e:  # a CRC mismatch: bytes changed in place
+                problems.append(f"{n}: unreadable ({e})")
+        record = _parse_record(contents.get(record_name, b"").decode("utf-8", errors="replace"))
+        checked = 0
+        for n in sorted(members):
+            if n == record_name or n not in contents:
+                continue
+            if n not in record:
+                problems.append(f"{n}: not listed in RECORD (added after the wheel was built)")
+                continue
+            want_hash, want_size = record[n]
+            got_hash = _record_hash(contents[n])
+            if want_hash != got_hash or str(len(contents[n])) != want_size:
+                problems.append(f"{n}: RECORD says {want_hash} ({want_size} bytes), the file is {got_hash} "
+                                f"({len(contents[n])} bytes): modified after the wheel was built")
+            checked += 1
+        for n in sorted(record):
+            if n != record_name and n not in members:
+                problems.append(f"{n}: listed in RECORD but missing from the wheel")
+
+        meta = HeaderParser().parsestr(contents.get(f"{di}/METADATA", b"").decode("utf-8", errors="replace"))
+        wheel_meta = HeaderParser().parsestr(contents.get(f"{di}/WHEEL", b"").decode("utf-8", errors="replace"))
+        pkgs = sorted({PurePosixPath(n).parts[0] for n in members
+                       if n.endswith("/BUILD_INFO.json") and len(PurePosixPath(n).parts) == 2})
+        if len(pkgs) != 1:
+            raise WheelError(f"{path} is not a gemmar-aot artifact wheel (no <package>/BUILD_INFO.json)")
+        pkg = pkgs[0]
+        try:
+            info = json.loads(contents[f"{pkg}/BUILD_INFO.json"])
+        except (KeyError, ValueError) as e:
+            raise WheelError(f"{path}: {pkg}/BUILD_INFO.json is unreadable: {e}") from None
+        lock_bytes = contents.get(f"{pkg}/lock.json")
+        lock = None
+        if lock_bytes is None:
+            problems.append(f"{pkg}/lock.json is missing")
+        else:
+            if hashlib.sha256(lock_bytes).hexdigest() != (info.get("lock") or {}).get("sha256"):
+                problems.append(f"{pkg}/lock.json does not have the sha256 BUILD_INFO.json records")
+            try:
+                lock = parse_lock(lock_bytes, f"{pkg}/lock.json")
+            except GemmarError as e:
+                problems.append(str(e))
+        man = info.get("manifest") or {}
+        text = man.get("text", "")
+        if hashlib.sha256(text.encode()).hexdigest() != man.get("sha256"):
+            problems.append("BUILD_INFO.json's manifest text does not match its sha256")
+        if lock is not None and (lock.get("manifest") or {}).get("sha256") != man.get("sha256"):
+            problems.append("the lock was built from another manifest than the one BUILD_INFO.json records")
+
+        blob_prefix = f"{pkg}/store/blobs/sha256/"
+        zst = {PurePosixPath(n).name[:-4]: contents[n] for n in contents
+               if n.startswith(blob_prefix) and n.endswith(".zst")}
+        raw_bytes = blob_bytes = 0
+        kernels = code_objects = 0
+        dict_digests: set[str] = set()
+        cov: list[dict] = []
+        if lock is not None:
+            decoder = _Decoder(zst.get)
+            sizes = lock_sizes(lock)
+            for d, size in sorted(sizes.items()):
+                try:
+                    raw = decoder.decode(d, size, where=f"{blob_prefix}{d[:2]}/{d}.zst")
+                    raw_bytes += len(raw)
+                except WheelError as e:
+                    problems.append(str(e))
+                    raw_bytes += size or 0
+                if d in zst:
+                    blob_bytes += len(zst[d])
+                    with contextlib.suppress(blobfmt.BlobFormatError):
+                        ref = blobfmt.split(zst[d])[0]
+                        if ref:
+                            dict_digests.add(ref)
+            unused = sorted(set(zst) - set(sizes) - dict_digests)
+            for d in unused:
+                problems.append(f"{blob_prefix}{d[:2]}/{d}.zst: a blob the lock does not name")
+            kernels, code_objects = len(lock_keys(lock)), len(sizes)
+            cov = coverage(lock)
+    dist = meta.get("Name")
+    eps = contents.get(f"{di}/entry_points.txt", b"").decode("utf-8", errors="replace")
+    return {
+        "wheel": str(path),
+        "ok": not problems,
+        "problems": problems,
+        "files_checked": checked,
+        "distribution": dist,
+        "version": meta.get("Version"),
+        "requires_dist": meta.get_all("Requires-Dist") or [],
+        "tag": wheel_meta.get("Tag"),
+        "package": pkg,
+        "entry_points": [ln.strip() for ln in eps.splitlines() if "=" in ln],
+        "arch": info.get("arch"),
+        "code_object_version": info.get("code_object_version"),
+        "toolchain": info.get("toolchain"),
+        "manifest": {k: man.get(k) for k in ("name", "file", "sha256", "text")},
+        "generator": info.get("generator"),
+        "coverage": cov,
+        "kernels": kernels,
+        "code_objects": code_objects,
+        "sizes": {
+            "wheel_bytes": path.stat().st_size,
+            "blob_bytes": blob_bytes,
+            "dictionary_file_bytes": sum(len(zst[d]) for d in dict_digests if d in zst),
+            "raw_bytes": raw_bytes,
+        },
+        "encoding": info.get("encoding"),
+    }
+

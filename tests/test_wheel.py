@@ -1,0 +1,671 @@
+"""Prebuilt artifact wheels (gemmar_aot.wheel, ``gemmar-aot wheel`` / ``inspect``).
+
+Fast tier: a synthetic store and lock (random bytes as "code objects") exercise the
+writer, the zip layout, RECORD, determinism and ``inspect``'s tamper detection.
+
+Compile tier (``-m compile``): the real smoke artifacts (the session ``smoke_build``,
+or GEMMAR_AOT_TEST_SMOKE_STORE) are packed into wheels, ``pip install``ed into fresh
+virtual environments (``python -m venv`` + ``pip install --no-deps --no-index``), and
+the runtime in that environment -- no artifacts= argument, no env var, only the
+installed entry points -- loads every kernel with FakeHipDriver / FakeCommunicator.
+The fresh venvs see gemmar_aot, torch and the test fakes through a ``.pth`` file that
+adds this checkout's .venv site-packages (no network). No test here compiles a kernel:
+every wheel build reuses the smoke store (asserted: 0 compiled).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import os
+import random
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import gemmar_aot.cli_wheel  # noqa: F401 - registers ``wheel`` and ``inspect`` until cli.py imports it
+from gemmar_aot.cli import main
+from gemmar_aot.store import Store, read_lock_file
+from gemmar_aot.wheel import (
+    WheelError,
+    check_version,
+    default_version,
+    inspect_wheel,
+    names,
+    requires_dist,
+    wheel_from_lock,
+    zip_date_time,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+SMOKE = ROOT / "manifests" / "smoke.toml"
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _members(whl: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(whl) as zf:
+        return {n: zf.read(n) for n in zf.namelist()}
+
+
+def _rewrite_zip(src: Path, dst: Path, change) -> str:
+    """Copy the wheel ``src`` to ``dst`` with ``change(name, data) -> data | None`` applied to the
+    first member it changes (RECORD untouched). Returns the changed member's name."""
+    changed = None
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for zi in zin.infolist():
+            data = zin.read(zi.filename)
+            if changed is None:
+                new = change(zi.filename, data)
+                if new is not None:
+                    data, changed = new, zi.filename
+            zout.writestr(zi, data)
+    assert changed is not None
+    return changed
+
+
+def _flip(data: bytes) -> bytes:
+    b = bytearray(data)
+    b[len(b) // 2] ^= 0xFF
+    return bytes(b)
+
+
+def _run(*args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+# ---------------------------------------------------------------------------
+# a synthetic store + lock (fast tier)
+# ---------------------------------------------------------------------------
+
+SYNTH_MANIFEST = b'[manifest]\nname = "synth_test.v1"\narch = "gfx950"\n\n[[tuple]]\ntransport = "fused-sdma"\n'
+
+
+def _synth_blob(rng: random.Random, i: int) -> bytes:
+    # structured like a code object: shared boilerplate + per-kernel bytes (a dictionary pays)
+    common = b"".join(bytes([(j * 7) % 251]) * 3 for j in range(2000))
+    return common + rng.randbytes(600) + f"kernel-{i}".encode() * 40
+
+
+def make_synth(root: Path, *, n_blobs: int = 40, manifest: bytes = SYNTH_MANIFEST) -> dict:
+    """A store at ``root`` with ``n_blobs`` blobs and a lock naming them; returns the lock."""
+    rng = random.Random(1234)
+    st = Store(root, durable=False)
+    blobs = [st.put_blob(_synth_blob(rng, i)) for i in range(n_blobs)]
+    tuples = []
+    per = n_blobs // 4
+    for ti, (m, gd) in enumerate([(256, "bf16"), (512, "bf16"), (512, "fp8")]):
+        ranks = []
+        for r in range(2):
+            chunk = blobs[(ti * 2 + r) * per // 2:(ti * 2 + r) * per // 2 + per]
+            ranks.append({"rank": r, "self_test": [], "launches": [
+                {"kind": "gemm", "key": _sha(f"{ti}/{r}/{j}".encode()), "blob": b["digest"], "size": b["size"],
+                 "kernel": f"k{j}", "launch": {}} for j, b in enumerate(chunk)]})
+        tuples.append({"transport": "fused-sdma", "m": m, "n": 1024, "k": 256, "world": 2, "quant": "blockscale",
+                       "gather_dtype": gd, "gather_transport": "lsa", "block_m": 128, "block_n": 256,
+                       "sdma_queues": 1, "source": f"synth.toml:{ti}", "layout": {"m_max": 512},
+                       "ranks": ranks})
+    return {"schema": 1, "arch": "gfx950", "code_object_version": 6, "env": {},
+            "manifest": {"name": "synth_test.v1", "arch": "gfx950", "sha256": _sha(manifest)},
+            "toolchain": {"digest": "ab" * 32, "toolchain": {"python": "3.11.7"}},
+            "tuples": tuples}
+
+
+@pytest.fixture()
+def synth(tmp_path):
+    root = tmp_path / "synth-store"
+    lock = make_synth(root)
+    return lock, root
+
+
+def _synth_wheel(lock, root, out, **kw) -> dict:
+    return wheel_from_lock(lock, root, None, out, manifest_text=SYNTH_MANIFEST, manifest_file="synth.toml", **kw)
+
+
+def test_names_version_and_requires():
+    assert names("dsv4-pro-wo_b") == ("gemmar-artifacts-dsv4-pro-wo-b", "gemmar_artifacts_dsv4_pro_wo_b")
+    assert names("Smoke.V2__x") == ("gemmar-artifacts-smoke-v2-x", "gemmar_artifacts_smoke_v2_x")
+    v = default_version(b"lock bytes")
+    assert v == "1.0.0+" + _sha(b"lock bytes")[:12]
+    assert check_version("2.1.0rc1") == "2.1.0rc1" and check_version("1.0.0+b7.x") == "1.0.0+b7.x"
+    for bad in ("v1.0", "1.0-1", "01.0", "1.0.0+", "1.0.0+UP"):
+        with pytest.raises(WheelError, match="PEP 440"):
+            check_version(bad)
+    assert requires_dist() == "gemmar-aot<1,>=0.1.0"
+
+
+def test_source_date_epoch(monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert zip_date_time() == (1980, 1, 1, 0, 0, 0)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000001")  # 2023-11-14 22:13:21 UTC, odd second
+    assert zip_date_time() == (2023, 11, 14, 22, 13, 20)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")  # before zip's epoch: clamped
+    assert zip_date_time() == (1980, 1, 1, 0, 0, 0)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(WheelError, match="SOURCE_DATE_EPOCH"):
+        zip_date_time()
+
+
+def test_layout_record_and_zip_metadata(synth, tmp_path):
+    lock, root = synth
+    s = _synth_wheel(lock, root, tmp_path / "dist")
+    whl = Path(s["wheel"])
+    dist, pkg = "gemmar-artifacts-synth-test-v1", "gemmar_artifacts_synth_test_v1"
+    assert (s["distribution"], s["package"]) == (dist, pkg)
+    assert whl.name == f"{pkg}-{s['version']}-py3-none-any.whl"
+    files = _members(whl)
+    di = f"{pkg}-{s['version']}.dist-info"
+    names_ = list(files)
+    # package files sorted, then the dist-info with RECORD last
+    assert names_[-1] == f"{di}/RECORD"
+    pkg_files = [n for n in names_ if n.startswith(pkg + "/")]
+    assert pkg_files == sorted(pkg_files) and names_[:len(pkg_files)] == pkg_files
+    assert {f"{pkg}/__init__.py", f"{pkg}/lock.json", f"{pkg}/BUILD_INFO.json", f"{pkg}/store/STORE_FORMAT",
+            f"{di}/METADATA", f"{di}/WHEEL", f"{di}/entry_points.txt"} <= set(files)
+    # exactly the lock's blobs, plus the dictionary
+    blobs = {Path(n).name[:-4] for n in files if n.endswith(".zst")}
+    wanted = {e["blob"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"]}
+    assert s["dictionary"] and blobs == wanted | {s["dictionary"]}
+    assert not any("/ac/" in n for n in files)  # no records
+    assert files[f"{pkg}/lock.json"] == read_lock_bytes(lock)
+    # metadata
+    meta = files[f"{di}/METADATA"].decode()
+    assert f"Name: {dist}\n" in meta and f"Version: {s['version']}\n" in meta
+    assert "Requires-Dist: gemmar-aot<1,>=0.1.0\n" in meta
+    wheel = files[f"{di}/WHEEL"].decode()
+    assert "Root-Is-Purelib: true\n" in wheel and "Tag: py3-none-any\n" in wheel and "Wheel-Version: 1.0\n" in wheel
+    assert files[f"{di}/entry_points.txt"] == f"[gemmar_aot.artifacts]\nsynth_test.v1 = {pkg}:locate\n".encode()
+    # RECORD: every other file with its urlsafe-b64 sha256 and size; RECORD itself without
+    rows = [ln.split(",") for ln in files[f"{di}/RECORD"].decode().splitlines()]
+    rec = {r[0]: (r[1], r[2]) for r in rows}
+    assert set(rec) == set(files)
+    assert rec[f"{di}/RECORD"] == ("", "")
+    for n, data in files.items():
+        if n != f"{di}/RECORD":
+            h = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert rec[n] == (h, str(len(data)))
+    # fixed zip metadata: date, permissions, system; blobs stored, text deflated
+    with zipfile.ZipFile(whl) as zf:
+        for zi in zf.infolist():
+            assert zi.date_time == (1980, 1, 1, 0, 0, 0)
+            assert zi.external_attr >> 16 == 0o100644 and zi.create_system == 3
+            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith(".zst") else zipfile.ZIP_DEFLATED)
+    # BUILD_INFO
+    info = json.loads(files[f"{pkg}/BUILD_INFO.json"])
+    assert info["manifest"]["text"].encode() == SYNTH_MANIFEST and info["manifest"]["sha256"] == _sha(SYNTH_MANIFEST)
+    assert info["manifest"]["file"] == "synth.toml" and info["arch"] == "gfx950"
+    assert info["toolchain"]["digest"] == "ab" * 32
+    assert info["lock"]["sha256"] == _sha(files[f"{pkg}/lock.json"])
+    assert s["version"] == "1.0.0+" + info["lock"]["sha256"][:12]
+    assert str(tmp_path) not in json.dumps(info)  # no paths
+
+
+def read_lock_bytes(lock) -> bytes:
+    from gemmar_aot.store import dumps_lock
+
+    return dumps_lock(lock)
+
+
+def test_same_lock_same_bytes_whatever_the_store(synth, tmp_path, monkeypatch):
+    lock, root = synth
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    a = _synth_wheel(lock, root, tmp_path / "a")
+    # another path, and a store with another history: the blobs re-encoded without a dictionary
+    other = tmp_path / "elsewhere" / "store"
+    st = Store(other, durable=False, level=3)
+    src = Store(root, readonly=True)
+    for d in sorted({e["blob"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"]}):
+        st.put_blob(src.load_blob(d), use_dictionary=False)
+    some = lock["tuples"][0]["ranks"][0]["launches"][0]["blob"]
+    assert src.blob_path(some).read_bytes() != st.blob_path(some).read_bytes()  # other file bytes
+    b = _synth_wheel(copy.deepcopy(lock), other, tmp_path / "b" / "c")
+    assert Path(a["wheel"]).name == Path(b["wheel"]).name
+    assert Path(a["wheel"]).read_bytes() == Path(b["wheel"]).read_bytes()
+    # a changed lock is a new version
+    lock2 = copy.deepcopy(lock)
+    lock2["env"] = {"X": "1"}
+    c = _synth_wheel(lock2, root, tmp_path / "a")
+    assert c["version"] != a["version"] and c["wheel"] != a["wheel"]
+    # --version is taken verbatim; SOURCE_DATE_EPOCH moves every date
+    d = _synth_wheel(lock, root, tmp_path / "d", version="3.1.4")
+    assert Path(d["wheel"]).name.startswith("gemmar_artifacts_synth_test_v1-3.1.4-py3-none-any")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    e = _synth_wheel(lock, root, tmp_path / "e")
+    with zipfile.ZipFile(e["wheel"]) as zf:
+        assert {zi.date_time for zi in zf.infolist()} == {(2023, 11, 14, 22, 13, 20)}
+
+
+def test_refuses_a_lock_from_another_manifest_or_with_missing_blobs(synth, tmp_path):
+    lock, root = synth
+    with pytest.raises(WheelError, match="another version of the manifest"):
+        wheel_from_lock(lock, root, None, tmp_path / "o", manifest_text=SYNTH_MANIFEST + b"# edited\n",
+                        manifest_file="synth.toml")
+    gone = lock["tuples"][1]["ranks"][0]["launches"][0]["blob"]
+    Store(root).blob_path(gone).unlink()
+    with pytest.raises(WheelError, match=f"(?s)no wheel written.*{gone}"):
+        _synth_wheel(lock, root, tmp_path / "o")
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
+def test_inspect_reports_and_verifies(synth, tmp_path):
+    lock, root = synth
+    s = _synth_wheel(lock, root, tmp_path / "dist")
+    r = inspect_wheel(s["wheel"])
+    assert r["ok"] and r["problems"] == []
+    assert r["distribution"] == s["distribution"] and r["version"] == s["version"]
+    assert r["entry_points"] == [f"synth_test.v1 = {s['package']}:locate"]
+    assert r["arch"] == "gfx950" and r["toolchain"]["digest"] == "ab" * 32
+    assert r["manifest"]["sha256"] == _sha(SYNTH_MANIFEST) and r["manifest"]["text"].encode() == SYNTH_MANIFEST
+    assert [(g["transport"], g["m"], g["wire"]) for g in r["coverage"]] == [
+        ("fused-sdma", [256, 512], "bf16"), ("fused-sdma", [512], "fp8/lsa")]
+    assert r["code_objects"] == len({e["blob"] for t in lock["tuples"] for rr in t["ranks"] for e in rr["launches"]})
+    assert r["kernels"] == len({e["key"] for t in lock["tuples"] for rr in t["ranks"]
+                                                           for e in rr["launches"]})
+    sz = r["sizes"]
+    assert sz["wheel_bytes"] == Path(s["wheel"]).stat().st_size == s["wheel_bytes"]
+    assert sz["raw_bytes"] == s["raw_bytes"] and sz["blob_bytes"] == s["blob_bytes"] < sz["raw_bytes"]
+    res = _run("inspect", s["wheel"])
+    assert res.exit_code == 0, res.output
+    for text in ("gemmar-artifacts-synth-test-v1", "arch gfx950", "toolchain " + "ab" * 32, "sha256 " + _sha(SYNTH_MANIFEST),
+                 "M=256,512 N=1024 K=256 world=2 blockscale wire=bf16", "wire=fp8/lsa", f"{r['code_objects']} code objects",
+                 "raw code objects", "| transport = \"fused-sdma\"", "verified:"):
+        assert text in res.output, text
+    res = _run("inspect", s["wheel"], "--json")
+    assert res.exit_code == 0 and json.loads(res.output)["ok"] is True
+
+
+@pytest.mark.parametrize("what", ["blob", "lock", "extra", "removed"])
+def test_inspect_finds_tampering(synth, tmp_path, what):
+    lock, root = synth
+    s = _synth_wheel(lock, root, tmp_path / "dist")
+    bad = tmp_path / "bad" / Path(s["wheel"]).name
+    bad.parent.mkdir()
+    target = lock["tuples"][0]["ranks"][1]["launches"][2]["blob"]
+    if what == "blob":
+        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: _flip(d) if n.endswith(f"/{target}.zst") else None)
+        expect = [f"{name}: RECORD says", f"corrupt blob {name}"]
+    elif what == "lock":
+        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: d.replace(b'"m": 256', b'"m": 768')
+                            if n.endswith("/lock.json") else None)
+        expect = [f"{name}: RECORD says", "lock.json does not have the sha256"]
+    elif what == "extra":
+        shutil.copy(s["wheel"], bad)
+        with zipfile.ZipFile(bad, "a") as zf:
+            zf.writestr(f"{s['package']}/store/blobs/sha256/00/{'0' * 64}.zst", b"x")
+        expect = ["not listed in RECORD", "a blob the lock does not name"]
+    else:
+        _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: b"" if n.endswith(f"/{target}.zst") else None)
+        with zipfile.ZipFile(bad) as zin:  # drop the member
+            keep = {zi.filename: (zi, zin.read(zi)) for zi in zin.infolist() if not zi.filename.endswith(f"/{target}.zst")}
+        with zipfile.ZipFile(bad, "w") as zout:
+            for zi, d in keep.values():
+                zout.writestr(zi, d)
+        expect = ["listed in RECORD but missing", f"blob {target} is missing"]
+    r = inspect_wheel(bad)
+    assert not r["ok"]
+    for e in expect:
+        assert any(e in p for p in r["problems"]), (e, r["problems"])
+    res = _run("inspect", bad)
+    assert res.exit_code == 1 and "TAMPERED" in res.output and "modified after it was built" in res.output
+
+
+def test_inspect_refuses_what_is_not_an_artifact_wheel(tmp_path):
+    p = tmp_path / "x.whl"
+    p.write_bytes(b"not a zip")
+    with pytest.raises(WheelError, match="not a wheel"):
+        inspect_wheel(p)
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("foo-1.0.dist-info/RECORD", "")
+        zf.writestr("foo/__init__.py", "")
+    with pytest.raises(WheelError, match="not a gemmar-aot artifact wheel"):
+        inspect_wheel(p)
+
+
+def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatch):
+    import importlib
+
+    from gemmar_aot.runtime import load_artifacts
+
+    lock, root = synth
+    s = _synth_wheel(lock, root, tmp_path / "dist")
+    site_dir = tmp_path / "site"
+    with zipfile.ZipFile(s["wheel"]) as zf:
+        zf.extractall(site_dir)
+    monkeypatch.syspath_prepend(str(site_dir))
+    mod = importlib.import_module(s["package"])
+    lock_path, store_root = mod.locate()
+    assert lock_path == str(site_dir / s["package"] / "lock.json") and mod.MANIFEST == "synth_test.v1"
+    assert store_root == str(site_dir / s["package"] / "store") and mod.__version__ == s["version"]
+    arts = load_artifacts(mod.locate())
+    assert sorted((k.gather_dtype, m) for k, by_m in arts.index.items() for m in by_m) == [
+        ("bf16", 256), ("bf16", 512), ("fp8", 512)]
+    assert arts.store(arts.sources[0]).readonly
+    digest = lock["tuples"][0]["ranks"][0]["launches"][0]["blob"]
+    assert arts.store(arts.sources[0]).load_blob(digest) == Store(root).load_blob(digest)
+
+
+def test_failed_build_writes_no_wheel(tmp_path, monkeypatch):
+    import gemmar_aot.build
+
+    summary = {"manifest": "smoke", "store": str(tmp_path), "lock_file": None, "jobs": 1, "kernel_instances": 1,
+               "distinct_specs": 1, "hits": 0, "misses": 1, "compiled": 0, "failed": 1, "wall_seconds": 1.0,
+               "by_kind": {}, "failures": [{"spec_id": "ab" * 32, "key": "cd" * 32, "label": "gemm r0",
+                                            "error": "boom"}]}
+    monkeypatch.setattr(gemmar_aot.build, "run_build", lambda *a, **kw: summary)
+    res = _run("wheel", SMOKE, "--store", tmp_path / "s", "--out", tmp_path / "dist")
+    assert res.exit_code == 1 and "FAILED gemm r0" in res.output and "no wheel was written" in res.output
+    assert not (tmp_path / "dist").exists()
+    res = _run("wheel", SMOKE, "--store", tmp_path / "s", "--out", tmp_path / "dist", "--json")
+    assert res.exit_code == 1 and json.loads(res.output)["wheel"] is None
+
+
+# ---------------------------------------------------------------------------
+# the real smoke artifacts (compile tier: needs the smoke store)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smoke_store(request) -> Path:
+    env = os.environ.get("GEMMAR_AOT_TEST_SMOKE_STORE")
+    if env and (Path(env) / "locks" / "smoke.lock.json").is_file():
+        return Path(env)
+    _summary, out = request.getfixturevalue("smoke_build")
+    return Path(out)
+
+
+@pytest.fixture(scope="session")
+def smoke_lock(smoke_store) -> dict:
+    return read_lock_file(smoke_store / "locks" / "smoke.lock.json")
+
+
+@pytest.fixture(scope="session")
+def store_copy(smoke_store, tmp_path_factory) -> Path:
+    """A writable copy of the smoke store (``gemmar-aot wheel`` runs the build, which writes its lock)."""
+    dest = tmp_path_factory.mktemp("wheel-store") / "store"
+    shutil.copytree(smoke_store, dest, ignore=shutil.ignore_patterns("quarantine"))
+    return dest
+
+
+def cli_wheel(manifest: Path, store: Path, out: Path, *extra) -> dict:
+    res = _run("wheel", manifest, "--store", store, "--out", out, "-j", "1", "--json", *extra)
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)
+    assert s["build"]["compiled"] == 0 and s["build"]["failed"] == 0, "the wheel build must reuse the store"
+    return s
+
+
+@pytest.fixture(scope="session")
+def smoke_wheel(store_copy, tmp_path_factory) -> dict:
+    return cli_wheel(SMOKE, store_copy, tmp_path_factory.mktemp("dist"))
+
+
+class FreshEnv:
+    """A new virtual environment whose only extras are this checkout's .venv packages (via a .pth)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+        self.python = path / "bin" / "python"
+        purelib = subprocess.run([str(self.python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+        self.site = Path(purelib)
+        ours = [p for p in site.getsitepackages() if Path(p).is_dir()] or [sysconfig.get_path("purelib")]
+        (self.site / "_gemmar_aot_dev.pth").write_text(
+            "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+
+    def pip_install(self, *wheels) -> None:
+        # pip of this checkout's .venv, installing into the fresh environment
+        out = subprocess.run([sys.executable, "-m", "pip", "--python", str(self.python), "install", "--no-deps",
+                              "--no-index", "--disable-pip-version-check", "--no-input", *map(str, wheels)], check=False,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def run(self, code: str, *args, check=True) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("GEMMAR_AOT_ARTIFACTS", "GEMMAR_AOT_STORE",
+                                                               "PYTHONPATH", "VIRTUAL_ENV")}
+        env["PYTHONPATH"] = str(TESTS)  # the fakes
+        script = self.path / "probe.py"
+        script.write_text(textwrap.dedent(code))
+        out = subprocess.run([str(self.python), str(script), *map(str, args)], check=False, capture_output=True,
+                             text=True, cwd=self.path, env=env, timeout=600)
+        if check:
+            assert out.returncode == 0, out.stdout + out.stderr
+        return out
+
+
+LOAD_EVERY_KERNEL = """
+    import json, sys
+    import torch
+    from fakes import FakeCommunicator, FakeHipDriver
+    from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
+    from gemmar_aot.store import read_lock_file
+
+    oracle = read_lock_file(sys.argv[1])  # the build's own lock: the fake's independent expectations
+    arts = load_artifacts()  # no artifacts=, no env var: installed entry points only
+    out = {"sources": [[str(s.lock_path), str(s.store_root), s.origin] for s in arts.sources], "ops": []}
+    groups = sorted({(key.n, key.k, key.world, key.gather_dtype, key.gather_transport or "lsa",
+                      next(iter(by_m.values()))[0].layout["m_max"])
+                     for key, by_m in arts.index.items() if key.transport == "fused-sdma"})  # what is installed
+    for n, k, world, gd, gt, m_max in groups:
+        for rank in range(world):
+            drv = FakeHipDriver([oracle])
+            op = GemmAllReduceOp(FakeCommunicator(rank=rank, nranks=world), n=n, k=k, m_max=m_max,
+                                 gather_dtype=gd, gather_transport=gt, driver=drv, self_test=False)
+            loaded = sorted({m.digest for m in drv.loaded.values()})
+            launched = []
+            for m in op.m_values:
+                drv.clear()
+                op(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.zeros(n, k, dtype=torch.float8_e4m3fn),
+                   torch.ones(k // 128, m), torch.ones(n // 128, k // 128))
+                launched.append([l.digest for l in drv.launches])
+            out["ops"].append({"n": n, "k": k, "wire": gd, "gt": gt, "rank": rank, "m": list(op.m_values),
+                               "loaded": loaded, "launched": launched,
+                               "store": str(arts.entry(op.key, op.m_values[0], rank).lock.source.store_root)})
+            op.close()
+    print(json.dumps(out))
+"""
+
+
+def _expected_blobs(lock, n, k, gd, rank, ms=None):
+    out = set()
+    for t in lock["tuples"]:
+        if (t["transport"], t["n"], t["k"], t["gather_dtype"]) == ("fused-sdma", n, k, gd) and \
+                (ms is None or t["m"] in ms):
+            r = next(r for r in t["ranks"] if r["rank"] == rank)
+            out |= {e["blob"] for e in r["launches"] + r["self_test"]}
+    return sorted(out)
+
+
+@pytest.mark.compile
+def test_installed_smoke_wheel_serves_every_fused_tuple_and_rank(smoke_wheel, smoke_lock, smoke_store, tmp_path):
+    env = FreshEnv(tmp_path / "venv")
+    env.pip_install(smoke_wheel["wheel"])
+    pkg_dir = env.site / smoke_wheel["package"]
+    assert (pkg_dir / "lock.json").is_file() and (pkg_dir / "store" / "STORE_FORMAT").is_file()
+    res = json.loads(env.run(LOAD_EVERY_KERNEL, smoke_store / "locks" / "smoke.lock.json").stdout.splitlines()[-1])
+    assert res["sources"] == [[str(pkg_dir / "lock.json"), str(pkg_dir / "store"),
+                               "entry point smoke = gemmar_artifacts_smoke:locate"]]
+    seen = {(o["k"], o["wire"], o["rank"]) for o in res["ops"]}
+    assert seen == {(256, "bf16", 0), (256, "bf16", 1), (512, "bf16", 0), (512, "bf16", 1),
+                    (256, "fp8", 0), (256, "fp8", 1)}
+    for o in res["ops"]:
+        assert o["m"] == ([256, 512] if o["wire"] == "bf16" else [512])
+        assert o["loaded"] == _expected_blobs(smoke_lock, o["n"], o["k"], o["wire"], o["rank"]), o
+        assert o["store"] == str(pkg_dir / "store")
+        for m, digests in zip(o["m"], o["launched"]):
+            t = next(t for t in smoke_lock["tuples"] if (t["transport"], t["m"], t["k"], t["gather_dtype"]) ==
+                     ("fused-sdma", m, o["k"], o["wire"]))
+            assert digests == [e["blob"] for e in next(r for r in t["ranks"] if r["rank"] == o["rank"])["launches"]]
+    # installing never writes into the package (the store is opened read-only)
+    assert not (pkg_dir / "store" / "quarantine").exists() and not (pkg_dir / "store" / "stats").exists()
+
+
+@pytest.mark.compile
+def test_smoke_wheel_is_reproducible(smoke_wheel, smoke_store, smoke_lock, tmp_path, monkeypatch):
+    # another checkout path for the manifest, another store path, another cwd, another output path
+    other_checkout = tmp_path / "checkout2" / "manifests"
+    other_checkout.mkdir(parents=True)
+    shutil.copy(SMOKE, other_checkout / "smoke.toml")
+    store2 = tmp_path / "store2"
+    shutil.copytree(smoke_store, store2, ignore=shutil.ignore_patterns("quarantine"))
+    monkeypatch.chdir(tmp_path)
+    again = cli_wheel(other_checkout / "smoke.toml", store2, tmp_path / "out2")
+    assert Path(again["wheel"]).name == Path(smoke_wheel["wheel"]).name
+    assert Path(again["wheel"]).read_bytes() == Path(smoke_wheel["wheel"]).read_bytes()
+    # a store with another history (every blob re-encoded without a dictionary, at level 3): same bytes
+    store3 = tmp_path / "store3"
+    src, dst = Store(smoke_store, readonly=True), Store(store3, durable=False, level=3)
+    for key in sorted({e["key"] for t in smoke_lock["tuples"] for r in t["ranks"]
+                       for e in r["launches"] + r["self_test"]}):
+        rec, code = src.load(key)
+        dst.put(key, code, {k: v for k, v in rec.items() if k not in ("schema", "key", "blob")})
+    some = smoke_lock["tuples"][0]["ranks"][0]["launches"][0]["blob"]
+    assert dst.blob_path(some).read_bytes() != src.blob_path(some).read_bytes()
+    third = cli_wheel(SMOKE, store3, tmp_path / "out3")
+    assert Path(third["wheel"]).read_bytes() == Path(smoke_wheel["wheel"]).read_bytes()
+    assert third["wheel_sha256"] == smoke_wheel["wheel_sha256"]
+
+
+@pytest.mark.compile
+def test_smoke_wheel_inspect(smoke_wheel, smoke_lock):
+    res = _run("inspect", smoke_wheel["wheel"], "--json")
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    assert r["ok"] and r["arch"] == "gfx950" and r["toolchain"]["digest"] == smoke_lock["toolchain"]["digest"]
+    assert r["manifest"]["text"] == SMOKE.read_text() and r["manifest"]["sha256"] == smoke_lock["manifest"]["sha256"]
+    cov = {(g["transport"], tuple(g["m"]), g["n"], g["k"], g["world"], g["quant"], g["wire"]) for g in r["coverage"]}
+    assert cov == {("fused-sdma", (256, 512), 1024, 256, 2, "blockscale", "bf16"),
+                   ("fused-sdma", (256, 512), 1024, 512, 2, "blockscale", "bf16"),
+                   ("fused-sdma", (512,), 1024, 256, 2, "blockscale", "fp8/lsa"),
+                   ("split-lsa", (512,), 1024, 256, 2, "blockscale", None),
+                   ("gemm-only", (256, 9216), 1024, 256, 2, "mxfp8", None)}
+    blobs = {e["blob"]: e["size"] for t in smoke_lock["tuples"] for rr in t["ranks"] for e in rr["launches"] + rr["self_test"]}
+    assert r["code_objects"] == len(blobs) and r["sizes"]["raw_bytes"] == sum(blobs.values())
+    assert r["sizes"]["blob_bytes"] < r["sizes"]["raw_bytes"] / 3  # zstd 19 + a dictionary
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("where", ["in the zip", "installed"])
+def test_tampered_blob_is_refused_at_load_naming_it(smoke_wheel, smoke_lock, smoke_store, tmp_path, where):
+    _t = next(t for t in smoke_lock["tuples"] if (t["transport"], t["m"], t["k"], t["gather_dtype"]) ==
+              ("fused-sdma", 256, 256, "bf16"))
+    digest = _t["ranks"][0]["launches"][0]["blob"]  # rank 0's GEMM at M=256
+    whl = Path(smoke_wheel["wheel"])
+    if where == "in the zip":
+        bad = tmp_path / "bad" / whl.name
+        bad.parent.mkdir()
+        name = _rewrite_zip(whl, bad, lambda n, d: _flip(d) if n.endswith(f"/{digest}.zst") else None)
+        res = _run("inspect", bad)
+        assert res.exit_code == 1 and f"TAMPERED {name}: RECORD says" in res.output, res.output
+        whl = bad
+    env = FreshEnv(tmp_path / "venv")
+    env.pip_install(whl)  # pip does not check RECORD hashes: the runtime must
+    blob = env.site / smoke_wheel["package"] / "store" / "blobs" / "sha256" / digest[:2] / f"{digest}.zst"
+    if where == "installed":
+        blob.write_bytes(_flip(blob.read_bytes()))
+    before = blob.read_bytes()
+    out = env.run("""
+        import sys
+        from fakes import FakeCommunicator, FakeHipDriver
+        from gemmar_aot.runtime import GemmAllReduceOp
+        from gemmar_aot.store import CorruptArtifactError, read_lock_file
+        drv = FakeHipDriver([read_lock_file(sys.argv[1])])
+        try:
+            GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, driver=drv, self_test=False)
+        except CorruptArtifactError as e:
+            print("REFUSED", e.path, "|", e, "|", drv.counters["load_module"])
+            sys.exit(3)
+    """, smoke_store / "locks" / "smoke.lock.json", check=False)
+    assert out.returncode == 3, out.stdout + out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"REFUSED {blob} |") and str(blob) in line.split("|")[1]
+    assert line.endswith("| 0")  # nothing handed to HIP
+    # not moved, not rewritten, no quarantine inside site-packages
+    assert blob.read_bytes() == before
+    assert not (env.site / smoke_wheel["package"] / "store" / "quarantine").exists()
+
+
+SUBSET = """
+[manifest]
+name = "{name}"
+arch = "gfx950"
+
+[[tuple]]
+transport = "fused-sdma"
+m = {m}
+m_max = 512
+n = 1024
+k = 256
+world = 2
+quant = "blockscale"
+"""
+
+
+@pytest.mark.compile
+def test_two_installed_wheels_merge(store_copy, smoke_lock, smoke_store, tmp_path):
+    wheels = []
+    for name, m in (("smoke-m256", 256), ("smoke-m512", 512)):
+        p = tmp_path / f"{name}.toml"
+        p.write_text(SUBSET.format(name=name, m=m))
+        wheels.append(cli_wheel(p, store_copy, tmp_path / "dist"))
+    assert [w["distribution"] for w in wheels] == ["gemmar-artifacts-smoke-m256", "gemmar-artifacts-smoke-m512"]
+    env = FreshEnv(tmp_path / "venv")
+    env.pip_install(*(w["wheel"] for w in wheels))
+    res = json.loads(env.run(LOAD_EVERY_KERNEL, smoke_store / "locks" / "smoke.lock.json").stdout.splitlines()[-1])
+    assert sorted(s[2] for s in res["sources"]) == [
+        "entry point smoke-m256 = gemmar_artifacts_smoke_m256:locate",
+        "entry point smoke-m512 = gemmar_artifacts_smoke_m512:locate"]
+    # the op for N=1024 K=256 bf16 serves M=256 from one wheel and M=512 from the other
+    ops = [o for o in res["ops"] if (o["k"], o["wire"]) == (256, "bf16")]
+    assert len(ops) == 2
+    for o in ops:
+        assert o["m"] == [256, 512]
+        assert o["loaded"] == _expected_blobs(smoke_lock, 1024, 256, "bf16", o["rank"])
+
+
+@pytest.mark.compile
+def test_conflicting_wheels_are_an_error_naming_both(smoke_wheel, smoke_lock, smoke_store, tmp_path):
+    # a second wheel whose lock claims smoke's fused bf16 M=256 rank-0 kernels with another key and blob
+    evil_text = SMOKE.read_bytes().replace(b'name = "smoke"', b'name = "smoke-rebuilt"')
+    lock = copy.deepcopy(smoke_lock)
+    lock["manifest"] = {**lock["manifest"], "name": "smoke-rebuilt", "sha256": _sha(evil_text)}
+    t = next(t for t in lock["tuples"] if (t["transport"], t["m"], t["k"], t["gather_dtype"]) ==
+             ("fused-sdma", 256, 256, "bf16"))
+    r0, r1 = (next(r for r in t["ranks"] if r["rank"] == i) for i in (0, 1))
+    r0["launches"][0] = {**r1["launches"][0], "key": "f" * 64}  # rank 1's GEMM blob, a made-up key
+    evil = wheel_from_lock(lock, smoke_store, None, tmp_path / "dist", manifest_text=evil_text,
+                           manifest_file="smoke-rebuilt.toml")
+    env = FreshEnv(tmp_path / "venv")
+    env.pip_install(smoke_wheel["wheel"], evil["wheel"])
+    out = env.run("""
+        from gemmar_aot.runtime import ArtifactConflictError, load_artifacts
+        try:
+            load_artifacts()
+        except ArtifactConflictError as e:
+            print("CONFLICT", e)
+            raise SystemExit(3)
+    """, check=False)
+    assert out.returncode == 3, out.stdout + out.stderr
+    msg = out.stdout
+    assert "M=256 rank 0" in msg and "different action keys" in msg
+    assert "gemmar_artifacts_smoke:locate" in msg and "gemmar_artifacts_smoke_rebuilt:locate" in msg
+    assert str(env.site / "gemmar_artifacts_smoke" / "lock.json") in msg
+    assert str(env.site / "gemmar_artifacts_smoke_rebuilt" / "lock.json") in msg
