@@ -48,7 +48,8 @@ class CorruptArtifactError(StoreError):
     def for_blob(cls, path: Path, digest: str, reason: str, quarantined_to: Path | None) -> "CorruptArtifactError":
         where = (f"moved to {quarantined_to}; the records using it are now misses, so the next build "
                  f"recompiles it" if quarantined_to is not None
-                 else "could not be quarantined (read-only store?); rebuild or re-import the store")
+                 else "not quarantined (read-only store); rebuild or re-import the store, or, if it "
+                      "is an installed artifact package, reinstall it (pip install --force-reinstall)")
         return cls(f"corrupt blob {path}: {reason}; {where}", path=path, digest=digest,
                    reason=reason, quarantined_to=quarantined_to)
 
