@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/bench_wheel.py                        # finds the dsv4-pro-wo_b store (artifacts/, /tmp/ref-store)
+    python bench/bench_wheel.py                        # uses the dsv4-pro-wo_b store in artifacts/ (make build)
     python bench/bench_wheel.py --store DIR --repeat 5 --json
 
 (a) **Size**: the wheel of ``manifests/dsv4-pro-wo_b.toml`` written from its existing lock
@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "manifests" / "dsv4-pro-wo_b.toml"
 LOCK_NAME = "dsv4-pro-wo_b.lock.json"
-CANDIDATE_STORES = (ROOT / "artifacts", Path("/tmp/ref-store"))
+CANDIDATE_STORES = (ROOT / "artifacts",)  # or --store DIR
 
 PROBE = r"""
 import json, sys, time
