@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from fakes import FakeCommunicator  # noqa: E402  (the communicator test double, lazily allocated)
 N, K, WORLD, M_MAX = 7168, 2048, 8, 16384
 GFX950 = "gfx950:sramecc+:xnack-"
 
@@ -80,52 +82,6 @@ class BenchDriver:
         pass
 
 
-class _Handle:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-    def close(self):
-        pass
-
-
-class BenchComm:
-    """Host-memory communicator: lazily allocated (never-touched) pages, views by slicing."""
-
-    def __init__(self, rank: int, nranks: int):
-        import torch
-
-        self.rank, self.nranks, self.device = rank, nranks, torch.device("cpu")
-        self._mem = []
-
-    def alloc_mem(self, size):
-        import torch
-
-        t = torch.empty(size, dtype=torch.uint8)
-        self._mem.append(t)
-        return _Handle(ptr=t.data_ptr(), size=size, tensor=t)
-
-    def register_window(self, ptr, size):
-        return _Handle(handle=0x1000 + len(self._mem), ptr=ptr, size=size)
-
-    def create_dev_comm(self, reqs):
-        return _Handle(ptr=0xDC000000)
-
-    def barrier(self):
-        pass
-
-    def tensor_at(self, ptr, shape, dtype):
-        import torch
-
-        for t in self._mem:
-            if t.data_ptr() <= ptr < t.data_ptr() + t.numel():
-                n = torch.empty((), dtype=dtype).element_size()
-                for s in shape:
-                    n *= s
-                off = ptr - t.data_ptr()
-                return t[off:off + n].view(dtype).view(tuple(shape))
-        raise ValueError("pointer outside the communicator's memory")
-
-
 def _stats(xs: list[float]) -> dict:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
 
@@ -140,7 +96,7 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
         load_artifacts(store)
         lock_times.append((time.perf_counter() - t0) * 1e3)
         for parse, sink in ((True, total), (False, total_noparse)):
-            drv, comm = BenchDriver(parse=parse), BenchComm(rank, WORLD)
+            drv, comm = BenchDriver(parse=parse), FakeCommunicator(rank, WORLD, lazy=True)
             t0 = time.perf_counter()
             op = GemmAllReduceOp(comm, n=N, k=K, m_max=M_MAX, artifacts=store, driver=drv, self_test=False)
             sink.append((time.perf_counter() - t0) * 1e3)
@@ -174,7 +130,7 @@ def bench_calls(store: Path, rank: int, calls: int, repeat: int) -> dict:
     from gemmar_aot.runtime import GemmAllReduceOp
     from gemmar_aot.runtime.operands import check_operands
 
-    drv, comm = BenchDriver(parse=False), BenchComm(rank, WORLD)
+    drv, comm = BenchDriver(parse=False), FakeCommunicator(rank, WORLD, lazy=True)
     op = GemmAllReduceOp(comm, n=N, k=K, m_max=M_MAX, artifacts=store, driver=drv, self_test=False)
     out = {}
     for m in (4096, 16384):

@@ -52,56 +52,17 @@ import json, sys, time
 t_start = time.perf_counter()
 import torch
 t_torch = time.perf_counter()
-from fakes import FakeHipDriver
+from fakes import FakeCommunicator, FakeHipDriver
 from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
 from gemmar_aot.store import read_lock_file
 t_import = time.perf_counter()
-
-
-class _H:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-    def close(self):
-        pass
-
-
-class LazyComm:
-    # host memory, never touched (torch.empty): the window's 700 MiB cost nothing here
-    def __init__(self, rank, nranks):
-        self.rank, self.nranks, self.device, self._mem = rank, nranks, torch.device("cpu"), []
-
-    def alloc_mem(self, size):
-        t = torch.empty(size, dtype=torch.uint8)
-        self._mem.append(t)
-        return _H(ptr=t.data_ptr(), size=size)
-
-    def register_window(self, ptr, size):
-        return _H(handle=0x1000, ptr=ptr, size=size)
-
-    def create_dev_comm(self, reqs):
-        return _H(ptr=0xDC000000)
-
-    def barrier(self):
-        pass
-
-    def tensor_at(self, ptr, shape, dtype):
-        for t in self._mem:
-            if t.data_ptr() <= ptr < t.data_ptr() + t.numel():
-                n = torch.empty((), dtype=dtype).element_size()
-                for s in shape:
-                    n *= s
-                off = ptr - t.data_ptr()
-                return t[off:off + n].view(dtype).view(tuple(shape))
-        raise ValueError("pointer outside the communicator's memory")
-
 
 arts = load_artifacts()  # installed entry points only
 t_discover = time.perf_counter()
 src = arts.sources[0]
 drv = FakeHipDriver([read_lock_file(src.lock_path)])
 t_oracle = time.perf_counter()
-op = GemmAllReduceOp(LazyComm(int(sys.argv[1]), 8), n=7168, k=2048, m_max=16384, driver=drv, self_test=False)
+op = GemmAllReduceOp(FakeCommunicator(int(sys.argv[1]), 8, lazy=True), n=7168, k=2048, m_max=16384, driver=drv, self_test=False)
 t_ready = time.perf_counter()
 print(json.dumps({
     "source": [str(src.lock_path), src.origin],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,23 @@ def smoke_build(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke-store")
     summary = run_build(SMOKE, store=out, jobs=2, progress=False)
     return summary, out
+
+
+@pytest.fixture(scope="session")
+def smoke_store(request) -> Path:
+    """The smoke store: $GEMMAR_AOT_TEST_SMOKE_STORE if it holds the smoke lock, else smoke_build's."""
+    env = os.environ.get("GEMMAR_AOT_TEST_SMOKE_STORE")
+    if env and (Path(env) / "locks" / "smoke.lock.json").is_file():
+        return Path(env)
+    _summary, out = request.getfixturevalue("smoke_build")
+    return Path(out)
+
+
+@pytest.fixture(scope="session")
+def smoke_lock(smoke_store) -> dict:
+    from gemmar_aot.store import read_lock_file
+
+    return read_lock_file(smoke_store / "locks" / "smoke.lock.json")
 
 
 def smoke_kernels(out: Path):

@@ -208,7 +208,8 @@ class _Handle:
 class FakeMemory(_Handle):
     def __init__(self, comm, size: int):
         super().__init__(comm, "mem")
-        self.tensor = torch.zeros(size, dtype=torch.uint8)
+        # lazy: pages are never touched (the benchmarks' 700 MiB windows cost nothing)
+        self.tensor = (torch.empty if comm.lazy else torch.zeros)(size, dtype=torch.uint8)
         self.ptr, self.size = self.tensor.data_ptr(), size
 
     def close(self) -> None:
@@ -238,10 +239,12 @@ class FakeCommunicator:
 
     ``fail_at``: step names that raise :class:`InjectedFailure` ("alloc_mem",
     "register_window", "create_dev_comm", "barrier", "close_mem", ...).
+    ``lazy``: allocate without zeroing (for benchmarks; the op zeroes through the driver).
     """
 
-    def __init__(self, rank: int = 0, nranks: int = 2, device: str = "cpu", fail_at=()):
+    def __init__(self, rank: int = 0, nranks: int = 2, device: str = "cpu", fail_at=(), lazy: bool = False):
         self.rank, self.nranks, self.device = rank, nranks, torch.device(device)
+        self.lazy = lazy
         self.fail_at = set(fail_at)
         self.acquired: Counter = Counter()
         self.released: Counter = Counter()

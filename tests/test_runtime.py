@@ -44,18 +44,6 @@ N, K, WORLD = 1024, 256, 2
 FP8 = torch.float8_e4m3fn
 
 
-@pytest.fixture(scope="session")
-def smoke_store(request) -> Path:
-    env = os.environ.get("GEMMAR_AOT_TEST_SMOKE_STORE")
-    if env and (Path(env) / "locks" / "smoke.lock.json").is_file():
-        return Path(env)
-    _summary, out = request.getfixturevalue("smoke_build")
-    return Path(out)
-
-
-@pytest.fixture(scope="session")
-def smoke_lock(smoke_store) -> dict:
-    return read_lock_file(smoke_store / "locks" / "smoke.lock.json")
 
 
 def _lock(smoke_lock) -> dict:

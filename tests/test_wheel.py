@@ -35,7 +35,7 @@ from click.testing import CliRunner
 
 import gemmar_aot.cli_wheel  # noqa: F401 - registers ``wheel`` and ``inspect`` until cli.py imports it
 from gemmar_aot.cli import main
-from gemmar_aot.store import Store, read_lock_file
+from gemmar_aot.store import Store
 from gemmar_aot.wheel import (
     WheelError,
     check_version,
@@ -382,18 +382,6 @@ def test_failed_build_writes_no_wheel(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def smoke_store(request) -> Path:
-    env = os.environ.get("GEMMAR_AOT_TEST_SMOKE_STORE")
-    if env and (Path(env) / "locks" / "smoke.lock.json").is_file():
-        return Path(env)
-    _summary, out = request.getfixturevalue("smoke_build")
-    return Path(out)
-
-
-@pytest.fixture(scope="session")
-def smoke_lock(smoke_store) -> dict:
-    return read_lock_file(smoke_store / "locks" / "smoke.lock.json")
 
 
 @pytest.fixture(scope="session")
