@@ -85,7 +85,7 @@ def test_put_get_round_trip(store):
     assert store.load(k) == (rec, code)
     assert (store.root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n"
     # The layout: fanned out by the first two hex digits.
-    assert store.record_path(k) == store.root / "ac" / k[:2] / f"{k}.json"
+    assert store.record_path(k) == store.root / "ac" / k[:2] / f"{k}.json.zst"
     assert store.blob_path(rec["blob"]["digest"]).parent.name == rec["blob"]["digest"][:2]
 
 
@@ -180,7 +180,7 @@ def _killed_writer(root: str, key: str, stage: str, flag: str) -> None:
         real_fsync(fd)
 
     def replace(src, dst):  # blob published, record not yet
-        if stage == "record" and str(dst).endswith(".json"):
+        if stage == "record" and str(dst).endswith(".json.zst"):
             hang()
         real_replace(src, dst)
 
@@ -457,7 +457,9 @@ def test_export_refuses_a_lock_whose_blob_is_missing(tmp_path, store):
 
 # ---- format ----
 
-@pytest.mark.parametrize("content,match", [("2\n", "newer gemmar-aot"), ("banana\n", "unreadable"),
+@pytest.mark.parametrize("content,match", [(f"{STORE_FORMAT + 1}\n", "newer gemmar-aot"),
+                                           ("banana\n", "unreadable"),
+                                           (f"{STORE_FORMAT - 1}\n", "older gemmar-aot"),
                                            ("0\n", "unknown store format")])
 def test_store_format_refusal(tmp_path, content, match):
     root = tmp_path / "s"

@@ -2,9 +2,9 @@
 
 Layout under the store root::
 
-    STORE_FORMAT                      "1\\n"; a newer or unknown format is refused
+    STORE_FORMAT                      "2\\n"; another format is refused
     blobs/sha256/ab/<digest>.zst      zstd of the raw bytes whose sha256 is <digest>
-    ac/ab/<key>.json                  record: {schema, key, blob: {digest, size}, metadata, launch, ingredients, ...}
+    ac/ab/<key>.json.zst              record (zstd JSON): {schema, key, blob: {digest, size}, metadata, launch, ingredients, ...}
     locks/ab/<key>.lock               per-key build lock (filelock); gc removes stale ones and
                                       leaves every other file in locks/ alone
     quarantine/                       files that failed verification, with a .reason note

@@ -19,7 +19,7 @@ import zstandard
 
 from . import blobfmt
 from ._fs import is_hex64, iter_fanned, iter_stray, remove_stale_temps
-from .cas import FORMAT_FILE, Store, _Bad, _canonical_bytes
+from .cas import FORMAT_FILE, RECORD_SUFFIX, Store, _Bad, encode_record
 from .errors import CorruptArtifactError, StoreError, StoreFormatError
 from .lockfile import lock_blobs, lock_keys
 
@@ -75,7 +75,7 @@ def _dictionary_digests(store: Store, blobs: Mapping[str, _BlobInfo]) -> set[str
 
 
 def _record_files(store: Store) -> Iterable[tuple[str, Path]]:
-    for key, p in iter_fanned(store.ac_dir, ".json"):
+    for key, p in iter_fanned(store.ac_dir, RECORD_SUFFIX):
         if is_hex64(key) and p.parent.name == key[:2]:
             yield key, p
 
@@ -139,7 +139,7 @@ def verify(store: Store) -> list[dict]:
     problems: list[dict] = []
     for p in iter_stray(store.blob_dir, ".zst"):
         problems.append(_problem("stray", p, "not a blob file name; ignored by the store"))
-    for p in iter_stray(store.ac_dir, ".json"):
+    for p in iter_stray(store.ac_dir, RECORD_SUFFIX):
         problems.append(_problem("stray", p, "not a record file name; ignored by the store"))
     blobs = _scan_blobs(store)
     dicts = _dictionary_digests(store, blobs)
@@ -405,7 +405,7 @@ def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -
     for d in _order_dicts_first(payload):
         written += _write_blob_if_needed(dest, d, payload[d])
     for key, rec in records.items():
-        dest._write(dest.record_path(key), _canonical_bytes(rec))
+        dest._write(dest.record_path(key), encode_record(rec))
     dicts = {blobfmt.split(b)[0] for b in payload.values()} - {None}
     return {
         "dest": str(dest.root),
@@ -433,7 +433,7 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
     problems: list[str] = []
     payload: dict[str, bytes] = {}
     sizes: dict[str, int] = {}
-    ignored = [str(p) for p in iter_stray(src.blob_dir, ".zst")] + [str(p) for p in iter_stray(src.ac_dir, ".json")]
+    ignored = [str(p) for p in iter_stray(src.blob_dir, ".zst")] + [str(p) for p in iter_stray(src.ac_dir, RECORD_SUFFIX)]
     for digest, p in iter_fanned(src.blob_dir, ".zst"):
         if not is_hex64(digest) or p.parent.name != digest[:2]:
             continue
@@ -473,7 +473,7 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
     rec_added = 0
     for key, rec in records.items():
         if store.read_record_file(key) is None:
-            store._write(store.record_path(key), _canonical_bytes(rec))
+            store._write(store.record_path(key), encode_record(rec))
             rec_added += 1
     return {
         "src": str(src.root),
