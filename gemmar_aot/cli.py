@@ -106,8 +106,13 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     """
     from gemmar_aot.build import run_build
 
-    summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
-                        only=only, progress=not quiet)
+    try:
+        summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
+                            only=only, progress=not quiet)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
+                   "atomic); run the same command again to compile the rest", err=True)
+        sys.exit(130)
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:

@@ -150,3 +150,30 @@ def test_explain_names_the_changed_ingredient(smoke_build):
     assert res["stale"] == len(lock_keys(lock))
     assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": len(lock_keys(lock))}
     assert [c["ingredient"] for c in res["toolchain_changed"]] == ["toolchain.cco_bitcode_sha256"]
+
+
+def test_interrupted_build_keeps_finished_kernels(tmp_path):
+    """Ctrl-C mid-build: a clear message, exit 130, a consistent store, and a rerun finishes the rest."""
+    import signal
+    import time
+
+    store = tmp_path / "store"
+    p = subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(SMOKE), "--store", str(store),
+                          "-j", "1", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if (store / "ac").is_dir() and any((store / "ac").rglob("*.json.zst")):
+            break
+        time.sleep(0.1)
+    if p.poll() is not None:
+        pytest.skip("the build finished before it could be interrupted")
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "run the same command again" in err
+    kept = len(Store(store).ls())
+    assert kept >= 1 and Store(store).verify() == []
+    summary = run_build(SMOKE, store=store, jobs=1, progress=False)
+    assert summary["failed"] == 0
+    assert summary["hits"] + summary["compiled"] == summary["distinct_specs"]
+    assert summary["hits"] >= kept
