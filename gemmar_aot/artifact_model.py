@@ -1,0 +1,773 @@
+"""The artifact model: the typed hand-off between the build and the runtime. Standard library only.
+
+Everything the build tells the runtime travels in one lock file
+(``<store>/locks/<manifest>.lock.json``), and this module is the only code that reads or
+writes one. The types, from the leaves up:
+
+* :class:`Digest` -- a blob named by sha256 *and* size, as Bazel's ``Digest``: a reader
+  knows how many bytes to expect before it reads them.
+* :class:`TupleId` -- what makes a manifest tuple one build (mode, M, N, K, world, quant,
+  wire, tile, queues, window cap). :class:`TupleKey` is what the runtime looks kernels up by
+  (the identity without M and the window cap).
+* :class:`WindowLayout` -- every offset of the symmetric window the kernels compiled in
+  (``rules.window_layout`` returns one); :class:`CallLayout` holds the values that depend on
+  the M being served.
+* :class:`LaunchEntry` -- one kernel to launch: its kind, action key, blob, launch record and
+  the digest of the action-cache record it was made from.
+* :class:`RankLaunches` -- one rank's launches and self-test sequence;
+  :class:`LockTuple` -- one tuple and its ranks; :class:`Lock` -- the whole file.
+
+The JSON (schema :data:`LOCK_SCHEMA`) names each kernel once: ``kernels`` maps action keys
+to entries, ``launch_records`` holds each distinct launch record once, and every rank lists
+the action keys it launches, in order. :meth:`Lock.to_bytes` is the one canonical
+serialisation (the same lock always gives the same bytes); :meth:`Lock.from_json` checks
+every field and raises :class:`LockFileError` naming the file, the JSON path, the value
+and the fix. A lock of another schema is refused, never migrated: a newer one asks for a
+newer gemmar-aot, an older one for a rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+
+from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.canonical_json import canonical_json_bytes
+from gemmar_aot.errors import GemmarError
+from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
+
+#: Version of the lock-file schema this gemmar-aot reads and writes.
+#: 2: typed model; kernels named once by action key, launch records de-duplicated, blobs and
+#: records as Digest(hash, size), the window layout split into shared and per-M values.
+LOCK_SCHEMA = 2
+
+#: The modes (``transport``) a tuple can be built for, by the names the upstream spec uses.
+TRANSPORTS = ("fused-sdma", "split-lsa", "gemm-only")
+#: The mode the runtime's GemmAllReduceOp serves.
+FUSED_SDMA = "fused-sdma"
+#: The mode without a window (Mxfp8GemmOp's GEMM alone).
+GEMM_ONLY = "gemm-only"
+
+#: Entry-point group through which installed artifact packages announce their lock and store.
+ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
+#: ``<store>/locks/<manifest name>`` + this is a lock file.
+LOCK_SUFFIX = ".lock.json"
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
+
+
+class LockFileError(GemmarError, ValueError):
+    """A lock file (or a lock being written) is malformed, or of a schema this version does not read."""
+
+
+def is_hex64(s: object) -> bool:
+    """Whether ``s`` is 64 lowercase hex digits (a sha256)."""
+    return type(s) is str and _HEX64.fullmatch(s) is not None
+
+
+# ---------------------------------------------------------------------------
+# Digest
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Digest:
+    """Bytes named by their sha256 and their length (Bazel's ``Digest``)."""
+
+    hash: str  # 64 lowercase hex digits
+    size: int  # bytes
+
+    def __post_init__(self) -> None:
+        if not is_hex64(self.hash):
+            raise ValueError(f"a digest's hash must be 64 lowercase hex digits (a sha256), got {self.hash!r}")
+        if type(self.size) is not int or self.size < 0:
+            raise ValueError(f"a digest's size must be a non-negative integer, got {self.size!r}")
+
+    @classmethod
+    def of(cls, data: bytes) -> "Digest":
+        return cls(hashlib.sha256(data).hexdigest(), len(data))
+
+    def to_json(self) -> dict:
+        return {"hash": self.hash, "size": self.size}
+
+    def __str__(self) -> str:
+        return f"{self.hash}/{self.size}"
+
+
+# ---------------------------------------------------------------------------
+# Tuple identity
+# ---------------------------------------------------------------------------
+
+
+class TupleKey(NamedTuple):
+    """What the runtime looks kernels up by, apart from M and rank.
+
+    ``gather_transport`` is None on the bf16 wire, where only an fp8 gather has a
+    transport, so a bf16 lookup matches whatever transport the caller passes.
+    """
+
+    transport: str
+    n: int
+    k: int
+    world: int
+    quant: str
+    gather_dtype: str
+    gather_transport: str | None
+    block_m: int
+    sdma_queues: int
+
+    @classmethod
+    def make(cls, *, transport: str, n: int, k: int, world: int, quant: str, gather_dtype: str,
+             gather_transport: str | None, block_m: int, sdma_queues: int) -> "TupleKey":
+        return cls(transport, int(n), int(k), int(world), quant, gather_dtype,
+                   None if gather_dtype == "bf16" else gather_transport, int(block_m), int(sdma_queues))
+
+    @property
+    def wire(self) -> str:
+        return self.gather_dtype + ("" if self.gather_transport is None else f"/{self.gather_transport}")
+
+    def describe(self) -> str:
+        return (f"{self.transport} N={self.n} K={self.k} world={self.world} {self.quant} "
+                f"block_m={self.block_m} sdma_queues={self.sdma_queues} wire={self.wire}")
+
+
+@dataclass(frozen=True, order=True)
+class TupleId:
+    """What makes a manifest tuple one build: two tuples with equal ids are built once."""
+
+    transport: str  # one of TRANSPORTS
+    m: int  # padded M
+    n: int
+    k: int
+    world: int
+    quant: str
+    gather_dtype: str = "bf16"
+    gather_transport: str = "lsa"
+    block_m: int = 128
+    block_n: int = 256
+    sdma_queues: int = 1
+    m_max: int | None = None  # the window cap the manifest asked for (None: the group's largest M)
+
+    @property
+    def collective(self) -> bool:
+        """Whether the mode has a window (everything but gemm-only)."""
+        return self.transport != GEMM_ONLY
+
+    @property
+    def key(self) -> TupleKey:
+        return TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=self.world, quant=self.quant,
+                             gather_dtype=self.gather_dtype, gather_transport=self.gather_transport,
+                             block_m=self.block_m, sdma_queues=self.sdma_queues)
+
+    def group_key(self) -> tuple:
+        """Ids with equal group keys share one window (one op instance): everything but M."""
+        return (self.transport, self.n, self.k, self.world, self.quant, self.gather_dtype,
+                self.gather_transport, self.block_m, self.block_n, self.sdma_queues, self.m_max)
+
+    def to_json(self) -> dict:
+        return {f: getattr(self, f) for f in _TUPLE_ID_FIELDS}
+
+
+_TUPLE_ID_FIELDS = tuple(f.name for f in fields(TupleId))
+
+
+def first_of_each(items: Sequence[Any], identity) -> tuple[list, list[tuple[Any, Any]]]:
+    """De-duplicate ``items`` by ``identity(item)``, keeping the first of each.
+
+    Returns (kept items in order, [(first, repeat)] for every repeat).
+    """
+    seen: dict[Any, Any] = {}
+    kept, repeats = [], []
+    for it in items:
+        ident = identity(it)
+        first = seen.get(ident)
+        if first is None:
+            seen[ident] = it
+            kept.append(it)
+        else:
+            repeats.append((first, it))
+    return kept, repeats
+
+
+# ---------------------------------------------------------------------------
+# Window layout
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """The window values that depend on the padded M being served (one op call)."""
+
+    m: int
+    slot: int  # counter set (rules.counter_slot)
+    counter_off: int
+    gather_counter_off: int
+    counter_chunks: int
+    slice_rows: int
+    num_packs: int
+    packs_per_rank: int
+    largest_pack_part: int
+    slice_bytes: int
+    chunk_bytes: int
+    gather_slice_bytes: int
+    gather_scale_slice_bytes: int
+    reduce_blocks: int
+    lsa_stage: int
+    lsa_blocks: int
+
+    def to_json(self) -> dict:
+        return {f: getattr(self, f) for f in _CALL_FIELDS}
+
+
+@dataclass(frozen=True)
+class WindowLayout:
+    """Every offset of one op's symmetric window (``rules.window_layout``), in bytes.
+
+    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``. All
+    fields but ``call`` are the same for every M the window serves; ``call`` holds the
+    values of one padded M (None for the map alone).
+    """
+
+    # configuration
+    world: int
+    n: int
+    m_max: int
+    block_m: int
+    gather_dtype: str
+    gather_transport: str
+    max_shapes: int
+    counter_capacity: int
+    recv_slots: int
+    gather_bands: int
+    # control area
+    start_off: int
+    end_off: int
+    flag_off: int
+    counter_region_off: int
+    counter_set_bytes: int
+    counter_bytes: int
+    lock_off: int
+    lock_bytes: int
+    gather_counter_region_off: int
+    gather_counter_set_bytes: int
+    gather_counter_bytes: int
+    signal_bytes: int
+    # payload
+    input_off: int
+    output_off: int
+    output_end: int
+    gout_off: int
+    gout_scale_off: int
+    tmp_off: int
+    tmp_bytes: int
+    recv_off: int
+    recv_slot_bytes: int
+    recv_slot_offs: tuple[int, ...]  # one per landing slot
+    gout_scale_slice_offs: tuple[int, ...]  # one per peer
+    window_bytes: int
+    call: CallLayout | None = None
+
+    def shared(self) -> "WindowLayout":
+        """The map without the per-M values: equal for every M one window serves."""
+        return self if self.call is None else replace(self, call=None)
+
+    def flat(self) -> dict:
+        """Every field by name in one dict (the per-M values included when present)."""
+        out = {f: getattr(self, f) for f in _WINDOW_FIELDS}
+        if self.call is not None:
+            out.update(self.call.to_json())
+        return out
+
+    def to_json(self) -> dict:
+        out = {f: getattr(self, f) for f in _WINDOW_FIELDS}
+        out["recv_slot_offs"] = list(self.recv_slot_offs)
+        out["gout_scale_slice_offs"] = list(self.gout_scale_slice_offs)
+        out["call"] = None if self.call is None else self.call.to_json()
+        return out
+
+
+_CALL_FIELDS = tuple(f.name for f in fields(CallLayout))
+_WINDOW_FIELDS = tuple(f.name for f in fields(WindowLayout) if f.name != "call")
+_WINDOW_STR_FIELDS = ("gather_dtype", "gather_transport")
+_WINDOW_TUPLE_FIELDS = ("recv_slot_offs", "gout_scale_slice_offs")
+
+
+# ---------------------------------------------------------------------------
+# Launches, ranks, tuples, the lock
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=True)
+class LaunchEntry:
+    """One kernel to launch, as the build made it."""
+
+    kind: str  # its role in the mode's sequence: "gemm", "drain", "reduce", ...
+    key: str  # the action key (sha256 over every ingredient of the compile)
+    blob: Digest  # the raw code object
+    launch: LaunchRecord  # how FlyDSL's host code launches it
+    record: Digest  # the action-cache record (canonical JSON) this entry was made from
+
+    def __post_init__(self) -> None:
+        if not is_hex64(self.key):
+            raise ValueError(f"a launch entry's action key must be 64 lowercase hex digits, got {self.key!r}")
+
+    @property
+    def symbol(self) -> str:
+        """The kernel symbol in the code object (not unique across kernels: never a key)."""
+        return self.launch.kernel
+
+
+@dataclass(frozen=True)
+class RankLaunches:
+    """One rank's kernels for one tuple, in launch order."""
+
+    rank: int
+    launches: tuple[LaunchEntry, ...]  # what a call runs
+    self_test: tuple[LaunchEntry, ...] = ()  # what self_test runs
+
+
+@dataclass(frozen=True)
+class LockTuple:
+    """One built tuple: its identity, where the manifest wrote it, its window and its ranks."""
+
+    id: TupleId
+    source: str  # "manifest.toml:tuple[0] (line 13)", for messages
+    layout: WindowLayout | None  # None for gemm-only (no window)
+    ranks: tuple[RankLaunches, ...]
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """The manifest a lock was built from."""
+
+    name: str
+    arch: str
+    sha256: str  # of the manifest file's bytes
+
+
+@dataclass(frozen=True)
+class ToolchainInfo:
+    """The toolchain a lock was built with: its fingerprint digest and the key ingredients it gave."""
+
+    digest: str  # toolchain.json's digest
+    ingredients: Mapping[str, Any]  # keys.toolchain_ingredients(): generator / toolchain / compiler
+    profile: str | None = None  # the toolchain profile's name, when one was selected
+
+    def __hash__(self) -> int:
+        return hash((self.digest, self.profile))
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A lock file: for every tuple and rank of a manifest, the kernels to launch, in order."""
+
+    manifest: ManifestRef
+    arch: str  # the target arch, e.g. "gfx950"
+    code_object_version: int
+    toolchain: ToolchainInfo
+    env: Mapping[str, str | None]  # code-changing environment values the build read
+    tuples: tuple[LockTuple, ...]
+
+    def __hash__(self) -> int:
+        return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples))
+
+    # ---- queries ----
+
+    def iter_launches(self) -> Iterator[tuple[str, LaunchEntry]]:
+        """(JSON-ish path, entry) of every launch of every tuple and rank, in order."""
+        for i, t in enumerate(self.tuples):
+            for j, r in enumerate(t.ranks):
+                for role in ("launches", "self_test"):
+                    for n, e in enumerate(getattr(r, role)):
+                        yield f"$.tuples[{i}].ranks[{j}].{role}[{n}]", e
+
+    def kernels(self) -> dict[str, LaunchEntry]:
+        """Action key -> entry, for every distinct kernel the lock launches (sorted by key)."""
+        out: dict[str, LaunchEntry] = {}
+        for _w, e in self.iter_launches():
+            out.setdefault(e.key, e)
+        return dict(sorted(out.items()))
+
+    def action_keys(self) -> set[str]:
+        return {e.key for _w, e in self.iter_launches()}
+
+    def blobs(self) -> dict[str, Digest]:
+        """Blob hash -> Digest of every code object the lock names."""
+        return {e.blob.hash: e.blob for _w, e in self.iter_launches()}
+
+    def blob_digests(self) -> set[str]:
+        return set(self.blobs())
+
+    # ---- (de)serialisation ----
+
+    def to_json(self) -> dict:
+        """The lock as JSON data (schema :data:`LOCK_SCHEMA`). Raises LockFileError when two
+        launches with one action key disagree (one key is one kernel)."""
+        kernels: dict[str, LaunchEntry] = {}
+        for where, e in self.iter_launches():
+            old = kernels.setdefault(e.key, e)
+            if old is not e and old != e:
+                raise LockFileError(f"cannot write the lock: action key {e.key} names two different "
+                                    f"kernels (at {where}); one key must be one kernel")
+        records: dict[bytes, int] = {}
+        launch_records, table = [], {}
+        for key in sorted(kernels):
+            e = kernels[key]
+            rj = e.launch.to_json()
+            rb = canonical_json_bytes(rj)
+            idx = records.get(rb)
+            if idx is None:
+                idx = records[rb] = len(launch_records)
+                launch_records.append(rj)
+            table[key] = {"kind": e.kind, "blob": e.blob.to_json(), "record": e.record.to_json(), "launch": idx}
+        return {
+            "schema": LOCK_SCHEMA,
+            "manifest": {"name": self.manifest.name, "arch": self.manifest.arch, "sha256": self.manifest.sha256},
+            "arch": self.arch,
+            "code_object_version": self.code_object_version,
+            "toolchain": {"digest": self.toolchain.digest, "profile": self.toolchain.profile,
+                          "ingredients": _plain(self.toolchain.ingredients)},
+            "env": dict(self.env),
+            "launch_records": launch_records,
+            "kernels": table,
+            "tuples": [{
+                **t.id.to_json(),
+                "source": t.source,
+                "layout": None if t.layout is None else t.layout.to_json(),
+                "ranks": [{"rank": r.rank, "launches": [e.key for e in r.launches],
+                           "self_test": [e.key for e in r.self_test]} for r in t.ranks],
+            } for t in self.tuples],
+        }
+
+    def to_bytes(self) -> bytes:
+        """The canonical bytes of this lock: the same lock always gives the same bytes."""
+        try:
+            return canonical_json_bytes(self.to_json())
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, LockFileError):
+                raise
+            raise LockFileError(f"cannot write the lock: a value is not JSON ({exc})") from None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "<lock>") -> "Lock":
+        """Validate parsed JSON and build the lock. Raises LockFileError naming ``where``."""
+        return _Reader(where).lock(data)
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str, where: str = "<lock>") -> "Lock":
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise LockFileError(f"{where} is not valid JSON ({exc}); {_REBUILD}") from None
+        return cls.from_json(obj, where)
+
+
+def read_lock(path: str | os.PathLike) -> Lock:
+    """Read and validate a lock file. Raises LockFileError naming the path."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LockFileError(f"no lock file at {path}; run the build that writes it "
+                            f"(gemmar-aot build MANIFEST)") from None
+    except IsADirectoryError:
+        raise LockFileError(f"{path} is a directory, not a lock file") from None
+    return Lock.from_bytes(data, str(path))
+
+
+def write_lock(path: str | os.PathLike, lock: Lock) -> Path:
+    """Write ``lock`` to ``path`` atomically (fsync of file and directory), canonically. Returns the path."""
+    if not isinstance(lock, Lock):
+        raise TypeError(f"write_lock takes a Lock, got {type(lock).__name__}")
+    path = Path(path)
+    atomic_write_bytes(path, lock.to_bytes())
+    return path
+
+
+def lock_file_path(store_root: str | os.PathLike, manifest_name: str) -> Path:
+    """Where the build of ``manifest_name`` into ``store_root`` writes its lock file."""
+    return Path(store_root) / "locks" / f"{manifest_name}{LOCK_SUFFIX}"
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+_TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "kernels",
+        "tuples")
+_TUPLE_KEYS = (*_TUPLE_ID_FIELDS, "source", "layout", "ranks")
+_KERNEL_KEYS = ("kind", "blob", "record", "launch")
+_RECORD_KEYS = ("kernel", "params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block",
+                "stream_param")
+_ARG_KINDS = ("tensor", "i32", "i64", "stream")
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+            bool: "a boolean", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+class _Reader:
+    """Builds typed values from parsed lock JSON; every failure names the file, the JSON path,
+    the value and the fix."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, path: str, msg: str, fix: str = _REBUILD) -> LockFileError:
+        return LockFileError(f"{self.where}: {path} {msg}; {fix}")
+
+    # ---- scalars ----
+
+    def obj(self, v: Any, path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> dict:
+        if type(v) is not dict:
+            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected an object")
+        missing = [k for k in keys if k not in v and k not in optional]
+        if missing:
+            raise self.fail(path, f"has no {', '.join(repr(k) for k in missing)} (a required field)")
+        if len(v) > len(keys) or any(k not in keys for k in v):
+            extra = sorted(k for k in v if k not in keys)
+            if extra:
+                raise self.fail(path, f"has unknown field(s) {', '.join(repr(k) for k in extra)} for lock schema "
+                                      f"{LOCK_SCHEMA}", "it was edited or written by another gemmar-aot; " + _REBUILD)
+        return v
+
+    def list(self, v: Any, path: str) -> list:
+        if type(v) is not list:
+            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected a list")
+        return v
+
+    def int(self, v: Any, path: str, lo: int = 0) -> int:
+        if type(v) is not int:
+            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected an integer")
+        if v < lo:
+            raise self.fail(path, f"is {v}, expected an integer >= {lo}")
+        return v
+
+    def opt_int(self, v: Any, path: str, lo: int = 0) -> int | None:
+        return None if v is None else self.int(v, path, lo)
+
+    def str(self, v: Any, path: str, choices: Sequence[str] = (), empty: bool = False) -> str:
+        if type(v) is not str:
+            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected a string")
+        if not v and not empty:
+            raise self.fail(path, "is an empty string")
+        if choices and v not in choices:
+            raise self.fail(path, f"is {v!r}, expected one of {', '.join(choices)}")
+        return v
+
+    def opt_str(self, v: Any, path: str) -> str | None:
+        return None if v is None else self.str(v, path)
+
+    def hex64(self, v: Any, path: str, what: str = "a sha256") -> str:
+        if not is_hex64(v):
+            raise self.fail(path, f"is {_show(v)}, expected {what} (64 lowercase hex digits)")
+        return v
+
+    def digest(self, v: Any, path: str) -> Digest:
+        o = self.obj(v, path, ("hash", "size"))
+        return Digest(self.hex64(o["hash"], f"{path}.hash"), self.int(o["size"], f"{path}.size"))
+
+    def json_value(self, v: Any, path: str) -> Any:
+        t = type(v)
+        if t is dict:
+            for k, x in v.items():
+                self.json_value(x, f"{path}.{k}")
+        elif t is list:
+            for i, x in enumerate(v):
+                self.json_value(x, f"{path}[{i}]")
+        elif t is float:
+            raise self.fail(path, f"is {v!r}; a lock holds no fractional numbers")
+        return v
+
+    # ---- the lock ----
+
+    def lock(self, v: Any) -> Lock:
+        if type(v) is not dict:
+            raise LockFileError(f"{self.where}: a lock file holds a JSON object, this holds {_type_name(v)}; "
+                                f"{_REBUILD}")
+        schema = v.get("schema")
+        if type(schema) is not int:
+            raise LockFileError(f"{self.where}: $.schema is {_show(schema)}, not an integer lock schema: it is not a "
+                                f"gemmar-aot lock file (this gemmar-aot reads lock schema {LOCK_SCHEMA})")
+        if schema > LOCK_SCHEMA:
+            raise LockFileError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
+                                f"reads lock schema {LOCK_SCHEMA}: upgrade gemmar-aot")
+        if 1 <= schema < LOCK_SCHEMA:
+            raise LockFileError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
+                                f"reads lock schema {LOCK_SCHEMA} and does not convert old locks: rebuild it "
+                                f"with `gemmar-aot build MANIFEST` (the store's kernels are reused, nothing is "
+                                f"recompiled)")
+        if schema != LOCK_SCHEMA:
+            raise LockFileError(f"{self.where}: unknown lock schema {schema} (this gemmar-aot reads lock schema "
+                                f"{LOCK_SCHEMA}); {_REBUILD}")
+        self.obj(v, "$", _TOP)
+        m = self.obj(v["manifest"], "$.manifest", ("name", "arch", "sha256"))
+        manifest = ManifestRef(self.str(m["name"], "$.manifest.name"), self.str(m["arch"], "$.manifest.arch"),
+                               self.hex64(m["sha256"], "$.manifest.sha256"))
+        tc = self.obj(v["toolchain"], "$.toolchain", ("digest", "profile", "ingredients"))
+        ingr = tc["ingredients"]
+        if type(ingr) is not dict:
+            raise self.fail("$.toolchain.ingredients", f"is {_type_name(ingr)}, expected an object")
+        for k, sec in ingr.items():
+            if type(sec) is not dict:
+                raise self.fail(f"$.toolchain.ingredients.{k}", f"is {_type_name(sec)}, expected an object")
+            self.json_value(sec, f"$.toolchain.ingredients.{k}")
+        toolchain = ToolchainInfo(self.hex64(tc["digest"], "$.toolchain.digest"), ingr,
+                                  self.opt_str(tc["profile"], "$.toolchain.profile"))
+        env = v["env"]
+        if type(env) is not dict:
+            raise self.fail("$.env", f"is {_type_name(env)}, expected an object")
+        for k, x in env.items():
+            if x is not None and type(x) is not str:
+                raise self.fail(f"$.env.{k}", f"is {_type_name(x)} ({_show(x)}), expected a string or null")
+        records = [self.launch_record(r, f"$.launch_records[{i}]")
+                   for i, r in enumerate(self.list(v["launch_records"], "$.launch_records"))]
+        kernels = self.kernels(v["kernels"], records)
+        used: set[str] = set()
+        tuples = tuple(self.tuple(t, f"$.tuples[{i}]", kernels, used)
+                       for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
+        unused = sorted(set(kernels) - used)
+        if unused:
+            raise self.fail(f"$.kernels.{unused[0]}", f"is launched by no rank ({len(unused)} such kernel(s))")
+        return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
+                    code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
+                    toolchain=toolchain, env=dict(env), tuples=tuples)
+
+    def kernels(self, v: Any, records: list[LaunchRecord]) -> dict[str, LaunchEntry]:
+        if type(v) is not dict:
+            raise self.fail("$.kernels", f"is {_type_name(v)}, expected an object (action key -> kernel)")
+        out = {}
+        n = len(records)
+        for key, k in v.items():
+            path = f"$.kernels.{key}"
+            if not is_hex64(key):
+                raise self.fail("$.kernels", f"has key {_show(key)}, expected an action key (64 lowercase hex digits)")
+            self.obj(k, path, _KERNEL_KEYS)
+            idx = k["launch"]
+            if type(idx) is not int or not 0 <= idx < n:
+                raise self.fail(f"{path}.launch", f"is {_show(idx)}, expected an index into $.launch_records "
+                                                  f"(0..{n - 1})")
+            out[key] = LaunchEntry(kind=self.str(k["kind"], f"{path}.kind"), key=key,
+                                   blob=self.digest(k["blob"], f"{path}.blob"), launch=records[idx],
+                                   record=self.digest(k["record"], f"{path}.record"))
+        return out
+
+    def launch_record(self, v: Any, path: str) -> LaunchRecord:
+        o = self.obj(v, path, _RECORD_KEYS)
+        self.str(o["kernel"], f"{path}.kernel")
+        for i, p in enumerate(self.list(o["params"], f"{path}.params")):
+            self.str(p, f"{path}.params[{i}]", tuple(PARAM_SIZES))
+        for i, t in enumerate(self.list(o["kernel_arg_types"], f"{path}.kernel_arg_types")):
+            self.str(t, f"{path}.kernel_arg_types[{i}]", tuple(PARAM_SIZES))
+        for i, a in enumerate(self.list(o["kernel_args"], f"{path}.kernel_args")):
+            self.str(a, f"{path}.kernel_args[{i}]")
+        nparams = len(o["params"])
+        for i, a in enumerate(self.list(o["args"], f"{path}.args")):
+            ap = f"{path}.args[{i}]"
+            self.obj(a, ap, ("name", "kind", "params", "dtype"))
+            self.str(a["name"], f"{ap}.name")
+            self.str(a["kind"], f"{ap}.kind", _ARG_KINDS)
+            self.str(a["dtype"], f"{ap}.dtype", empty=True)
+            for j, p in enumerate(self.list(a["params"], f"{ap}.params")):
+                if type(p) is not int or not 0 <= p < nparams:
+                    raise self.fail(f"{ap}.params[{j}]", f"is {_show(p)}, expected a host parameter index "
+                                                         f"(0..{nparams - 1})")
+        for i, ins in enumerate(self.list(o["program"], f"{path}.program")):
+            ip = f"{path}.program[{i}]"
+            if type(ins) is not list or len(ins) < 2 or any(type(x) not in (str, int) for x in ins):
+                raise self.fail(ip, f"is {_show(ins)}, expected [result, op, operands...] of strings and integers")
+        for what in ("grid", "block"):
+            g = self.list(o[what], f"{path}.{what}")
+            if len(g) != 3 or any(type(x) not in (str, int) for x in g):
+                raise self.fail(f"{path}.{what}", f"is {_show(g)}, expected three integers or program values")
+        sp = self.int(o["stream_param"], f"{path}.stream_param")
+        if sp >= nparams:
+            raise self.fail(f"{path}.stream_param", f"is {sp}, but the record has {nparams} host parameters")
+        try:
+            return LaunchRecord.from_json(o)
+        except LaunchRecordError as exc:
+            raise self.fail(path, f"is not a launch record ({exc})") from None
+
+    def tuple(self, v: Any, path: str, kernels: dict[str, LaunchEntry], used: set[str]) -> LockTuple:
+        self.obj(v, path, _TUPLE_KEYS)
+        s, i = self.str, self.int
+        tid = TupleId(
+            transport=s(v["transport"], f"{path}.transport", TRANSPORTS), m=i(v["m"], f"{path}.m", 1),
+            n=i(v["n"], f"{path}.n", 1), k=i(v["k"], f"{path}.k", 1), world=i(v["world"], f"{path}.world", 1),
+            quant=s(v["quant"], f"{path}.quant"), gather_dtype=s(v["gather_dtype"], f"{path}.gather_dtype"),
+            gather_transport=s(v["gather_transport"], f"{path}.gather_transport"),
+            block_m=i(v["block_m"], f"{path}.block_m", 1), block_n=i(v["block_n"], f"{path}.block_n", 1),
+            sdma_queues=i(v["sdma_queues"], f"{path}.sdma_queues", 1),
+            m_max=self.opt_int(v["m_max"], f"{path}.m_max", 1))
+        layout = None if v["layout"] is None else self.window(v["layout"], f"{path}.layout")
+        if tid.collective and layout is None:
+            raise self.fail(f"{path}.layout", f"is null, but a {tid.transport} tuple has a window")
+        if not tid.collective and layout is not None:
+            raise self.fail(f"{path}.layout", "is not null, but a gemm-only tuple has no window")
+        if layout is not None:
+            for f in ("world", "n", "block_m", "gather_dtype", "gather_transport"):
+                if getattr(layout, f) != getattr(tid, f):
+                    raise self.fail(f"{path}.layout.{f}", f"is {getattr(layout, f)!r}, but the tuple's {f} is "
+                                                          f"{getattr(tid, f)!r}")
+            if layout.call is None or layout.call.m != tid.m:
+                raise self.fail(f"{path}.layout.call", f"does not describe the tuple's M={tid.m}")
+        ranks, seen = [], set()
+        for j, r in enumerate(self.list(v["ranks"], f"{path}.ranks")):
+            rp = f"{path}.ranks[{j}]"
+            self.obj(r, rp, ("rank", "launches", "self_test"))
+            rank = i(r["rank"], f"{rp}.rank")
+            if rank >= tid.world or rank in seen:
+                raise self.fail(f"{rp}.rank", f"is {rank}: " + (f"the world has {tid.world} ranks"
+                                                                if rank >= tid.world else "a repeated rank"))
+            seen.add(rank)
+            ranks.append(RankLaunches(rank, self.refs(r["launches"], f"{rp}.launches", kernels, used),
+                                      self.refs(r["self_test"], f"{rp}.self_test", kernels, used)))
+        return LockTuple(id=tid, source=self.str(v["source"], f"{path}.source", empty=True), layout=layout,
+                         ranks=tuple(ranks))
+
+    def refs(self, v: Any, path: str, kernels: dict[str, LaunchEntry], used: set[str]) -> tuple[LaunchEntry, ...]:
+        out = []
+        for n, key in enumerate(self.list(v, path)):
+            e = kernels.get(key) if type(key) is str else None
+            if e is None:
+                raise self.fail(f"{path}[{n}]", f"is {_show(key)}, which names no kernel in $.kernels")
+            used.add(key)
+            out.append(e)
+        return tuple(out)
+
+    def window(self, v: Any, path: str) -> WindowLayout:
+        o = self.obj(v, path, (*_WINDOW_FIELDS, "call"))
+        vals: dict[str, Any] = {}
+        for f in _WINDOW_FIELDS:
+            x = o[f]
+            if f in _WINDOW_STR_FIELDS:
+                vals[f] = self.str(x, f"{path}.{f}")
+            elif f in _WINDOW_TUPLE_FIELDS:
+                vals[f] = tuple(self.int(y, f"{path}.{f}[{n}]") for n, y in enumerate(self.list(x, f"{path}.{f}")))
+            else:
+                vals[f] = self.int(x, f"{path}.{f}")
+        c = o["call"]
+        if c is not None:
+            self.obj(c, f"{path}.call", _CALL_FIELDS)
+            vals["call"] = CallLayout(**{f: self.int(c[f], f"{path}.call.{f}") for f in _CALL_FIELDS})
+        return WindowLayout(**vals)

@@ -1,0 +1,235 @@
+"""The artifact model: validation of lock JSON, canonical bytes, refusal of other schemas."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gemmar_aot.artifact_model import (
+    LOCK_SCHEMA,
+    Digest,
+    Lock,
+    LockFileError,
+    read_lock,
+    write_lock,
+)
+from synth_lock import entry, synthetic_lock
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def lock() -> Lock:
+    return synthetic_lock()
+
+
+@pytest.fixture
+def doc(lock) -> dict:
+    return json.loads(lock.to_bytes())
+
+
+def _shuffled(obj, rng):
+    if isinstance(obj, dict):
+        items = list(obj.items())
+        rng.shuffle(items)
+        return {k: _shuffled(v, rng) for k, v in items}
+    if isinstance(obj, list):
+        return [_shuffled(v, rng) for v in obj]
+    return obj
+
+
+def _refuse(doc, match, where="x.lock.json"):
+    with pytest.raises(LockFileError, match=match) as ei:
+        Lock.from_json(doc, where)
+    assert where in str(ei.value)
+    return str(ei.value)
+
+
+# ---- round trip and canonical bytes ----
+
+def test_round_trip(lock, doc):
+    assert doc["schema"] == LOCK_SCHEMA == 2
+    back = Lock.from_json(doc)
+    assert back == lock
+    assert back.to_bytes() == lock.to_bytes()
+    # one kernel entry per action key, one launch record per distinct record
+    assert len(doc["kernels"]) == len(lock.action_keys()) == len(lock.kernels())
+    assert len(doc["launch_records"]) == len({e.launch for e in lock.kernels().values()}) < len(doc["kernels"])
+    assert lock.blob_digests() == {e.blob.hash for e in lock.kernels().values()}
+
+
+def test_canonical_bytes_do_not_depend_on_key_order(lock, doc):
+    b = lock.to_bytes()
+    assert b.endswith(b"\n") and b.startswith(b'{\n "arch": ')
+    for seed in range(3):
+        again = Lock.from_json(_shuffled(copy.deepcopy(doc), random.Random(seed)))
+        assert again.to_bytes() == b
+
+
+def test_canonical_bytes_are_the_same_in_another_process(lock, tmp_path):
+    code = ("import sys; sys.path.insert(0, 'tests'); from synth_lock import synthetic_lock; "
+            "sys.stdout.buffer.write(synthetic_lock().to_bytes())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}).stdout
+    assert out == lock.to_bytes()
+
+
+def test_write_and_read(lock, tmp_path):
+    p = write_lock(tmp_path / "locks" / "synth.lock.json", lock)
+    assert p.read_bytes() == lock.to_bytes()
+    assert read_lock(p) == lock
+    assert not [f for f in p.parent.iterdir() if f.name.endswith(".tmp")]
+    with pytest.raises(LockFileError, match="no lock file at .*gemmar-aot build"):
+        read_lock(tmp_path / "absent.lock.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(LockFileError, match="bad.json is not valid JSON"):
+        read_lock(tmp_path / "bad.json")
+
+
+def test_one_action_key_is_one_kernel(lock):
+    t = lock.tuples[0]
+    e = t.ranks[0].launches[1]
+    other = replace(e, blob=Digest("ee" * 32, 7))
+    r0 = replace(t.ranks[0], launches=(t.ranks[0].launches[0], other) + t.ranks[0].launches[2:])
+    bad = replace(lock, tuples=(replace(t, ranks=(r0,) + t.ranks[1:]),) + lock.tuples[1:] + (t,))
+    with pytest.raises(LockFileError, match=f"action key {e.key} names two different kernels"):
+        bad.to_bytes()
+
+
+# ---- schema ----
+
+@pytest.mark.parametrize("schema, match", [
+    (3, "lock schema 3 was written by a newer gemmar-aot; this one reads lock schema 2: upgrade gemmar-aot"),
+    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 2 .*rebuild it with "
+        "`gemmar-aot build MANIFEST`"),
+    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 2\\)"),
+    ("2", "\\$.schema is '2', not an integer lock schema"),
+    (None, "\\$.schema is None, not an integer lock schema"),
+])
+def test_other_schemas_are_refused(doc, schema, match):
+    doc["schema"] = schema
+    _refuse(doc, match)
+
+
+def test_a_schema_1_lock_is_refused_not_migrated():
+    old = {"schema": 1, "manifest": {"name": "x"}, "tuples": [{"ranks": [{"launches": [
+        {"kind": "gemm", "key": "aa" * 32, "blob": "bb" * 32, "size": 3, "launch": {}}]}]}]}
+    _refuse(old, "older gemmar-aot.*does not convert old locks")
+
+
+# ---- malformed content ----
+
+def _first_kernel(doc) -> str:
+    return sorted(doc["kernels"])[0]
+
+
+def test_missing_field(doc):
+    del doc["tuples"][0]["ranks"][1]["self_test"]
+    _refuse(doc, r"\$\.tuples\[0\]\.ranks\[1\] has no 'self_test' \(a required field\); rebuild the lock")
+    del doc["arch"]
+    _refuse(doc, r"\$ has no 'arch'")
+
+
+def test_unknown_field(doc):
+    doc["tuples"][0]["colour"] = "blue"
+    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 2")
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("hash", "ab" * 31, "is 'abab.*', expected a sha256 \\(64 lowercase hex digits\\)"),
+    ("hash", "AB" * 32, "is .ABAB.*, expected a sha256"),
+    ("hash", 12, "is 12, expected a sha256"),
+    ("size", -1, "is -1, expected an integer >= 0"),
+    ("size", "100", "is a string \\('100'\\), expected an integer"),
+    ("size", True, "is a boolean \\(True\\), expected an integer"),
+    ("size", 1.5, "is a number \\(1.5\\), expected an integer"),
+])
+def test_bad_digest(doc, field, value, match):
+    k = _first_kernel(doc)
+    doc["kernels"][k]["blob"][field] = value
+    _refuse(doc, rf"\$\.kernels\.{k}\.blob\.{field} {match}")
+
+
+def test_digest_type_validates():
+    Digest("ab" * 32, 0)
+    for h, s in (("ab" * 31, 1), ("ab" * 32 + "0", 1), ("xy" * 32, 1), ("ab" * 32, -1), ("ab" * 32, True),
+                 ("ab" * 32, 1.0)):
+        with pytest.raises(ValueError):
+            Digest(h, s)
+    assert Digest.of(b"abc") == Digest("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", 3)
+
+
+@pytest.mark.parametrize("path, value, match", [
+    (("tuples", 0, "m"), "256", r"\$\.tuples\[0\]\.m is a string \('256'\), expected an integer"),
+    (("tuples", 0, "m"), 0, r"\$\.tuples\[0\]\.m is 0, expected an integer >= 1"),
+    (("tuples", 0, "transport"), "fused-lsa", r"transport is 'fused-lsa', expected one of fused-sdma, split-lsa"),
+    (("tuples", 0, "ranks"), {}, r"\$\.tuples\[0\]\.ranks is an object \(\{\}\), expected a list"),
+    (("tuples", 0, "ranks", 0, "rank"), 2, r"ranks\[0\]\.rank is 2: the world has 2 ranks"),
+    (("tuples", 0, "ranks", 1, "rank"), 0, r"ranks\[1\]\.rank is 0: a repeated rank"),
+    (("tuples", 0, "ranks", 0, "launches", 1), "ff" * 32, r"launches\[1\] is 'ffff.*', which names no kernel"),
+    (("tuples", 0, "layout", "n"), 2048, r"\$\.tuples\[0\]\.layout\.n is 2048, but the tuple's n is 1024"),
+    (("tuples", 0, "layout", "call"), None, r"layout\.call does not describe the tuple's M=256"),
+    (("tuples", 0, "layout"), None, r"layout is null, but a fused-sdma tuple has a window"),
+    (("tuples", 0, "layout", "recv_slot_offs", 1), "x", r"recv_slot_offs\[1\] is a string"),
+    (("env", "X"), 1, r"\$\.env\.X is an integer \(1\), expected a string or null"),
+    (("toolchain", "digest"), "nope", r"\$\.toolchain\.digest is 'nope', expected a sha256"),
+    (("toolchain", "ingredients", "toolchain", "x"), 0.5, r"ingredients\.toolchain\.x is 0.5; a lock holds no "
+                                                          r"fractional numbers"),
+    (("manifest", "sha256"), None, r"\$\.manifest\.sha256 is None, expected a sha256"),
+    (("launch_records", 0, "grid"), [1, 1], r"launch_records\[0\]\.grid is \[1, 1\], expected three"),
+    (("launch_records", 0, "params", 0), "f32", r"params\[0\] is 'f32', expected one of ptr, len32"),
+    (("launch_records", 0, "args", 0, "params", 0), 9, r"args\[0\]\.params\[0\] is 9, expected a host "
+                                                       r"parameter index \(0\.\.2\)"),
+    (("code_object_version",), 0, r"\$\.code_object_version is 0, expected an integer >= 1"),
+])
+def test_wrong_types_and_values(doc, path, value, match):
+    o = doc
+    for p in path[:-1]:
+        o = o[p]
+    o[path[-1]] = value
+    _refuse(doc, match)
+
+
+def test_kernel_references(doc):
+    k = _first_kernel(doc)
+    doc["kernels"][k]["launch"] = len(doc["launch_records"])
+    _refuse(doc, rf"\$\.kernels\.{k}\.launch is {len(doc['launch_records'])}, expected an index")
+    doc["kernels"][k]["launch"] = 0
+    doc["kernels"]["dd" * 32] = doc["kernels"][k]
+    _refuse(doc, rf"\$\.kernels\.{'dd' * 32} is launched by no rank")
+    del doc["kernels"]["dd" * 32]
+    doc["kernels"]["KEY"] = doc["kernels"].pop(k)
+    _refuse(doc, r"\$\.kernels has key 'KEY', expected an action key")
+
+
+def test_not_an_object():
+    with pytest.raises(LockFileError, match="holds a JSON object, this holds a list"):
+        Lock.from_json([], "l.json")
+
+
+def test_entries_are_shared_and_validated():
+    e = entry(1)
+    assert e.symbol == e.launch.kernel
+    with pytest.raises(ValueError, match="action key"):
+        replace(e, key="k")
+
+
+def test_the_model_is_standard_library_only():
+    code = ("import sys; import gemmar_aot.artifact_model; "
+            "mods = {m.split('.')[0] for m in sys.modules}; "
+            "ours = sorted(m for m in sys.modules if m.startswith('gemmar_aot')); "
+            "bad = sorted(m for m in mods - set(sys.stdlib_module_names) - {'gemmar_aot'} if not m.startswith('_')); "
+            "print(bad, ours)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    bad, ours = out.split("] [")
+    assert bad == "[", bad
+    assert "gemmar_aot.store" not in ours and "gemmar_aot.runtime" not in ours, ours
