@@ -25,7 +25,8 @@ from importlib import resources
 from typing import Any, Mapping
 
 from gemmar_aot import __version__
-from gemmar_aot.spec import KernelSpec, canonical_json
+from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.spec import KernelSpec
 
 KEY_SCHEMA = 1
 

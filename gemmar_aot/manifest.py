@@ -105,8 +105,6 @@ FORMAT_VERSIONS = (1,)
 #: Most M values one tuple may expand to (before padding).
 MAX_M_VALUES = 1024
 
-COLLECTIVE_MODES = tuple(m for m in MODES if m != "gemm-only")
-
 _TOP_KEYS = ("manifest", "tuple")
 _MANIFEST_KEYS = ("name", "description", "arch", "format")
 _RANGE_KEYS = ("start", "stop", "step")
@@ -766,7 +764,6 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
 
 
 __all__ = [
-    "COLLECTIVE_MODES",
     "FORMAT_VERSIONS",
     "MAX_M_VALUES",
     "Manifest",

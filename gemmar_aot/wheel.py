@@ -57,7 +57,6 @@ import io
 import json
 import os
 import re
-import tempfile
 import time
 import zipfile
 import zlib
@@ -69,6 +68,8 @@ from typing import Any
 import zstandard
 
 from gemmar_aot import __version__
+from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, lock_keys, read_lock_file
 from gemmar_aot.store.lockfile import parse_lock
@@ -154,10 +155,6 @@ def zip_date_time() -> tuple[int, int, int, int, int, int]:
 # ---------------------------------------------------------------------------
 # content
 # ---------------------------------------------------------------------------
-
-
-def _canonical_json(obj: Any) -> bytes:
-    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
 
 
 def _digest_of(entry: Mapping[str, Any]) -> str:
@@ -486,18 +483,7 @@ def _zip_bytes(files: Mapping[str, bytes]) -> bytes:
 
 
 def _atomic_write(dest: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_bytes(dest, data, mode=0o644)
 
 
 def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, store: str | os.PathLike | None = None,

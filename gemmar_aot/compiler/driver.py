@@ -18,7 +18,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 from gemmar_aot.compiler.worker import CompileResult, compile_batch, compile_spec, init
 from gemmar_aot.spec import KernelSpec
@@ -89,7 +89,6 @@ def compile_all(
     jobs: int | None = None,
     toolchain_root: str | None = None,
     debug_locations: bool = False,
-    on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
     progress: bool = True,
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order."""
@@ -107,8 +106,6 @@ def compile_all(
         nonlocal cost_done
         cost_done += _cost(spec)
         results.append((spec, res))
-        if on_result is not None:
-            on_result(spec, res)
         bar.update(res, spec.label(), cost_done, cost_total)
 
     ctx = mp.get_context("spawn")

@@ -1,10 +1,10 @@
-"""Filesystem primitives of the store: atomic writes, fanned-out paths, digest checks.
+"""Filesystem primitives of the store: fanned-out paths, digest checks, temp-file debris.
 
-Standard library only (the runtime imports this). Every file the store publishes is
-written to a temp file in its final directory, fsynced, renamed over the final name and
-the directory fsynced, so a reader sees either nothing or the whole file -- also on NFS,
-where rename within a directory is atomic. Temp files start with "." and end in ".tmp";
-every listing skips them and ``gc`` removes old ones (left by a killed writer).
+Standard library only (the runtime imports this). Every file the store publishes goes
+through :func:`gemmar_aot.atomic_write.atomic_write_bytes` (temp file in the final
+directory, fsync, rename, fsync the directory), so a reader sees either nothing or the
+whole file. Temp files start with "." and end in ".tmp"; every listing skips them and
+``gc`` removes old ones (left by a killed writer).
 """
 
 from __future__ import annotations
@@ -13,34 +13,18 @@ import contextlib
 import hashlib
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gemmar_aot.atomic_write import TMP_SUFFIX, atomic_write_bytes, file_mode, fsync_dir
+
+__all__ = ["TMP_SUFFIX", "atomic_write_bytes", "check_hex64", "fanout", "file_mode", "fsync_dir", "is_hex64",
+           "iter_fanned", "iter_stray", "remove_stale_temps", "sha256_hex"]
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
-_FILE_MODE: int | None = None
 
-
-def file_mode() -> int:
-    """0666 minus the process umask, for published files (a group-shared store stays group-
-    writable when the umask allows it). Read from /proc when possible: setting the umask to
-    read it would race with other threads creating files."""
-    global _FILE_MODE
-    if _FILE_MODE is None:
-        umask = None
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("Umask:"):
-                    umask = int(line.split()[1], 8)
-        if umask is None:
-            umask = os.umask(0o022)
-            os.umask(umask)
-        _FILE_MODE = 0o666 & ~umask
-    return _FILE_MODE
-
-TMP_SUFFIX = ".tmp"
 
 
 def is_hex64(s: object) -> bool:
@@ -61,40 +45,6 @@ def sha256_hex(data: bytes) -> str:
 def fanout(base: Path, name: str, suffix: str) -> Path:
     """``base/ab/abcdef...<suffix>``: 256 subdirectories keep listings short."""
     return base / name[:2] / f"{name}{suffix}"
-
-
-def fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
-    """Publish ``data`` at ``path``: temp file in the same directory, fsync, rename, fsync the dir.
-
-    ``durable=False`` skips the fsyncs (still atomic for readers; not crash-durable).
-    ``mode``: the file's permissions (default: 0666 minus the umask).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.chmod(tmp, file_mode() if mode is None else mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        fsync_dir(path.parent)
 
 
 def iter_fanned(base: Path, suffix: str) -> Iterator[tuple[str, Path]]:

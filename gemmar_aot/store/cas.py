@@ -32,6 +32,8 @@ from typing import Any
 
 import zstandard
 
+from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_bytes
+
 from . import blobfmt
 from ._fs import atomic_write_bytes, check_hex64, fanout, is_hex64, sha256_hex
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
@@ -54,10 +56,6 @@ DEFAULT_LEVEL = 19
 #: A record hit refreshes the record's mtime (the LRU clock of ``gc``) at most this often.
 TOUCH_INTERVAL_S = 3600.0
 DICT_POINTER = "dictionary.json"
-
-
-def _canonical_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
 
 
 def encode_record(rec: Any) -> bytes:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gemmar_aot.checkout import checkout_dir
+
 ENV_VAR = "GEMMAR_AOT_STORE"
-
-
-def checkout_dir() -> Path:
-    """The directory holding the ``gemmar_aot`` package (the checkout, in a source tree)."""
-    return Path(__file__).resolve().parents[2]
 
 
 def default_store_root(explicit: str | os.PathLike | None = None) -> Path:

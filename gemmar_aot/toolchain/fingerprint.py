@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from gemmar_aot.canonical_json import canonical_json
+
 from ..errors import ToolchainError
 from .digest import iter_files, tree_digest
 from .fsutil import atomic_write_text
@@ -32,10 +34,6 @@ MORI_SOURCE_GLOBS = (
     "mori/cco/device/*.py",  # includes ops.py, bitcode.py, _build_flags.py
     "mori/cco/device/flydsl/*.py",
 )
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def fingerprint_digest(fp: dict) -> str:

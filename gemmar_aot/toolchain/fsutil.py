@@ -10,17 +10,17 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from gemmar_aot.store._fs import atomic_write_bytes as _store_atomic_write
-from gemmar_aot.store._fs import fsync_dir as _fsync_dir
+from gemmar_aot.atomic_write import atomic_write_bytes as _atomic_write_bytes
+from gemmar_aot.atomic_write import fsync_dir as _fsync_dir
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over ``path``."""
-    _store_atomic_write(Path(path), data, mode=mode)
+    """The one atomic writer (gemmar_aot.atomic_write), with the toolchain's default mode 0644."""
+    _atomic_write_bytes(path, data, mode=mode)
 
 
 def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
-    atomic_write_bytes(path, text.encode(), mode=mode)
+    _atomic_write_bytes(path, text.encode(), mode=mode)
 
 
 @contextlib.contextmanager

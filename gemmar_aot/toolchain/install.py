@@ -9,9 +9,9 @@ written last.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +32,7 @@ from .fingerprint import (
     python_version,
     write_fingerprint,
 )
-from .fsutil import atomic_write_text, file_lock
+from .fsutil import atomic_write_bytes, atomic_write_text, file_lock
 from .linker import install_ld_lld, wrapper_text
 from .paths import Layout, toolchain_root
 from .pins import (
@@ -233,8 +233,8 @@ def _setup_locked(layout: Layout, log: Log) -> dict:
             name="ld.lld",
             what="rocm/llvm/bin/ld.lld -> zig ld.lld",
             inputs={"python": python, "ziglang": ZIGLANG_VERSION},
-            output=lambda: _wrapper_digest(layout, python),
-            run=lambda: install_ld_lld(layout.ld_lld, python),
+            output=lambda: _wrapper_digest(layout),
+            run=lambda: install_ld_lld(layout.ld_lld),
         ),
         log,
     )
@@ -284,9 +284,9 @@ def _install_hip(layout: Layout) -> None:
     wheel.unlink()  # 248 MB; its digest stays in the stamp and the pin
 
 
-def _wrapper_digest(layout: Layout, python: str) -> str | None:
+def _wrapper_digest(layout: Layout) -> str | None:
     p = layout.ld_lld
-    if not (p.is_file() and os.access(p, os.X_OK)) or p.read_text() != wrapper_text(python):
+    if not (p.is_file() and os.access(p, os.X_OK)) or p.read_text() != wrapper_text():
         return None
     return sha256_file(p)
 
@@ -344,13 +344,10 @@ def _env_bitcode(layout: Layout) -> str:
 
 
 def _install_env_bitcode(src: Path, dest: Path, expected: str) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(src, tmp)
-    if sha256_file(tmp) != expected:
-        tmp.unlink()
+    data = Path(src).read_bytes()
+    if hashlib.sha256(data).hexdigest() != expected:
         raise ToolchainError(f"${CCO_BC_ENV} ({src}) changed while it was being copied")
-    tmp.replace(dest)
+    atomic_write_bytes(dest, data)
 
 
 def _build_reproducibly(layout: Layout) -> None:

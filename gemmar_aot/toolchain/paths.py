@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemmar_aot.checkout import checkout_dir
+
 from .pins import MORI
 
 #: Environment variable that moves the toolchain away from ``<checkout>/.toolchain``.
@@ -13,11 +15,6 @@ ROOT_ENV = "GEMMAR_AOT_TOOLCHAIN"
 
 #: How to (re)install the toolchain; every ToolchainError names it.
 FIX = "run `make setup` (or `python -m gemmar_aot.toolchain setup`)"
-
-
-def checkout_dir() -> Path:
-    """The source checkout: the parent of the ``gemmar_aot`` package directory."""
-    return Path(__file__).resolve().parent.parent.parent
 
 
 def toolchain_root() -> Path:
