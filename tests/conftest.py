@@ -50,3 +50,19 @@ def smoke_kernels(out: Path):
     for key in sorted(lock_keys(lock)):
         rec, code = store.load(key)
         yield KernelSpec.from_json(rec["spec"]), rec, code
+
+
+@pytest.fixture(scope="session")
+def hipstub_lib(tmp_path_factory) -> Path:
+    """The HIP runtime test double (tests/hipstub), built from source with zig cc once per session."""
+    import hipstub
+
+    return hipstub.build(tmp_path_factory.mktemp("hipstub"))
+
+
+@pytest.fixture(scope="session")
+def hip_stub(hipstub_lib):
+    """The double, loaded into this process (RTLD_GLOBAL); its logs are shared by every user in the process."""
+    from hipstub import HipStub
+
+    return HipStub(hipstub_lib)
