@@ -3,6 +3,8 @@
 #   make setup   .venv with the pinned build+test deps, then the build toolchain in
 #                .toolchain (mori sources, HIP headers, cco bitcode, ld.lld). Idempotent:
 #                a re-run verifies digests and redoes only what is missing or changed.
+#                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
+#                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).
 #   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers)
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
 #   make clean   remove .venv and .toolchain
@@ -22,6 +24,7 @@ DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
 
 setup: $(DEPS_STAMP)
 	$(VPY) -m gemmar_aot.toolchain setup
+	$(VPY) tests/nginx_server.py install
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)

@@ -66,3 +66,15 @@ def hip_stub(hipstub_lib):
     from hipstub import HipStub
 
     return HipStub(hipstub_lib)
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    """A real nginx with WebDAV PUT on a free 127.0.0.1 port, stopped (by PID) afterwards."""
+    from nginx_server import Nginx
+
+    server = Nginx(tmp_path / "nginx").start()
+    try:
+        yield server
+    finally:
+        server.stop()
