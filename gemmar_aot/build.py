@@ -70,6 +70,7 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
 
 def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
+              shard: tuple[int, int] | None = None,
               progress: bool = True, toolchain_root: str | None = None) -> dict:
     from gemmar_aot.compiler.driver import Task, compile_all
     from gemmar_aot.manifest import load_manifest
@@ -92,6 +93,10 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         keys[s.spec_id] = action_key(ingr[s.spec_id])
 
     selected = [s for s in plan.specs if not only or s.kind in only]
+    if shard is not None:
+        from gemmar_aot.shard import select
+
+        selected = select(selected, *shard)
     records: dict[str, dict] = {}
     todo = []
     for s in selected:
@@ -131,7 +136,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
     optimized = st.optimize() if compiled else None
     lock_file = None
-    if not failures and not only:
+    if not failures and not only and shard is None:
         lock_file = write_lock_file(lock_path(root, manifest.name),
                                     make_lock(plan, manifest, keys, records, fp))
     summary = {
@@ -142,6 +147,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "kernel_instances": plan.instances,
         "distinct_specs": len(plan.specs),
         "selected_specs": len(selected),
+        "shard": None if shard is None else f"{shard[0]}/{shard[1]}",
         "hits": hits + waited,
         "misses": len(todo),
         "compiled": compiled,

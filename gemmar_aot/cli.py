@@ -95,20 +95,26 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
               help="Keep FlyDSL's source-location capture (readable compile errors, ~7x slower).")
 @click.option("--only", "only", multiple=True,
               help="Compile only specs of this kind (gemm, drain, reduce, ...); repeatable.")
+@click.option("--shard", "shard", metavar="I/N", default=None,
+              help="Compile only share I of N (1-based) of the distinct specs, balanced by expected "
+                   "compile cost; for CI matrices sharing a remote cache. Writes no lock file: a final "
+                   "build of the whole manifest does.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
-          only: tuple[str, ...], as_json: bool, quiet: bool) -> None:
+          only: tuple[str, ...], shard: str | None, as_json: bool, quiet: bool) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
     compiled again. Writes the lock file <store>/locks/<manifest>.lock.json.
     """
     from gemmar_aot.build import run_build
+    from gemmar_aot.shard import parse_shard
 
+    shard_ix = parse_shard(shard) if shard is not None else None
     try:
         summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
-                            only=only, progress=not quiet)
+                            only=only, shard=shard_ix, progress=not quiet)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
@@ -121,7 +127,8 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
 
 
 def _format_summary(s: dict) -> str:
-    lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs for "
+    share = (f" (shard {s['shard']}: {s['selected_specs']} of them)" if s.get("shard") else "")
+    lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs{share} for "
              f"{s['kernel_instances']} kernel instances: {s['hits']} in the store, "
              f"{s['compiled']} compiled, {s['failed']} failed, in {s['wall_seconds']:.1f}s "
              f"({s['jobs']} worker(s)) -> {s['store']}"]

@@ -28,7 +28,8 @@ from gemmar_aot_kernels import recipe_module
 COST_HINT = {"gemm": 20.0, "lsa_ar": 1.5}
 
 
-def _cost(spec: KernelSpec) -> float:
+def expected_cost(spec: KernelSpec) -> float:
+    """Relative compile cost of ``spec`` (a phase kernel is 1); orders work, ETAs and shards."""
     c = COST_HINT.get(spec.kind, 1.0)
     if spec.kind == "gemm" and spec.param_dict().get("builder", {}).get("quant") == "mxfp8":
         c *= 2
@@ -97,14 +98,14 @@ def compile_all(
         return []
     batches = _batches(by_spec.values())
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(batches)))
-    cost_total = sum(_cost(s) for s in by_spec)
+    cost_total = sum(expected_cost(s) for s in by_spec)
     cost_done = 0.0
     bar = Progress(total=len(by_spec), enabled=progress)
     results: list[tuple[KernelSpec, CompileResult]] = []
 
     def record(spec: KernelSpec, res: CompileResult) -> None:
         nonlocal cost_done
-        cost_done += _cost(spec)
+        cost_done += expected_cost(spec)
         results.append((spec, res))
         bar.update(res, spec.label(), cost_done, cost_total)
 
@@ -156,7 +157,7 @@ def _batches(tasks: Iterable[Task]) -> list[list[Task]]:
     groups: dict[str, list[Task]] = {}
     for t in sorted(tasks, key=lambda t: t.spec.spec_id):
         groups.setdefault(recipe_module(t.spec.recipe).build_group(t.spec) or t.spec.spec_id, []).append(t)
-    return sorted(groups.values(), key=lambda b: (-sum(_cost(t.spec) for t in b), b[0].spec.spec_id))
+    return sorted(groups.values(), key=lambda b: (-sum(expected_cost(t.spec) for t in b), b[0].spec.spec_id))
 
 
 def _isolated(task: Task, store_root, toolchain_root, debug_locations, ctx) -> CompileResult:
