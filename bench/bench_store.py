@@ -152,7 +152,7 @@ def bench_solid(blobs: list[bytes], level: int) -> dict:
 def bench_store(corpus: list[tuple[str, bytes]], level: int) -> dict:
     """Put every blob through ``claim``, optimize (train + repack), then load all of them verified."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gemmar_aot.store import Store
+    from gemmar_aot.store import Store, maint
 
     def load_all(root: str, keys: list[str]) -> float:
         fresh = Store(root)  # a new process's view: cold dictionary cache
@@ -173,12 +173,12 @@ def bench_store(corpus: list[tuple[str, bytes]], level: int) -> dict:
             keys.append(key)
         t_put = time.perf_counter() - t0
         t_load_plain = load_all(tmp, keys)
-        st_plain = store.stats()
+        st_plain = maint.stats(store)
         t0 = time.perf_counter()
-        opt = store.optimize()
+        opt = maint.optimize(store)
         t_opt = time.perf_counter() - t0
         t_load_dict = load_all(tmp, keys)
-        st = store.stats()
+        st = maint.stats(store)
     n = len(corpus)
     return {
         "level": level,

@@ -75,7 +75,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     from gemmar_aot.compiler.driver import Task, compile_all
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
-    from gemmar_aot.store import Store, default_store_root, write_lock_file
+    from gemmar_aot.store import Store, default_store_root, maint, write_lock_file
     from gemmar_aot.toolchain import load_toolchain
 
     t_start = time.perf_counter()
@@ -134,7 +134,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
 
     compiled = sum(1 for _, r in results if r.ok and not r.hit)
     # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
-    optimized = st.optimize() if compiled else None
+    optimized = maint.optimize(st) if compiled else None
     lock_file = None
     if not failures and not only and shard is None:
         lock_file = write_lock_file(lock_path(root, manifest.name),

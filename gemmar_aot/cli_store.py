@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from gemmar_aot.store import maint
 from gemmar_aot.cli import main
 
 STORE_OPT = click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path),
@@ -70,7 +71,7 @@ def ls_cmd(store, as_json, kind, rank, m, n, k, lock):
                 and (not rank or s["rank"] in rank) and (not m or s["m"] in m)
                 and (n is None or s["n"] == n) and (k is None or s["k"] == k))
 
-    rows = sorted((_summary(r) for r in st.ls(keep)),
+    rows = sorted((_summary(r) for r in maint.ls(st, keep)),
                   key=lambda s: (s["recipe"] or "", s["kind"] or "", s["m"] or 0, s["k"] or 0, s["rank"] or 0))
 
     def text(rows):
@@ -92,7 +93,7 @@ def show(key, store, as_json):
     from gemmar_aot.errors import GemmarError
 
     st = _open(store)
-    matches = [r for r in st.ls(lambda r: r["key"].startswith(key))]
+    matches = [r for r in maint.ls(st, lambda r: r["key"].startswith(key))]
     if len(matches) != 1:
         raise GemmarError(f"{len(matches)} keys start with {key!r}; give more of the key "
                           f"(see gemmar-aot ls)")
@@ -122,7 +123,7 @@ def show(key, store, as_json):
 def stats(store, as_json):
     """Entries, raw and compressed bytes, and the last build's hits and misses."""
     st = _open(store)
-    data = st.stats()
+    data = maint.stats(st)
     data["last_build"] = st.last_build_stats()
 
     def text(d):
@@ -138,7 +139,7 @@ def stats(store, as_json):
 def verify(store, as_json):
     """Decompress and check every blob and record; quarantine what is bad."""
     st = _open(store)
-    problems = st.verify()
+    problems = maint.verify(st)
 
     def text(ps):
         for p in ps:
@@ -174,7 +175,7 @@ def gc(store, as_json, keep, max_bytes, max_age_days, all_locks):
     for lk in locks:
         keep_blobs |= lock_blobs(lk)
         keep_keys |= lock_keys(lk)
-    res = st.gc(keep_blobs=keep_blobs, keep_keys=keep_keys if locks else None,
+    res = maint.gc(st, keep_blobs=keep_blobs, keep_keys=keep_keys if locks else None,
                 max_bytes=max_bytes, max_age_days=max_age_days)
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
@@ -191,7 +192,7 @@ def export_cmd(lock, dest, store, as_json):
     from gemmar_aot.store import read_lock_file
 
     st = _open(store)
-    res = st.export(read_lock_file(lock), dest)
+    res = maint.export(st, read_lock_file(lock), dest)
     (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
@@ -206,7 +207,7 @@ def import_cmd(src, store, as_json):
     import shutil
 
     st = _open(store, must_exist=False)
-    res = st.import_(src)
+    res = maint.import_(st, src)
     for lk in sorted((Path(src) / "locks").glob("*.lock.json")):
         (st.root / "locks").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(lk, st.root / "locks" / lk.name)
@@ -273,7 +274,7 @@ def _full_key(st, prefix: str) -> str:
 
     if len(prefix) == 64:
         return prefix
-    keys = [r["key"] for r in st.ls(lambda r: r["key"].startswith(prefix))]
+    keys = [r["key"] for r in maint.ls(st, lambda r: r["key"].startswith(prefix))]
     if len(keys) != 1:
         raise GemmarError(f"{len(keys)} keys start with {prefix!r}; give more of the key")
     return keys[0]

@@ -60,7 +60,7 @@ import re
 import time
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -72,6 +72,7 @@ from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, lock_keys, read_lock_file
+from gemmar_aot.store.codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
 from gemmar_aot.store.lockfile import parse_lock
 
 #: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
@@ -285,9 +286,9 @@ def encode_blobs(raws: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict]:
         cctx = blobfmt.compressor(ZSTD_LEVEL)
     for d in sorted(raws):
         files[d] = blobfmt.encode(raws[d], cctx, dict_digest)
-    decoder = _Decoder(lambda d: files.get(d))
+    decode = _decoder(files)
     for d in sorted(raws):  # every byte shipped decodes back to its digest
-        decoder.decode(d, len(raws[d]))
+        decode(d, len(raws[d]))
     return files, {
         "zstd_level": ZSTD_LEVEL,
         "dictionary": dict_digest,
@@ -298,35 +299,31 @@ def encode_blobs(raws: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict]:
     }
 
 
-class _Decoder:
-    """Decode and verify blob files fetched by ``get(digest) -> bytes | None`` (e.g. from a zip)."""
+def _decoder(files: Mapping[str, bytes]) -> Callable[..., bytes]:
+    """decode(digest, size=None, where=None) -> verified raw bytes of the blob files ``files``
+    (digest -> file bytes), through the store's one decode-and-verify path; raises WheelError."""
+    codec = BlobCodec(lambda d: _decode_dictionary(codec, files, d))
 
-    def __init__(self, get):
-        self.get = get
-        self._dicts: dict[str, zstandard.ZstdCompressionDict] = {}
-
-    def decode(self, digest: str, size: int | None = None, *, where: str | None = None) -> bytes:
+    def decode(digest: str, size: int | None = None, *, where: str | None = None) -> bytes:
         where = where or _blob_arcpath(digest)
-        data = self.get(digest)
+        data = files.get(digest)
         if data is None:
             raise WheelError(f"blob {digest} is missing ({where})")
         try:
-            dict_ref, frame = blobfmt.split(data)
-            dd = None
-            if dict_ref is not None:
-                dd = self._dicts.get(dict_ref)
-                if dd is None:
-                    raw_dict = self.decode(dict_ref)
-                    dd = self._dicts[dict_ref] = zstandard.ZstdCompressionDict(raw_dict)
-            raw = blobfmt.decode_frame(frame, zstandard.ZstdDecompressor(dict_data=dd), None)
-        except blobfmt.BlobFormatError as e:
+            return codec.decode(data, digest, size)
+        except BadBlob as e:
             raise WheelError(f"corrupt blob {where}: {e}") from None
-        got = hashlib.sha256(raw).hexdigest()
-        if got != digest:
-            raise WheelError(f"corrupt blob {where}: content sha256 is {got}, expected {digest}")
-        if size is not None and len(raw) != size:
-            raise WheelError(f"blob {where} holds {len(raw)} bytes, the lock says {size}")
-        return raw
+        except SizeMismatch as e:
+            raise WheelError(f"{where}: {e} (the lock's size)") from None
+
+    return decode
+
+
+def _decode_dictionary(codec: BlobCodec, files: Mapping[str, bytes], digest: str) -> bytes:
+    data = files.get(digest)
+    if data is None:
+        raise DictionaryUnavailable(f"its zstd dictionary {digest} is missing")
+    return codec.decode_dictionary(data, digest)
 
 
 # ---------------------------------------------------------------------------
@@ -603,11 +600,11 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
         dict_digests: set[str] = set()
         cov: list[dict] = []
         if lock is not None:
-            decoder = _Decoder(zst.get)
+            decode = _decoder(zst)
             sizes = lock_sizes(lock)
             for d, size in sorted(sizes.items()):
                 try:
-                    raw = decoder.decode(d, size, where=f"{blob_prefix}{d[:2]}/{d}.zst")
+                    raw = decode(d, size, where=f"{blob_prefix}{d[:2]}/{d}.zst")
                     raw_bytes += len(raw)
                 except WheelError as e:
                     problems.append(str(e))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gemmar_aot.build import run_build
-from gemmar_aot.store import Store, lock_blobs, lock_keys, read_lock_file
+from gemmar_aot.store import Store, lock_blobs, lock_keys, maint, read_lock_file
 
 pytestmark = pytest.mark.compile
 
@@ -79,7 +79,7 @@ def test_concurrent_builders_compile_each_spec_once(tmp_path):
         read_lock_file(store / "locks" / "b.lock.json"))
     assert lock_keys(read_lock_file(store / "locks" / "b.lock.json")) <= union
     assert sum(o["compiled"] for o in outs) == len(union)  # every key compiled exactly once
-    assert Store(store).verify() == []
+    assert maint.verify(Store(store)) == []
 
 
 def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path):
@@ -101,7 +101,7 @@ def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path)
     users = {e["key"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"] + r["self_test"]
              if e["blob"] == digest}
     assert summary["compiled"] == len(users) >= 1
-    assert Store(st_root).verify() == []
+    assert maint.verify(Store(st_root)) == []
     assert blob.exists()
 
 
@@ -110,13 +110,13 @@ def test_gc_keeps_what_the_lock_references(smoke_build, tmp_path):
     st_root = _copy_store(store, tmp_path / "store")
     st = Store(st_root)
     st.put("e" * 64, b"not referenced by any lock", {"note": "orphan"})
-    before = {r["key"] for r in st.ls()}
+    before = {r["key"] for r in maint.ls(st)}
     code, out, err = _cli("gc", "--store", str(st_root), "--keep", str(st_root / "locks" / "smoke.lock.json"), "--json")
     assert code == 0, err
-    after = {r["key"] for r in Store(st_root).ls()}
+    after = {r["key"] for r in maint.ls(Store(st_root))}
     assert after == before - {"e" * 64}
     assert after == lock_keys(read_lock_file(st_root / "locks" / "smoke.lock.json"))
-    assert Store(st_root).verify() == []
+    assert maint.verify(Store(st_root)) == []
 
 
 def test_export_import_round_trip(smoke_build, tmp_path):
@@ -171,8 +171,8 @@ def test_interrupted_build_keeps_finished_kernels(tmp_path):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-2000:]
     assert "interrupted" in err and "run the same command again" in err
-    kept = len(Store(store).ls())
-    assert kept >= 1 and Store(store).verify() == []
+    kept = len(maint.ls(Store(store)))
+    assert kept >= 1 and maint.verify(Store(store)) == []
     summary = run_build(SMOKE, store=store, jobs=1, progress=False)
     assert summary["failed"] == 0
     assert summary["hits"] + summary["compiled"] == summary["distinct_specs"]

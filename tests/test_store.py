@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import (
+    Digest,
     LOCK_SCHEMA,
     STORE_FORMAT,
     BlobNotFoundError,
@@ -33,7 +34,7 @@ from gemmar_aot.store import (
     read_lock_file,
     write_lock_file,
 )
-from gemmar_aot.store import blobfmt
+from gemmar_aot.store import blobfmt, maint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,7 +103,7 @@ def test_identical_outputs_are_stored_once(store):
     r1 = store.put(key_of("one"), code, fields(1))
     r2 = store.put(key_of("two"), code, fields(2))
     assert r1["blob"] == r2["blob"]
-    st = store.stats()
+    st = maint.stats(store)
     assert st["entries"] == 2 and st["blobs"] == 1 and st["raw_bytes"] == len(code)
     assert len(list((store.root / "blobs").rglob("*.zst"))) == 1
 
@@ -157,11 +158,11 @@ def test_concurrent_builders_compile_each_key_once(tmp_path):
     compiled = sorted(m.name.split(".")[0] for m in markers.iterdir())
     assert compiled == sorted(keys), "every key compiled exactly once"
     store = Store(root)
-    assert store.verify() == []
+    assert maint.verify(store) == []
     for i, k in enumerate(keys):
         rec, code = store.load(k)
         assert code == code_object(i % 5)
-    assert store.stats()["blobs"] == 5
+    assert maint.stats(store)["blobs"] == 5
 
 
 def _killed_writer(root: str, key: str, stage: str, flag: str) -> None:
@@ -208,8 +209,8 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
 
     store = Store(root)
     assert store.get_record(k) is None
-    assert store.ls() == []
-    assert store.verify() == []  # temp debris is not an entry, so not a problem
+    assert maint.ls(store) == []
+    assert maint.verify(store) == []  # temp debris is not an entry, so not a problem
     temps = [f for f in root.rglob("*.tmp")]
     # The kill hit where it was meant to: the blob's temp file, or the record's after the blob.
     assert [t.name.split(".")[2] for t in temps] == ["zst" if stage == "blob" else "json"]
@@ -222,9 +223,10 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
     assert store.load(k)[1] == code_object(42, size=2_000_000)
     lock_file = root / "locks" / "smoke.lock.json"  # the build keeps its lock files here
     write_lock_file(lock_file, {"schema": LOCK_SCHEMA, "launches": []})
-    report = store.gc(keep_blobs=set(), stale_s=0)
+    report = maint.gc(store, keep_blobs=set(), stale_s=0)
     assert report["removed_temp_files"] == len(temps)
-    assert report["removed_lock_files"] == 1 and lock_file.exists()  # the per-key build lock only
+    assert report["removed_claim_files"] == 1 and lock_file.exists()  # the per-key build claim only
+    assert not list((root / "locks").glob("??/*")) and not list((root / "claims").rglob("*.claim"))
     assert not list(root.rglob("*.tmp"))
     assert store.load(k) is not None
 
@@ -294,19 +296,19 @@ def test_unreadable_record_is_quarantined_and_a_miss(store):
 
 def test_verify_reports_and_quarantines_every_bad_blob(store):
     recs = [store.put(key_of(f"v{i}"), code_object(i), fields(i)) for i in range(4)]
-    assert store.verify() == []
+    assert maint.verify(store) == []
     bad = store.blob_path(recs[2]["blob"]["digest"])
     flip_byte(bad)
-    problems = store.verify()
+    problems = maint.verify(store)
     assert [(p["kind"], p["path"]) for p in problems] == [
         ("blob", str(bad)), ("record", str(store.record_path(key_of("v2"))))]
     assert problems[0]["quarantined_to"] and "missing" in problems[1]["problem"]
     assert store.get_record(key_of("v2")) is None
     assert store.get_record(key_of("v1")) is not None
     # The dangling record stays reported (it is a miss) until gc removes it.
-    assert [p["kind"] for p in store.verify()] == ["record"]
-    assert store.gc(keep_blobs=set())["removed_record_reasons"] == {"blob missing": 1}
-    assert store.verify() == []
+    assert [p["kind"] for p in maint.verify(store)] == ["record"]
+    assert maint.gc(store, keep_blobs=set())["removed_record_reasons"] == {"blob missing": 1}
+    assert maint.verify(store) == []
 
 
 # ---- gc ----
@@ -315,14 +317,14 @@ def test_gc_keeps_every_referenced_entry_and_removes_the_rest(store):
     recs = {i: store.put(key_of(f"g{i}"), code_object(i), fields(i)) for i in range(6)}
     keep_keys = {key_of("g0"), key_of("g1")}
     keep_blobs = {recs[2]["blob"]["digest"]}  # a lock needs g2's blob (not its record)
-    report = store.gc(keep_blobs=keep_blobs, keep_keys=keep_keys)
+    report = maint.gc(store, keep_blobs=keep_blobs, keep_keys=keep_keys)
     assert report["removed_records"] == 4 and report["removed_blobs"] == 3
-    assert {r["key"] for r in store.ls()} == keep_keys
+    assert {r["key"] for r in maint.ls(store)} == keep_keys
     for i in (0, 1, 2):
         assert store.load_blob(recs[i]["blob"]["digest"]) == code_object(i)
     for i in (3, 4, 5):
         assert not store.has_blob(recs[i]["blob"]["digest"])
-    assert store.verify() == []
+    assert maint.verify(store) == []
 
 
 def test_gc_lru_cap_and_age(store):
@@ -331,17 +333,17 @@ def test_gc_lru_cap_and_age(store):
     for i in range(5):  # l0 is the least recently used
         os.utime(store.record_path(key_of(f"l{i}")), (now - 86400 * (10 - i), now - 86400 * (10 - i)))
     protected = recs[0]["blob"]["digest"]
-    report = store.gc(keep_blobs={protected}, max_age_days=7.5, now=now)  # l0..l2 are older than 7.5 days
+    report = maint.gc(store, keep_blobs={protected}, max_age_days=7.5, now=now)  # l0..l2 are older than 7.5 days
     assert report["removed_record_reasons"] == {"unused for more than 7.5 days": 2}
     assert store.get_record(key_of("l0")) is not None  # protected by keep_blobs
     assert store.get_record(key_of("l1")) is None and store.get_record(key_of("l2")) is None
-    one = store.stats()["total_bytes"] // 3
-    report = store.gc(keep_blobs={protected}, max_bytes=2 * one, now=now)
+    one = maint.stats(store)["total_bytes"] // 3
+    report = maint.gc(store, keep_blobs={protected}, max_bytes=2 * one, now=now)
     assert report["removed_records"] == 1 and not report["over_budget"]
     assert store.get_record(key_of("l3")) is None  # the LRU unprotected one went first
     assert store.get_record(key_of("l4")) is not None
-    dry = store.gc(keep_blobs=set(), keep_keys=set(), dry_run=True)
-    assert dry["removed_records"] == 2 and len(store.ls()) == 2
+    dry = maint.gc(store, keep_blobs=set(), keep_keys=set(), dry_run=True)
+    assert dry["removed_records"] == 2 and len(maint.ls(store)) == 2
 
 
 def test_get_record_hit_refreshes_the_lru_clock(store):
@@ -360,10 +362,10 @@ def test_get_record_hit_refreshes_the_lru_clock(store):
 
 def test_dictionary_training_repack_and_verified_loads(store):
     recs = [store.put(key_of(f"d{i}"), code_object(i), fields(i)) for i in range(40)]
-    plain = store.stats()["compressed_bytes"]
-    report = store.optimize()
+    plain = maint.stats(store)["compressed_bytes"]
+    report = maint.optimize(store)
     assert report["trained"] and report["repacked"] == 40
-    st = store.stats()
+    st = maint.stats(store)
     assert st["dictionaries"] == 1 and st["compressed_bytes"] + st["dictionary_bytes"] < plain / 2
     fresh = Store(store.root)
     for i, r in enumerate(recs):
@@ -373,17 +375,39 @@ def test_dictionary_training_repack_and_verified_loads(store):
     # New blobs use the dictionary; gc keeps it even with nothing else referenced.
     new = store.put(key_of("d-new"), code_object(99), fields(99))
     assert blobfmt.split(store.blob_path(new["blob"]["digest"]).read_bytes())[0] == report["trained"]
-    store.gc(keep_blobs={new["blob"]["digest"]}, keep_keys=set())
+    maint.gc(store, keep_blobs={new["blob"]["digest"]}, keep_keys=set())
     assert Store(store.root).load_blob(new["blob"]["digest"]) == code_object(99)
-    assert store.verify() == []
-    assert store.optimize()["repacked"] == 0  # nothing to do the second time
+    assert maint.verify(store) == []
+    assert maint.optimize(store)["repacked"] == 0  # nothing to do the second time
+
+
+def test_one_damaged_dictionary_copy_costs_nothing(store):
+    recs = [store.put(key_of(f"sp{i}"), code_object(i), fields(i)) for i in range(40)]
+    digest = maint.optimize(store)["trained"]
+    spare = store.local.spare_path(digest)
+    assert spare.read_bytes() == store.blob_path(digest).read_bytes()
+    flip_byte(store.blob_path(digest), 30)  # the copy every load reads first
+    fresh = Store(store.root)  # cold dictionary cache: it must read the damaged copy
+    for i, r in enumerate(recs):
+        assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
+    assert fresh.local.counters["dictionaries_restored"] == 1
+    assert spare.read_bytes() == store.blob_path(digest).read_bytes()  # restored from the spare
+    assert maint.verify(Store(store.root)) == []
+    # A damaged spare costs nothing either; verify finds it and rewrites it from the blob.
+    flip_byte(spare, 30)
+    assert Store(store.root).load_blob(recs[1]["blob"]["digest"]) == code_object(1)
+    problems = maint.verify(Store(store.root))
+    assert [p["kind"] for p in problems] == ["dictionary spare"]
+    assert maint.verify(Store(store.root)) == []
 
 
 def test_corrupt_dictionary_makes_its_blobs_misses(store):
+    """Both copies of the dictionary damaged: its blobs are misses, the next build recompiles."""
     for i in range(40):
         store.put(key_of(f"cd{i}"), code_object(i), fields(i))
-    digest = store.optimize()["trained"]
+    digest = maint.optimize(store)["trained"]
     flip_byte(store.blob_path(digest), 30)
+    flip_byte(store.local.spare_path(digest), 30)
     fresh = Store(store.root)
     rec = fresh.get_record(key_of("cd3"))
     with pytest.raises(CorruptArtifactError, match="dictionary"):
@@ -398,8 +422,8 @@ def test_corrupt_dictionary_makes_its_blobs_misses(store):
             if c.hit is None:
                 c.put(code_object(i), fields(i))
     # Training is deterministic: the same samples give the same (content-addressed) dictionary.
-    assert fresh.optimize()["trained"] == digest
-    assert fresh.has_blob(digest) and Store(store.root).verify() == []
+    assert maint.optimize(fresh)["trained"] == digest
+    assert fresh.has_blob(digest) and maint.verify(Store(store.root)) == []
     assert Store(store.root).load(key_of("cd7"))[1] == code_object(7)
 
 
@@ -415,34 +439,34 @@ def _lock_for(recs: dict[str, dict]) -> dict:
 def test_export_import_round_trip(tmp_path, store, with_dictionary):
     recs = {key_of(f"e{i}"): store.put(key_of(f"e{i}"), code_object(i), fields(i)) for i in range(40)}
     if with_dictionary:
-        assert store.optimize()["trained"]
+        assert maint.optimize(store)["trained"]
     wanted = dict(list(recs.items())[:5])
     lock = _lock_for(wanted)
-    report = store.export(lock, tmp_path / "export")
+    report = maint.export(store, lock, tmp_path / "export")
     assert report["blobs"] == 5 and report["records"] == 5 and report["missing_records"] == []
     assert report["dictionaries"] == (1 if with_dictionary else 0)
     other = Store(tmp_path / "other", durable=False)
-    imp = other.import_(tmp_path / "export")
+    imp = maint.import_(other, tmp_path / "export")
     assert imp["records_added"] == 5
     for k, r in wanted.items():
         assert other.get_record(k) == r
         assert other.load(k)[1] == store.load(k)[1]
-    assert {r["key"] for r in other.ls()} == set(wanted)
-    assert other.verify() == []
-    assert other.import_(tmp_path / "export")["records_added"] == 0  # idempotent
+    assert {r["key"] for r in maint.ls(other)} == set(wanted)
+    assert maint.verify(other) == []
+    assert maint.import_(other, tmp_path / "export")["records_added"] == 0  # idempotent
 
 
 def test_import_rejects_a_tampered_blob_and_imports_nothing(tmp_path, store):
     recs = {key_of(f"t{i}"): store.put(key_of(f"t{i}"), code_object(i), fields(i)) for i in range(3)}
-    store.export(_lock_for(recs), tmp_path / "export")
+    maint.export(store, _lock_for(recs), tmp_path / "export")
     exported = Store(tmp_path / "export")
     victim = exported.blob_path(next(iter(recs.values()))["blob"]["digest"])
     flip_byte(victim)
     other = Store(tmp_path / "other", durable=False)
     with pytest.raises(CorruptArtifactError) as ei:
-        other.import_(tmp_path / "export")
+        maint.import_(other, tmp_path / "export")
     assert str(victim) in str(ei.value)
-    assert other.ls() == [] and not list((tmp_path / "other").rglob("*.zst"))
+    assert maint.ls(other) == [] and not list((tmp_path / "other").rglob("*.zst"))
     assert victim.exists(), "import never modifies its source"
 
 
@@ -451,7 +475,7 @@ def test_export_refuses_a_lock_whose_blob_is_missing(tmp_path, store):
     lock = _lock_for(recs)
     lock["tuples"][0]["ranks"][0]["launches"].append({"key": key_of("nope"), "blob": "ab" * 32, "launch": {}})
     with pytest.raises(GemmarError, match="does not have"):
-        store.export(lock, tmp_path / "export")
+        maint.export(store, lock, tmp_path / "export")
     assert not (tmp_path / "export").exists()
 
 
@@ -459,7 +483,7 @@ def test_export_refuses_a_lock_whose_blob_is_missing(tmp_path, store):
 
 @pytest.mark.parametrize("content,match", [(f"{STORE_FORMAT + 1}\n", "newer gemmar-aot"),
                                            ("banana\n", "unreadable"),
-                                           (f"{STORE_FORMAT - 1}\n", "older gemmar-aot"),
+                                           ("1\n", "older gemmar-aot"),
                                            ("0\n", "unknown store format")])
 def test_store_format_refusal(tmp_path, content, match):
     root = tmp_path / "s"
@@ -467,6 +491,57 @@ def test_store_format_refusal(tmp_path, content, match):
     (root / "STORE_FORMAT").write_text(content)
     with pytest.raises(StoreFormatError, match=match):
         Store(root)
+
+
+def test_format_2_store_is_migrated_on_first_write(tmp_path):
+    """A format-2 store (records plain zstd, per-key build locks in locks/ab/) reads as is; the
+    first write moves it to format 3 and leaves the lock files in locks/ alone."""
+    import zstandard
+
+    root = tmp_path / "old"
+    st = Store(root, durable=False)
+    rec = st.put(key_of("m"), code_object(5), fields(5))
+    # Rewrite it the way format 2 did.
+    from gemmar_aot.store.local import canonical_json
+
+    st.record_path(key_of("m")).write_bytes(zstandard.ZstdCompressor(level=3).compress(canonical_json(rec)))
+    old_lock = root / "locks" / key_of("m")[:2] / f"{key_of('m')}.lock"
+    old_lock.parent.mkdir(parents=True)
+    old_lock.write_bytes(b"")
+    manifest_lock = root / "locks" / "smoke.lock.json"
+    write_lock_file(manifest_lock, {"schema": LOCK_SCHEMA, "launches": []})
+    (root / "STORE_FORMAT").write_text("2\n")
+    ro = Store(root, readonly=True)
+    assert ro.format == 2 and ro.load(key_of("m")) == (rec, code_object(5))
+    st2 = Store(root, durable=False)
+    st2.put(key_of("n"), code_object(6), fields(6))
+    assert (root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n" and st2.format == STORE_FORMAT
+    assert not old_lock.exists() and not old_lock.parent.exists() and manifest_lock.exists()
+    assert Store(root).load(key_of("m")) == (rec, code_object(5))
+    assert maint.verify(Store(root)) == []
+
+
+def test_layered_remote_reads_through_and_writes_through(tmp_path):
+    """The backend seam: a second store directory as the remote (what a shared NFS cache is)."""
+    from gemmar_aot.store.local import DirectoryBackend
+
+    remote = DirectoryBackend(tmp_path / "remote", durable=False)
+    a = Store(tmp_path / "a", durable=False, remote=remote)
+    rec = a.put(key_of("r"), code_object(9), fields(9))
+    assert a.counters["uploads"] == 1 and remote.get_record(key_of("r")) == rec  # write-through
+    assert remote.find_missing_blobs([Digest.from_json(rec["blob"]), Digest("0" * 64, 1)]) == {Digest("0" * 64, 1)}
+    b = Store(tmp_path / "b", durable=False, remote=remote)
+    assert b.get_record(key_of("r"), verify=True) == rec and b.counters["remote_hits"] == 1
+    assert Store(tmp_path / "b").load(key_of("r")) == (rec, code_object(9))  # read-through kept it
+    # A record whose blob the remote lacks is a miss, not an error.
+    rec2 = a.put(key_of("r2"), code_object(10), fields(10))
+    remote.blob_path(rec2["blob"]["digest"]).unlink()
+    assert b.get_record(key_of("r2")) is None and b.counters["remote_record_without_blob"] == 1
+    # A remote blob that does not hash to its name is refused and never reaches the local store.
+    rec3 = a.put(key_of("r3"), code_object(11), fields(11))
+    flip_byte(remote.blob_path(rec3["blob"]["digest"]))
+    assert b.get_record(key_of("r3")) is None and not b.has_blob(rec3["blob"]["digest"])
+    assert b.counters["remote_errors"] >= 1
 
 
 def test_store_dirs_without_format_file_are_refused(tmp_path):
@@ -547,4 +622,4 @@ def test_default_store_root(monkeypatch, tmp_path):
 
 def test_build_stats_are_reported(store):
     store.record_build_stats({"hits": 3, "misses": 1})
-    assert store.stats()["last_build"] == {"hits": 3, "misses": 1}
+    assert maint.stats(store)["last_build"] == {"hits": 3, "misses": 1}

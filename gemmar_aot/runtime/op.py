@@ -336,7 +336,7 @@ class GemmAllReduceOp:
                     try:
                         code = codes[digest] = parse_code_object(data)
                     except CodeObjectError as exc:
-                        raise ArtifactMismatchError(f"{store.blob_path(digest)}: not a loadable code object: "
+                        raise ArtifactMismatchError(f"{store.describe_blob(digest)}: not a loadable code object: "
                                                     f"{exc}") from None
                     images[digest] = (data, None)
                 kern = verify_code_object(code, record, arch=e.lock.arch, where=where)

@@ -2,19 +2,28 @@
 
 Layout under the store root::
 
-    STORE_FORMAT                      "2\\n"; another format is refused
+    STORE_FORMAT                      "3\\n"; another format is refused (2 is migrated)
     blobs/sha256/ab/<digest>.zst      zstd of the raw bytes whose sha256 is <digest>
-    ac/ab/<key>.json.zst              record (zstd JSON): {schema, key, blob: {digest, size}, metadata, launch, ingredients, ...}
-    locks/ab/<key>.lock               per-key build lock (filelock); gc removes stale ones and
-                                      leaves every other file in locks/ alone
+    ac/ab/<key>.json.zst              record (zstd JSON, record dictionary): {schema, key,
+                                      blob: {digest, size}, metadata, launch, ingredients, ...}
+    dictionaries/<digest>.zst         the spare copy of each zstd dictionary
+    claims/ab/<key>.claim             per-key build claims (filelock); gc removes stale ones
+    locks/<manifest>.lock.json        lock files (the build's; nothing else lives in locks/)
     quarantine/                       files that failed verification, with a .reason note
     stats/last-build.json             hits/misses of the last build
     dictionary.json                   the zstd dictionary new blobs use (optional; itself a blob)
+    record-dictionary.json            the zstd dictionary new records use (optional)
+
+Modules: ``backend`` (the seam: CacheBackend, Digest, the record envelope), ``codec`` (the
+one decode-and-verify path), ``local`` (the directory backend), ``pack`` (a wheel's
+one-file blob pack), ``cas`` (Store: backends layered, claims), ``maint`` (ls, stats,
+verify, gc, export/import, dictionaries; on Store's public interface), ``lockfile``.
 
 Runtime-safe: imports only the standard library and ``zstandard`` (``filelock`` lazily,
 when claiming a key to build it).
 """
 
+from .backend import CacheBackend, Digest
 from .cas import DEFAULT_LEVEL, RECORD_SCHEMA, STORE_FORMAT, Claim, Store, read_store_format
 from .errors import (
     BlobNotFoundError,
@@ -28,9 +37,11 @@ from .root import ENV_VAR, default_store_root
 
 __all__ = [
     "BlobNotFoundError",
+    "CacheBackend",
     "Claim",
     "CorruptArtifactError",
     "DEFAULT_LEVEL",
+    "Digest",
     "ENV_VAR",
     "LOCK_SCHEMA",
     "LockFileError",

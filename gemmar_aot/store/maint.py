@@ -1,7 +1,9 @@
 """Maintenance: ls, stats, verify, gc, export/import, and dictionary training/repacking.
 
-Each function returns plain data (lists/dicts of str/int/None) so the CLI's ``--json``
-is a ``json.dumps`` away. None of them is needed at serving time.
+Each function takes a :class:`~gemmar_aot.store.Store` and uses only its public interface
+(and that of its local :class:`~gemmar_aot.store.local.DirectoryBackend`, ``store.local``).
+Each returns plain data (lists/dicts of str/int/None) so the CLI's ``--json`` is a
+``json.dumps`` away. None of them is needed at serving time; the store never imports this.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import zstandard
 
 from . import blobfmt
 from ._fs import is_hex64, iter_fanned, iter_stray, remove_stale_temps
-from .cas import FORMAT_FILE, RECORD_SUFFIX, Store, _Bad, encode_record
+from .backend import BadRecord
+from .cas import Store
+from .codec import BadBlob
 from .errors import CorruptArtifactError, StoreError, StoreFormatError
+from .local import BLOB_SUFFIX, CLAIM_SUFFIX, DICT_POINTERS, FORMAT_FILE, RECORD_SUFFIX
 from .lockfile import lock_blobs, lock_keys
 
 #: Temp files and lock files older than this are debris (a writer that was killed).
@@ -31,6 +36,8 @@ MIN_DICT_SAMPLES = 32
 MAX_DICT_BYTES = 112 * 1024
 #: A dictionary is used only if blobs + dictionary are this many times smaller than plain zstd.
 MIN_DICT_GAIN = 1.25
+#: Record dictionary size cap: records share most of their text (ingredients, launch records).
+RECORD_DICT_BYTES = 64 * 1024
 #: Sample bytes read for training at most (zstd wants ~100x the dictionary size; more only costs time).
 MAX_SAMPLE_BYTES = 64 << 20
 
@@ -48,9 +55,7 @@ class _BlobInfo:
 def _scan_blobs(store: Store) -> dict[str, _BlobInfo]:
     """Every published blob, from its first bytes only (no decompression)."""
     out: dict[str, _BlobInfo] = {}
-    for digest, p in iter_fanned(store.blob_dir, ".zst"):
-        if not is_hex64(digest) or p.parent.name != digest[:2]:
-            continue
+    for digest, p in store.local.iter_blob_files():
         try:
             st = p.stat()
             with open(p, "rb") as f:
@@ -66,18 +71,32 @@ def _scan_blobs(store: Store) -> dict[str, _BlobInfo]:
     return out
 
 
+def _record_dict_refs(store: Store) -> Counter[str]:
+    """dictionary digest -> how many record files name it (from their first bytes)."""
+    refs: Counter[str] = Counter()
+    for _key, p in store.local.iter_record_files():
+        try:
+            with open(p, "rb") as f:
+                ref = blobfmt.split(f.read(blobfmt.DICT_REF_LEN))[0]
+        except (OSError, blobfmt.BlobFormatError):
+            continue
+        if ref:
+            refs[ref] += 1
+    return refs
+
+
 def _dictionary_digests(store: Store, blobs: Mapping[str, _BlobInfo]) -> set[str]:
-    ds = {b.dict_ref for b in blobs.values() if b.dict_ref}
-    info = store.dictionary_info()
-    if info:
-        ds.add(info["digest"])
+    """Every dictionary: named by a blob or a record, or current for blobs or records."""
+    ds = {b.dict_ref for b in blobs.values() if b.dict_ref} | set(_record_dict_refs(store))
+    for kind in DICT_POINTERS:
+        info = store.dictionary_info(kind)
+        if info:
+            ds.add(info["digest"])
     return ds
 
 
 def _record_files(store: Store) -> Iterable[tuple[str, Path]]:
-    for key, p in iter_fanned(store.ac_dir, RECORD_SUFFIX):
-        if is_hex64(key) and p.parent.name == key[:2]:
-            yield key, p
+    return store.local.iter_record_files()
 
 
 # ---- ls / stats ----
@@ -137,7 +156,7 @@ def _problem(kind: str, path: Path, problem: str, q: Path | None = None) -> dict
 def verify(store: Store) -> list[dict]:
     """Decode and check every blob and record. Bad files are quarantined. Returns the problems."""
     problems: list[dict] = []
-    for p in iter_stray(store.blob_dir, ".zst"):
+    for p in iter_stray(store.blob_dir, BLOB_SUFFIX):
         problems.append(_problem("stray", p, "not a blob file name; ignored by the store"))
     for p in iter_stray(store.ac_dir, RECORD_SUFFIX):
         problems.append(_problem("stray", p, "not a record file name; ignored by the store"))
@@ -151,16 +170,36 @@ def verify(store: Store) -> list[dict]:
         except FileNotFoundError:
             continue  # quarantined with its dictionary, or removed under us
         try:
-            store._decode(data, digest, None)
-        except _Bad as e:
+            if digest in dicts:
+                store.local.codec.decode_dictionary(data, digest)
+            else:
+                store.local.codec.decode(data, digest)
+        except BadBlob as e:
             q = store.quarantine(info.path, str(e))
             problems.append(_problem("dictionary" if digest in dicts else "blob", info.path, str(e), q))
+    # Each dictionary's spare copy: restored from the blob when damaged or missing.
+    for digest in sorted(dicts):
+        sp = store.local.spare_path(digest)
+        try:
+            store.local.codec.decode_dictionary(sp.read_bytes(), digest)
+            continue
+        except FileNotFoundError:
+            why = "missing"
+        except BadBlob as e:
+            why = str(e)
+        if not store.has_blob(digest):
+            continue  # reported above (or the pointer check below)
+        q = store.quarantine(sp, f"dictionary spare copy: {why}") if sp.exists() else None
+        with contextlib.suppress(OSError, StoreError):
+            store.local.write_file(sp, store.blob_path(digest).read_bytes())
+            why += "; rewritten from the blob"
+        problems.append(_problem("dictionary spare", sp, why, q))
     for key, p in _record_files(store):
         try:
-            rec = store._parse_record(p.read_bytes(), key)
+            rec = store.local.decode_record(p.read_bytes(), key)
         except FileNotFoundError:
             continue
-        except _Bad as e:
+        except (BadRecord, BadBlob) as e:
             q = store.quarantine(p, f"unreadable record: {e}")
             problems.append(_problem("record", p, f"unreadable record: {e}", q))
             continue
@@ -170,11 +209,12 @@ def verify(store: Store) -> list[dict]:
         elif blobs.get(d) and blobs[d].raw_size is not None and blobs[d].raw_size != size:
             why = f"says its blob {d} has {size} bytes, the blob has {blobs[d].raw_size}"
             problems.append(_problem("record", p, why, store.quarantine(p, why)))
-    info = store.dictionary_info()
-    if info and not store.blob_path(info["digest"]).is_file():
-        problems.append(_problem("dictionary", store.root / "dictionary.json",
-                                 f"names dictionary {info['digest']}, which is not in the store; new "
-                                 f"blobs are written without a dictionary"))
+    for kind, pointer in DICT_POINTERS.items():
+        info = store.dictionary_info(kind)
+        if info and not store.blob_path(info["digest"]).is_file():
+            problems.append(_problem("dictionary", store.root / pointer,
+                                     f"names dictionary {info['digest']}, which is not in the store; new "
+                                     f"{kind} are written without a dictionary"))
     return problems
 
 
@@ -210,8 +250,8 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
         except FileNotFoundError:
             continue
         try:
-            rec = store._parse_record(data, key)
-        except _Bad:
+            rec = store.local.decode_record(data, key)
+        except (BadRecord, BadBlob):
             rec = None
         records[key] = (p, rec, st.st_mtime, st.st_size)
 
@@ -237,11 +277,11 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
     refs = Counter(records[k][1]["blob"]["digest"] for k in records if k not in removed)
     live = {d for d in blobs if d in keep_blobs or refs[d] > 0}
     dict_refs = Counter(blobs[d].dict_ref for d in live if blobs[d].dict_ref)
-    info = store.dictionary_info()
-    current = info["digest"] if info else None
+    dict_refs.update(_record_dict_refs(store))  # records that stay or go alike: they name few
+    current = {info["digest"] for info in (store.dictionary_info(k) for k in DICT_POINTERS) if info}
 
     def dict_live(d: str) -> bool:
-        return dict_refs[d] > 0 or d == current
+        return dict_refs[d] > 0 or d in current
 
     over_budget = False
     if max_bytes is not None:
@@ -281,7 +321,12 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
         if not dry_run:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(blobs[d].path)
-    temps = sum(remove_stale_temps(p, stale_s, dry_run=dry_run) for p in (store.blob_dir, store.ac_dir))
+    if not dry_run:
+        for d in dead_blobs:  # a dictionary that goes takes its spare copy along
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(store.local.spare_path(d))
+    temps = sum(remove_stale_temps(p, stale_s, dry_run=dry_run)
+                for p in (store.blob_dir, store.ac_dir, store.local.spare_dir))
     for p in (store.root, store.stats_dir):
         if p.is_dir():
             for f in p.iterdir():
@@ -291,10 +336,9 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
                             temps += 1
                             if not dry_run:
                                 f.unlink()
-    # Per-key build locks only (locks/ab/<key>.lock): other files in locks/ -- the build's
-    # lock files, locks/<manifest>.lock.json -- are not ours to remove.
+    # Stale per-key build claims (claims/ab/<key>.claim); locks/ holds lock files, not ours.
     locks = 0
-    for _key, p in iter_fanned(store.lock_dir, ".lock"):
+    for _key, p in iter_fanned(store.claim_dir, CLAIM_SUFFIX):
         if not is_hex64(_key):
             continue
         with contextlib.suppress(OSError):
@@ -323,31 +367,28 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
         "missing_keep_blobs": sorted(keep_blobs - set(blobs)),
         "over_budget": over_budget,
         "removed_temp_files": temps,
-        "removed_lock_files": locks,
+        "removed_claim_files": locks,
         "purged_quarantine_files": purged,
     }
 
 
 # ---- export / import ----
 
-def _write_blob_if_needed(dest: Store, digest: str, data: bytes) -> bool:
-    """Publish verified ``data`` as blob ``digest`` in ``dest`` unless a good copy is there."""
-    p = dest.blob_path(digest)
-    if p.is_file():
-        try:
-            dest._decode(p.read_bytes(), digest, None)
-            return False
-        except FileNotFoundError:
-            pass
-        except _Bad as e:
-            dest.quarantine(p, f"replaced by a verified copy: {e}")
-    dest._write(p, data)
-    return True
+def _write_blobs(dest: Store, payload: Mapping[str, bytes], dicts: set[str]) -> int:
+    """Publish verified blob files in ``dest`` (dictionaries first, with their spares); the count written."""
+    written = 0
+    for d in sorted(payload, key=lambda d: (d not in dicts, d)):
+        written += dest.local.put_blob_file(d, payload[d])
+        if d in dicts and not dest.local.spare_path(d).is_file():
+            dest.local.write_file(dest.local.spare_path(d), payload[d])
+    return written
 
 
-def _order_dicts_first(payload: Mapping[str, bytes]) -> list[str]:
-    dicts = {blobfmt.split(b)[0] for b in payload.values()} - {None}
-    return sorted(payload, key=lambda d: (d not in dicts, d))
+def _file_dict_ref(data: bytes) -> str | None:
+    try:
+        return blobfmt.split(data)[0]
+    except blobfmt.BlobFormatError:
+        return None
 
 
 def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -> dict:
@@ -371,13 +412,13 @@ def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -
             missing.append(f"blob {digest} is not in the store ({p})")
             return
         try:
-            store._decode(data, digest, None)
-        except _Bad as e:
+            store.local.codec.decode(data, digest)
+        except BadBlob as e:
             q = store.quarantine(p, str(e))
             corrupt.append(f"{p}: {e} (moved to {q})")
             return
         payload[digest] = data
-        dict_ref = blobfmt.split(data)[0]
+        dict_ref = _file_dict_ref(data)
         if dict_ref:
             take(dict_ref)
 
@@ -401,12 +442,10 @@ def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -
                          f"{len(missing)} blob(s) this store does not have (was it built into "
                          f"another store?):\n" + "\n".join(f"  - {m}" for m in missing))
     dest.init()
-    written = 0
-    for d in _order_dicts_first(payload):
-        written += _write_blob_if_needed(dest, d, payload[d])
+    dicts = {_file_dict_ref(b) for b in payload.values()} - {None}
+    written = _write_blobs(dest, payload, dicts)
     for key, rec in records.items():
-        dest._write(dest.record_path(key), encode_record(rec))
-    dicts = {blobfmt.split(b)[0] for b in payload.values()} - {None}
+        dest.local.put_record(key, rec)
     return {
         "dest": str(dest.root),
         "blobs": len(payload) - len(dicts),
@@ -433,14 +472,13 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
     problems: list[str] = []
     payload: dict[str, bytes] = {}
     sizes: dict[str, int] = {}
-    ignored = [str(p) for p in iter_stray(src.blob_dir, ".zst")] + [str(p) for p in iter_stray(src.ac_dir, RECORD_SUFFIX)]
-    for digest, p in iter_fanned(src.blob_dir, ".zst"):
-        if not is_hex64(digest) or p.parent.name != digest[:2]:
-            continue
+    ignored = ([str(p) for p in iter_stray(src.blob_dir, BLOB_SUFFIX)]
+               + [str(p) for p in iter_stray(src.ac_dir, RECORD_SUFFIX)])
+    for digest, p in src.local.iter_blob_files():
         data = p.read_bytes()
         try:
-            raw = src._decode(data, digest, None)
-        except _Bad as e:
+            raw = src.local.codec.decode(data, digest)
+        except BadBlob as e:
             problems.append(f"{p}: {e}")
             continue
         payload[digest] = data
@@ -448,8 +486,8 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
     records: dict[str, dict] = {}
     for key, p in _record_files(src):
         try:
-            rec = src._parse_record(p.read_bytes(), key)
-        except _Bad as e:
+            rec = src.local.decode_record(p.read_bytes(), key)
+        except (BadRecord, BadBlob) as e:
             problems.append(f"{p}: unreadable record: {e}")
             continue
         d, size = rec["blob"]["digest"], rec["blob"]["size"]
@@ -467,13 +505,13 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
             + "\n".join(f"  - {x}" for x in problems),
             path=Path(problems[0].split(": ")[0]), problems=problems)
     store.init()
-    added = 0
-    for d in _order_dicts_first(payload):
-        added += _write_blob_if_needed(store, d, payload[d])
+    dicts = {_file_dict_ref(b) for b in payload.values()} - {None}
+    dicts |= _dictionary_digests(src, {}) & set(payload)
+    added = _write_blobs(store, payload, dicts)
     rec_added = 0
     for key, rec in records.items():
         if store.read_record_file(key) is None:
-            store._write(store.record_path(key), encode_record(rec))
+            store.local.put_record(key, rec)
             rec_added += 1
     return {
         "src": str(src.root),
@@ -545,26 +583,44 @@ def train_best_dictionary(samples: list[bytes], *, max_dict_bytes: int = MAX_DIC
     return best[1], report
 
 
+def _record_samples(store: Store, limit: int) -> list[bytes]:
+    """Canonical JSON of up to ``limit`` readable records (sorted by key)."""
+    from .local import canonical_json
+
+    out: list[bytes] = []
+    total = 0
+    for key, _p in _record_files(store):
+        if len(out) >= limit or total >= MAX_SAMPLE_BYTES:
+            break
+        rec = store.read_record_file(key)
+        if rec is not None:
+            out.append(canonical_json(rec))
+            total += len(out[-1])
+    return out
+
+
 def train_dictionary(store: Store, *, max_dict_bytes: int = MAX_DICT_BYTES, max_samples: int = 4096,
-                     min_samples: int = MIN_DICT_SAMPLES) -> str | None:
-    """Train a zstd dictionary on the store's code objects and make it the one new blobs use.
+                     min_samples: int = MIN_DICT_SAMPLES, kind: str = "blobs") -> str | None:
+    """Train a zstd dictionary on the store's code objects (``kind="blobs"``) or records
+    (``"records"``) and make it the one new ones use.
 
     Returns its digest, or None when there are too few samples or no dictionary pays off.
-    Existing blobs keep their encoding until ``repack``.
+    Existing files keep their encoding until ``repack``.
     """
-    samples = _code_samples(store, max_samples)
+    samples = (_code_samples if kind == "blobs" else _record_samples)(store, max_samples)
     if len(samples) < min_samples:
         return None
     raw, _report = train_best_dictionary(samples, max_dict_bytes=max_dict_bytes)
     if raw is None:
         return None
-    return store.set_dictionary(raw, trained_on=len(samples))
+    return store.set_dictionary(raw, trained_on=len(samples), kind=kind)
 
 
 def repack(store: Store, *, level: int | None = None) -> dict:
-    """Re-encode blobs not using the current dictionary (or, with ``level``, all of them).
+    """Re-encode blobs and records not using the current dictionaries (or, with ``level``,
+    every blob).
 
-    A blob is rewritten only when the new encoding is smaller (or the level was asked);
+    A file is rewritten only when the new encoding is smaller (or the level was asked);
     digests and records do not change. Each rewrite is verified and atomic.
     """
     if level is not None:
@@ -576,37 +632,51 @@ def repack(store: Store, *, level: int | None = None) -> dict:
     for digest, info in sorted(blobs.items()):
         if digest in dicts or (level is None and info.dict_ref == current):
             continue
-        try:
-            data = info.path.read_bytes()
-            raw = store._decode(data, digest, None)
-        except FileNotFoundError:
-            continue
-        except _Bad as e:
-            store.quarantine(info.path, str(e))
-            continue
-        if raw[:4] == blobfmt.ZSTD_DICT_MAGIC:
-            continue
-        new = store.encode_blob(raw, digest, current)
-        if level is None and len(new) >= len(data):
-            continue
-        store._write(info.path, new)
-        n += 1
-        before += len(data)
-        after += len(new)
-    return {"repacked": n, "bytes_before": before, "bytes_after": after, "dictionary": current}
+        done = store.local.reencode_blob(digest, dictionary=current, level=level,
+                                         only_if_smaller=level is None)
+        if done:
+            n += 1
+            before += done[0]
+            after += done[1]
+    rec_dict = store.current_dictionary("records")
+    rn = rbefore = rafter = 0
+    if rec_dict is not None:
+        for key, p in _record_files(store):
+            try:
+                with open(p, "rb") as f:
+                    ref = blobfmt.split(f.read(blobfmt.DICT_REF_LEN))[0]
+            except (OSError, blobfmt.BlobFormatError):
+                ref = None
+            if ref == rec_dict:
+                continue
+            done = store.local.reencode_record(key, rec_dict)
+            if done:
+                rn += 1
+                rbefore += done[0]
+                rafter += done[1]
+    return {"repacked": n, "bytes_before": before, "bytes_after": after, "dictionary": current,
+            "records_repacked": rn, "record_bytes_before": rbefore, "record_bytes_after": rafter,
+            "record_dictionary": rec_dict}
+
+
+def _maybe_train(store: Store, kind: str, n: int, min_samples: int, max_dict_bytes: int,
+                 retrain_factor: float) -> str | None:
+    info = store.dictionary_info(kind)
+    stale = info is None or store.current_dictionary(kind) is None  # none yet, or lost/corrupt
+    if n >= min_samples and (stale or n >= retrain_factor * max(1, int(info.get("trained_on", 0)))):
+        return train_dictionary(store, max_dict_bytes=max_dict_bytes, min_samples=min_samples, kind=kind)
+    return None
 
 
 def optimize(store: Store, *, min_blobs: int = MIN_DICT_SAMPLES, max_dict_bytes: int = MAX_DICT_BYTES,
              retrain_factor: float = 2.0) -> dict:
-    """Train a dictionary once the store holds ``min_blobs`` code objects (and again when it has
-    grown ``retrain_factor`` times since), then repack. Cheap when nothing changed."""
+    """Train a dictionary for blobs and one for records once the store holds ``min_blobs`` of
+    each (and again when they have grown ``retrain_factor`` times since), then repack. Cheap
+    when nothing changed."""
     blobs = _scan_blobs(store)
     n = len(blobs) - len(_dictionary_digests(store, blobs) & set(blobs))
-    info = store.dictionary_info()
-    trained = None
-    stale = info is None or store.current_dictionary() is None  # none yet, or lost/corrupt
-    if n >= min_blobs and (stale or n >= retrain_factor * max(1, int(info.get("trained_on", 0)))):
-        trained = train_dictionary(store, max_dict_bytes=max_dict_bytes, min_samples=min_blobs)
-    rep = repack(store) if store.current_dictionary() else {"repacked": 0, "bytes_before": 0,
-                                                             "bytes_after": 0, "dictionary": None}
-    return {"blobs": n, "trained": trained, **rep}
+    trained = _maybe_train(store, "blobs", n, min_blobs, max_dict_bytes, retrain_factor)
+    n_records = sum(1 for _ in _record_files(store))
+    trained_records = _maybe_train(store, "records", n_records, min_blobs, RECORD_DICT_BYTES, retrain_factor)
+    rep = repack(store)
+    return {"blobs": n, "trained": trained, "records": n_records, "trained_records": trained_records, **rep}

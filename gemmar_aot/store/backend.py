@@ -1,0 +1,145 @@
+"""The store's backend seam: where action-cache records and blobs live.
+
+Modelled on Triton's ``runtime/cache.py`` (a small cache interface, pluggable backends)
+and Bazel's remote-execution API (an action cache kept apart from a content-addressed
+store, ``Digest(hash, size)``, blobs verified on read, batched existence checks).
+
+A backend holds two maps and nothing else:
+
+- **action cache**: key (64 hex, our sha256 of a compile's inputs) -> record, a JSON
+  object ``{"schema", "key", "blob": {"digest", "size"}, ...}`` (:func:`check_record`);
+- **CAS**: :class:`Digest` -> the blob's *plain* bytes, addressed by the sha256 of those
+  bytes (never of an encoding: zstd is a backend's private business).
+
+How a backend plugs in
+----------------------
+Subclass :class:`CacheBackend` and implement the five abstract methods; the batched
+``find_missing_*`` default to loops and are worth overriding when a round trip is
+expensive (HTTP: ``HEAD`` in parallel). The contract every backend keeps:
+
+1. ``get_blob`` returns only bytes that hash to the digest (check them with
+   :func:`gemmar_aot.store.codec.check_content`, or decode through
+   :class:`~gemmar_aot.store.codec.BlobCodec`); a bad blob raises
+   :class:`~gemmar_aot.store.errors.CorruptArtifactError`, an absent one returns None.
+2. ``get_record`` returns only records that pass :func:`check_record` for that key, else
+   None. It does not promise the blob exists: the caller (:class:`~gemmar_aot.store.Store`)
+   treats a record whose blob is missing as a miss, never as an error.
+3. ``put_blob`` before ``put_record``: a reader must never find a record whose blob is
+   still being written. Both are idempotent (content addressing makes a re-put harmless).
+4. Nothing a backend returns is trusted further than 1-2: the :class:`Store` re-verifies
+   a remote blob before it writes it into the local store or hands it to a caller.
+
+:class:`~gemmar_aot.store.Store` layers backends: the local directory
+(:class:`~gemmar_aot.store.local.DirectoryBackend`) in front of an optional ``remote``
+one -- reads go local first and copy a verified remote hit into the local store
+(read-through); puts go to the local store, then to a writable remote, blob first
+(write-through). A remote that fails is the Store's problem to report, never a wrong
+answer: any exception a remote raises becomes a miss (``counters["remote_errors"]``).
+A read-only remote (``writable = False``) is never written.
+
+Runtime-safe: standard library only.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from ._fs import is_hex64
+
+#: Version of the record envelope (schema/key/blob); the rest of a record is the caller's.
+RECORD_SCHEMA = 1
+RESERVED_FIELDS = ("schema", "key", "blob")
+
+
+class Digest(NamedTuple):
+    """A blob's name: the sha256 (64 lowercase hex) of its plain bytes and their length (Bazel's Digest)."""
+
+    hash: str
+    size: int
+
+    @classmethod
+    def of(cls, data: bytes) -> "Digest":
+        from ._fs import sha256_hex
+
+        return cls(sha256_hex(data), len(data))
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Digest":
+        """``{"digest": hex, "size": n}`` (a record's ``blob``) -> Digest; ValueError when malformed."""
+        if not (isinstance(obj, Mapping) and is_hex64(obj.get("digest")) and isinstance(obj.get("size"), int)
+                and not isinstance(obj.get("size"), bool) and obj["size"] >= 0):
+            raise ValueError(f"not a blob reference {{digest: 64 hex, size: int >= 0}}: {obj!r}")
+        return cls(obj["digest"], obj["size"])
+
+    def to_json(self) -> dict:
+        return {"digest": self.hash, "size": self.size}
+
+
+class BadRecord(ValueError):
+    """A record that fails the envelope check. ``str(e)`` is the reason."""
+
+
+def check_record(rec: Any, key: str) -> dict:
+    """``rec`` if it is a record for ``key`` with a valid blob reference; else BadRecord."""
+    if not isinstance(rec, dict):
+        raise BadRecord("not a JSON object")
+    if rec.get("schema") != RECORD_SCHEMA:
+        raise BadRecord(f"record schema {rec.get('schema')!r}, expected {RECORD_SCHEMA}")
+    if rec.get("key") != key:
+        raise BadRecord(f"record is for key {rec.get('key')!r}, stored under {key}")
+    try:
+        Digest.from_json(rec.get("blob"))
+    except ValueError:
+        raise BadRecord(f"record has no valid blob reference: {rec.get('blob')!r}") from None
+    return rec
+
+
+def record_digest(rec: Mapping[str, Any]) -> Digest:
+    """The blob a (checked) record names."""
+    return Digest(rec["blob"]["digest"], rec["blob"]["size"])
+
+
+class CacheBackend(abc.ABC):
+    """One place that holds action-cache records and blobs. See the module docstring."""
+
+    #: Shown in messages and counters ("local", "http://host:port/prefix", ...); never a credential.
+    name: str = "backend"
+    #: False: the Store never calls put_* (a read-only mirror, ``--remote-read-only``).
+    writable: bool = True
+
+    # ---- action cache ----
+
+    @abc.abstractmethod
+    def get_record(self, key: str) -> dict | None:
+        """The record stored under ``key`` (checked with :func:`check_record`), or None."""
+
+    @abc.abstractmethod
+    def put_record(self, key: str, record: Mapping[str, Any]) -> None:
+        """Store ``record`` under ``key`` (its blob must already be in this backend)."""
+
+    def find_missing_records(self, keys: Iterable[str]) -> set[str]:
+        """The keys of ``keys`` this backend has no record for (batched lookup)."""
+        return {k for k in keys if self.get_record(k) is None}
+
+    # ---- CAS ----
+
+    @abc.abstractmethod
+    def get_blob(self, digest: Digest) -> bytes | None:
+        """The verified plain bytes of ``digest``; None when absent; CorruptArtifactError when bad."""
+
+    @abc.abstractmethod
+    def put_blob(self, data: bytes) -> Digest:
+        """Store ``data`` (once per content); returns its digest."""
+
+    @abc.abstractmethod
+    def contains_blob(self, digest: Digest) -> bool:
+        """Whether ``digest`` is present (cheap: existence, not verification)."""
+
+    def find_missing_blobs(self, digests: Iterable[Digest]) -> set[Digest]:
+        """The digests of ``digests`` not present (Bazel's FindMissingBlobs)."""
+        return {d for d in digests if not self.contains_blob(d)}
+
+    def close(self) -> None:
+        """Release connections and the like (default: nothing)."""
