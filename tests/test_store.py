@@ -502,7 +502,7 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     st = Store(root, durable=False)
     rec = st.put(key_of("m"), code_object(5), fields(5))
     # Rewrite it the way format 2 did.
-    from gemmar_aot.store.local import canonical_json
+    from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
     st.record_path(key_of("m")).write_bytes(zstandard.ZstdCompressor(level=3).compress(canonical_json(rec)))
     old_lock = root / "locks" / key_of("m")[:2] / f"{key_of('m')}.lock"
@@ -529,7 +529,7 @@ def test_layered_remote_reads_through_and_writes_through(tmp_path):
     a = Store(tmp_path / "a", durable=False, remote=remote)
     rec = a.put(key_of("r"), code_object(9), fields(9))
     assert a.counters["uploads"] == 1 and remote.get_record(key_of("r")) == rec  # write-through
-    assert remote.find_missing_blobs([Digest.from_json(rec["blob"]), Digest("0" * 64, 1)]) == {Digest("0" * 64, 1)}
+    assert remote.find_missing_blobs([Digest(rec["blob"]["digest"], rec["blob"]["size"]), Digest("0" * 64, 1)]) == {Digest("0" * 64, 1)}
     b = Store(tmp_path / "b", durable=False, remote=remote)
     assert b.get_record(key_of("r"), verify=True) == rec and b.counters["remote_hits"] == 1
     assert Store(tmp_path / "b").load(key_of("r")) == (rec, code_object(9))  # read-through kept it

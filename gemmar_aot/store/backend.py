@@ -44,37 +44,25 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-from ._fs import is_hex64
+from gemmar_aot.artifact_model import Digest
 
 #: Version of the record envelope (schema/key/blob); the rest of a record is the caller's.
 RECORD_SCHEMA = 1
 RESERVED_FIELDS = ("schema", "key", "blob")
 
 
-class Digest(NamedTuple):
-    """A blob's name: the sha256 (64 lowercase hex) of its plain bytes and their length (Bazel's Digest)."""
+def blob_ref(obj: Any) -> Digest:
+    """A record's ``blob`` member, ``{"digest": hex, "size": n}``, as a Digest; ValueError when malformed."""
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"not a blob reference {{digest: 64 hex, size: int >= 0}}: {obj!r}")
+    return Digest(obj.get("digest"), obj.get("size"))
 
-    hash: str
-    size: int
 
-    @classmethod
-    def of(cls, data: bytes) -> "Digest":
-        from ._fs import sha256_hex
-
-        return cls(sha256_hex(data), len(data))
-
-    @classmethod
-    def from_json(cls, obj: Any) -> "Digest":
-        """``{"digest": hex, "size": n}`` (a record's ``blob``) -> Digest; ValueError when malformed."""
-        if not (isinstance(obj, Mapping) and is_hex64(obj.get("digest")) and isinstance(obj.get("size"), int)
-                and not isinstance(obj.get("size"), bool) and obj["size"] >= 0):
-            raise ValueError(f"not a blob reference {{digest: 64 hex, size: int >= 0}}: {obj!r}")
-        return cls(obj["digest"], obj["size"])
-
-    def to_json(self) -> dict:
-        return {"digest": self.hash, "size": self.size}
+def blob_ref_json(d: Digest) -> dict:
+    """The ``blob`` member of a record naming ``d``."""
+    return {"digest": d.hash, "size": d.size}
 
 
 class BadRecord(ValueError):
@@ -90,7 +78,7 @@ def check_record(rec: Any, key: str) -> dict:
     if rec.get("key") != key:
         raise BadRecord(f"record is for key {rec.get('key')!r}, stored under {key}")
     try:
-        Digest.from_json(rec.get("blob"))
+        blob_ref(rec.get("blob"))
     except ValueError:
         raise BadRecord(f"record has no valid blob reference: {rec.get('blob')!r}") from None
     return rec
@@ -98,7 +86,7 @@ def check_record(rec: Any, key: str) -> dict:
 
 def record_digest(rec: Mapping[str, Any]) -> Digest:
     """The blob a (checked) record names."""
-    return Digest(rec["blob"]["digest"], rec["blob"]["size"])
+    return blob_ref(rec["blob"])
 
 
 class CacheBackend(abc.ABC):

@@ -31,7 +31,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, record_digest
+from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
+
+from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_digest
 from .codec import BadBlob, SizeMismatch, check_content
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError
 from .local import (
@@ -39,7 +41,6 @@ from .local import (
     FORMAT_FILE,
     STORE_FORMAT,
     DirectoryBackend,
-    canonical_json,
     read_store_format,
 )
 from .pack import PACK_FILE, PackBackend
@@ -186,7 +187,7 @@ class Store:
 
     def put_blob(self, data: bytes, *, use_dictionary: bool = True) -> dict:
         """Store ``data`` (once per content); returns ``{"digest", "size"}``."""
-        return self.local.put_blob(data, use_dictionary=use_dictionary).to_json()
+        return blob_ref_json(self.local.put_blob(data, use_dictionary=use_dictionary))
 
     # ---- records ----
 
@@ -243,7 +244,7 @@ class Store:
             canonical_json(rec)
         except (TypeError, ValueError) as e:
             raise ValueError(f"record fields for {key} are not JSON-able: {e}") from None
-        rec["blob"] = self.local.put_blob(code).to_json()
+        rec["blob"] = blob_ref_json(self.local.put_blob(code))
         self.local.put_record(key, rec)
         self.counters["puts"] += 1
         self._upload(key, rec, code)

@@ -34,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from . import blobfmt
-from ._fs import atomic_write_bytes, check_hex64, fanout, is_hex64, iter_fanned, sha256_hex
+from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
+
+from ._fs import check_hex64, fanout, is_hex64, iter_fanned, sha256_hex
 from .backend import BadRecord, CacheBackend, Digest, check_record
 from .codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
@@ -60,10 +63,6 @@ DEFAULT_LEVEL = 19
 TOUCH_INTERVAL_S = 3600.0
 #: Pointer files naming the dictionary new blobs / new records are compressed with.
 DICT_POINTERS = {"blobs": "dictionary.json", "records": "record-dictionary.json"}
-
-
-def canonical_json(obj: Any) -> bytes:
-    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
 
 
 def read_store_format(root: Path) -> int | None:
@@ -314,7 +313,7 @@ class DirectoryBackend(CacheBackend):
     # ---- blobs ----
 
     def contains_blob(self, digest: Digest | str) -> bool:
-        return self.blob_path(digest[0] if isinstance(digest, tuple) else digest).is_file()
+        return self.blob_path(digest.hash if isinstance(digest, Digest) else digest).is_file()
 
     def decode_file(self, path: Path, digest: str, size: int | None = None) -> bytes:
         """Verified content of the blob file at ``path``; a bad file is quarantined.

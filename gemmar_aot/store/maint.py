@@ -585,7 +585,7 @@ def train_best_dictionary(samples: list[bytes], *, max_dict_bytes: int = MAX_DIC
 
 def _record_samples(store: Store, limit: int) -> list[bytes]:
     """Canonical JSON of up to ``limit`` readable records (sorted by key)."""
-    from .local import canonical_json
+    from gemmar_aot.canonical_json import canonical_json_bytes
 
     out: list[bytes] = []
     total = 0
@@ -594,7 +594,7 @@ def _record_samples(store: Store, limit: int) -> list[bytes]:
             break
         rec = store.read_record_file(key)
         if rec is not None:
-            out.append(canonical_json(rec))
+            out.append(canonical_json_bytes(rec))
             total += len(out[-1])
     return out
 

@@ -149,7 +149,7 @@ class PackBackend(CacheBackend):
     # ---- blobs ----
 
     def contains_blob(self, digest: Digest | str) -> bool:
-        return (digest[0] if isinstance(digest, tuple) else digest) in self.index
+        return (digest.hash if isinstance(digest, Digest) else digest) in self.index
 
     def load_blob(self, digest: str, size: int | None = None) -> bytes:
         """Verified bytes of blob ``digest``; BlobNotFoundError or CorruptArtifactError naming the pack."""
