@@ -729,7 +729,6 @@ def test_pad_rows(smoke_store, smoke_lock):
 def _cli(args):
     from click.testing import CliRunner
 
-    import gemmar_aot.cli_runtime  # noqa: F401 - registers the command
     from gemmar_aot.cli import main
 
     return CliRunner().invoke(main, args)

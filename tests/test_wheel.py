@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gemmar_aot.cli_wheel  # noqa: F401 - registers ``wheel`` and ``inspect`` until cli.py imports it
 from gemmar_aot.cli import main
 from gemmar_aot.store import Store
 from gemmar_aot.wheel import (

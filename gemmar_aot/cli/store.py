@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from gemmar_aot.store import maint
-from gemmar_aot.cli import main
 
 STORE_OPT = click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path),
                          default=None, help="Store root (default: $GEMMAR_AOT_STORE, else artifacts/).")
@@ -48,7 +47,7 @@ def _summary(rec: dict) -> dict:
     }
 
 
-@main.command("ls")
+@click.command("ls")
 @STORE_OPT
 @JSON_OPT
 @click.option("--kind", multiple=True, help="Kernel kind (gemm, drain, reduce, ...); repeatable.")
@@ -84,7 +83,7 @@ def ls_cmd(store, as_json, kind, rank, m, n, k, lock):
     _emit(rows, as_json, text)
 
 
-@main.command()
+@click.command()
 @click.argument("key")
 @STORE_OPT
 @JSON_OPT
@@ -117,7 +116,7 @@ def show(key, store, as_json):
     _emit(rec, as_json, text)
 
 
-@main.command()
+@click.command()
 @STORE_OPT
 @JSON_OPT
 def stats(store, as_json):
@@ -133,7 +132,7 @@ def stats(store, as_json):
     _emit(data, as_json, text)
 
 
-@main.command()
+@click.command()
 @STORE_OPT
 @JSON_OPT
 def verify(store, as_json):
@@ -151,7 +150,7 @@ def verify(store, as_json):
     sys.exit(0 if not problems else 1)
 
 
-@main.command()
+@click.command()
 @STORE_OPT
 @JSON_OPT
 @click.option("--keep", "keep", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
@@ -180,7 +179,7 @@ def gc(store, as_json, keep, max_bytes, max_age_days, all_locks):
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
 
-@main.command("export")
+@click.command("export")
 @click.argument("lock", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
 @STORE_OPT
@@ -198,7 +197,7 @@ def export_cmd(lock, dest, store, as_json):
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
 
-@main.command("import")
+@click.command("import")
 @click.argument("src", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @STORE_OPT
 @JSON_OPT
@@ -214,7 +213,7 @@ def import_cmd(src, store, as_json):
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
 
-@main.command()
+@click.command()
 @click.argument("what", nargs=-1, required=True)
 @STORE_OPT
 @JSON_OPT
@@ -278,3 +277,6 @@ def _full_key(st, prefix: str) -> str:
     if len(keys) != 1:
         raise GemmarError(f"{len(keys)} keys start with {prefix!r}; give more of the key")
     return keys[0]
+
+
+COMMANDS = (ls_cmd, show, stats, verify, gc, export_cmd, import_cmd, explain,)

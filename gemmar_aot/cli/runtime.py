@@ -1,4 +1,4 @@
-"""Runtime commands: ``gemmar-aot coverage``. Registers itself on ``gemmar_aot.cli.main``."""
+"""Runtime commands: ``gemmar-aot coverage``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from gemmar_aot.cli import main
 
 
 def _token_range(value: str | None, lo: int | None, hi: int | None) -> tuple[int, int]:
@@ -27,7 +26,7 @@ def _token_range(value: str | None, lo: int | None, hi: int | None) -> tuple[int
     return (1 if lo is None else lo), hi
 
 
-@main.command()
+@click.command()
 @click.argument("lock", required=False, type=click.Path(exists=True, path_type=Path))
 @click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Store directory holding locks/*.lock.json (default: $GEMMAR_AOT_ARTIFACTS, installed "
@@ -81,3 +80,6 @@ def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, ga
     else:
         click.echo(report.format())
     sys.exit(0 if report.ok else 1)
+
+
+COMMANDS = (coverage,)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from gemmar_aot.cli import main
 
 
 def _mib(n: int) -> str:
@@ -25,7 +24,7 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
     return lines
 
 
-@main.command("wheel")
+@click.command("wheel")
 @click.argument("manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
               show_default=True, help="Directory to write the wheel into.")
@@ -45,7 +44,7 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     store inside the package gemmar_artifacts_<manifest>; installing it makes the runtime
     find the kernels (entry-point group gemmar_aot.artifacts). Same lock -> same bytes.
     """
-    from gemmar_aot.cli import _format_summary
+    from .build import format_summary
     from gemmar_aot.wheel import WheelBuildFailed, build_wheel
 
     try:
@@ -56,7 +55,7 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
             click.echo(json.dumps({"wheel": None, "error": str(exc), "build": exc.summary}, indent=2,
                                   sort_keys=True))
         else:
-            click.echo(_format_summary(exc.summary))
+            click.echo(format_summary(exc.summary))
             click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     if as_json:
@@ -75,7 +74,7 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     click.echo(f"  sha256 {s['wheel_sha256']}")
 
 
-@main.command("inspect")
+@click.command("inspect")
 @click.argument("wheel", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--no-manifest", is_flag=True, help="Do not print the manifest text.")
@@ -123,3 +122,6 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
         click.echo(f"{len(r['problems'])} problem(s): this wheel was modified after it was built; "
                    f"do not install it")
     sys.exit(0 if r["ok"] else 1)
+
+
+COMMANDS = (wheel_cmd, inspect_cmd,)

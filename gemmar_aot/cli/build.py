@@ -1,4 +1,4 @@
-"""The ``gemmar-aot`` command line."""
+"""Build commands: ``doctor``, ``plan``, ``build``."""
 
 from __future__ import annotations
 
@@ -8,31 +8,7 @@ from pathlib import Path
 
 import click
 
-from gemmar_aot.errors import GemmarError
-
-
-def _fail(exc: Exception) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
-
-
-class _Group(click.Group):
-    """Turn our own errors into one clean message and exit code 2."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except GemmarError as exc:
-            _fail(exc)
-
-
-@click.group(cls=_Group)
-@click.version_option(package_name="gemmar-aot")
-def main() -> None:
-    """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
-
-
-@main.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
     """Check every piece of the build toolchain; say how to fix what is missing."""
@@ -52,7 +28,7 @@ def doctor(as_json: bool) -> None:
     sys.exit(0 if all(c.ok for c in checks) else 1)
 
 
-@main.command()
+@click.command()
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--verbose", "-v", is_flag=True, help="List every rank's kernel sequence.")
@@ -84,7 +60,7 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
         click.echo(f"  {kind:<26} {n}")
 
 
-@main.command()
+@click.command()
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--store", "--out", "store", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Artifact store (default: $GEMMAR_AOT_STORE, else artifacts/ "
@@ -122,11 +98,11 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
-        click.echo(_format_summary(summary), err=False)
+        click.echo(format_summary(summary), err=False)
     sys.exit(0 if summary["failed"] == 0 else 1)
 
 
-def _format_summary(s: dict) -> str:
+def format_summary(s: dict) -> str:
     share = (f" (shard {s['shard']}: {s['selected_specs']} of them)" if s.get("shard") else "")
     lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs{share} for "
              f"{s['kernel_instances']} kernel instances: {s['hits']} in the store, "
@@ -142,8 +118,4 @@ def _format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-# The store, explain, coverage and wheel commands register themselves on ``main``.
-from gemmar_aot import cli_runtime, cli_store, cli_wheel  # noqa: E402,F401
-
-if __name__ == "__main__":
-    main()
+COMMANDS = (doctor, plan, build)
