@@ -141,6 +141,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                                     make_lock(plan, manifest, keys, records, fp))
     summary = {
         "manifest": manifest.name,
+        "warnings": list(manifest.warnings),
         "store": str(root),
         "lock_file": str(lock_file) if lock_file else None,
         "jobs": max(1, min(jobs or os.cpu_count() or 1, len(todo))) if todo else 0,

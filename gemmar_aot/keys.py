@@ -72,8 +72,12 @@ COMPILER_SOURCES = (
     ("gemmar_aot_kernels", "__init__.py"),
     ("gemmar_aot_kernels", "_common.py"),
     ("gemmar_aot_kernels", "fused_sdma.py"),
+    ("gemmar_aot_kernels", "fused_lsa.py"),
+    ("gemmar_aot_kernels", "split_sdma.py"),
     ("gemmar_aot_kernels", "split_lsa.py"),
     ("gemmar_aot_kernels", "gemm_only.py"),
+    ("gemmar_aot_kernels", "gemv.py"),
+    ("gemmar_aot_kernels", "sdma_phases.py"),
 )
 
 

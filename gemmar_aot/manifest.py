@@ -11,7 +11,7 @@ with one or more M values. Example::
     format = 1                    # optional; the only format so far
 
     [[tuple]]
-    transport = "fused-sdma"      # "fused-sdma" | "split-lsa" | "gemm-only"
+    transport = "fused-sdma"      # see below
     m = { start = 4096, stop = 16384, step = 1024 }
     n = 7168
     k = 2048
@@ -23,13 +23,18 @@ Top level
     least one ``[[tuple]]``.
 
 Required tuple keys
-    ``transport``  one of :data:`gemmar_aot.workload.MODES`:
+    ``transport``  one of :data:`gemmar_aot.workload.MODES`, the five ways mori's
+                   PR measures DSV4-Pro's wo_b plus the skinny GEMM:
                    ``fused-sdma`` (``GemmAllReduceOp``: the GEMM pushes its
                    output from its epilogue, then drain -> reduce -> gather),
-                   ``split-lsa`` (unfused GEMM, then an LSA all-reduce),
-                   ``gemm-only`` (``Mxfp8GemmOp``: the GEMM alone).
-                   ``split-sdma`` and ``fused-lsa`` exist upstream but are not
-                   built yet; asking for them is an error.
+                   ``split-sdma`` (unfused GEMM, then the SDMA all-reduce:
+                   scatter -> reduce -> gather),
+                   ``split-lsa`` (unfused GEMM, then one LSA all-reduce kernel),
+                   ``fused-lsa`` (the GEMM's epilogue stores straight into the
+                   peers' windows, then barrier -> reduce -> gather),
+                   ``gemm-only`` (``Mxfp8GemmOp``: the GEMM alone),
+                   ``gemv`` (``Mxfp8GemvOp``: the skinny GEMM for M <= 32, one
+                   kernel per M bucket 1, 2, 4, 8, 16, 32).
     ``m``          the M values, in one of three forms: an integer
                    (``m = 4096``), a non-empty array (``m = [256, 512]``), or
                    a range table ``{ start, stop, step }`` whose ``stop`` is
@@ -37,36 +42,49 @@ Required tuple keys
                    :data:`MAX_M_VALUES` values per tuple.
     ``n``, ``k``   the GEMM's N (output columns, the all-reduced row length)
                    and K (the reduction dimension).
-    ``world``      ranks in the all-reduce: 2, 4 or 8. For ``gemm-only`` any
-                   positive integer; it is recorded (so every tuple has the same
-                   shape) but does not change the two GEMM kernels.
+    ``world``      ranks in the all-reduce: 2, 4 or 8. For ``gemm-only`` and
+                   ``gemv`` any positive integer; it is recorded (so every tuple
+                   has the same shape) but does not change their kernels.
     ``quant``      ``blockscale`` (1x128 / 128x128 fp32 scales, DeepSeek-V4-Pro)
-                   or ``mxfp8`` (32-wide ue8m0 scales). ``gemm-only`` is mxfp8
-                   only.
+                   or ``mxfp8`` (32-wide ue8m0 scales). ``gemm-only`` and
+                   ``gemv`` are mxfp8 only.
 
-Optional tuple keys
+Optional tuple keys (each only where its mode has it; elsewhere it is an error)
     ``gather_dtype``      ``"bf16"`` (default) or ``"fp8"``: what the gather
-                          leg carries. fused-sdma only (split-lsa accepts
-                          ``"bf16"``); fp8 needs N a multiple of 1024.
+                          leg carries. Collective modes; fp8 needs N a multiple
+                          of 1024 and is not offered by split-lsa (one LSA
+                          kernel) or fused-lsa (measured on bf16 only).
     ``gather_transport``  ``"lsa"`` (default) or ``"sdma"``: who moves an fp8
-                          gather. fused-sdma only (split-lsa accepts ``"lsa"``).
+                          gather. Collective modes (split-lsa: ``"lsa"``).
     ``block_m``           the GEMM's M tile; default 128 for blockscale, 256
-                          for mxfp8 (which requires 256).
+                          for mxfp8 (which requires 256). Not for gemv.
     ``block_n``           the GEMM's N tile; 256 is the only legal value.
     ``m_max``             the largest M the op instance (its window) serves. By
                           default each group of otherwise identical tuples gets
                           its largest padded M. Collective modes only.
-    ``sdma_queues``       SDMA queues per destination (default 1). fused-sdma
-                          only.
+    ``sdma_queues``       SDMA queues per destination (default 1): modes whose
+                          tail runs SDMA phases (fused-sdma, split-sdma, fused-lsa).
 
 M padding
     Collective modes pad M up to a multiple of ``world * block_m`` (whole row
     bands per destination), exactly like ``GemmAllReduceOp.padded_m``;
-    ``gemm-only`` pads to a multiple of 64 (the packed A-scale group). A
+    ``gemm-only`` pads to a multiple of 64 (the packed A-scale group), ``gemv``
+    to its M bucket. A
     :class:`~gemmar_aot.workload.Workload` keeps both the padded ``m`` and the
     ``m_requested``. Two M values that pad to the same workload are built once
     and reported in :attr:`Manifest.warnings`, not as errors; ``m_max`` is
     padded the same way.
+
+Limits
+    Besides :data:`MAX_M_VALUES` per tuple, the whole manifest is bounded: at
+    most :data:`MAX_WORKLOADS` distinct workloads and :data:`MAX_GEMM_COMPILES`
+    GEMM compiles (the expensive kernels), counted before anything is planned;
+    past either the manifest is refused with the numbers.
+
+Warnings
+    Merged duplicates and a range whose ``stop`` is off its grid are not errors;
+    they are collected in :attr:`Manifest.warnings`, which ``plan`` and ``build``
+    print (and put in their ``--json`` output).
 
 Errors
     Validation applies the op's own rules (:mod:`gemmar_aot.rules`) and collects
@@ -96,7 +114,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 from . import rules
 from .errors import ManifestError
-from .workload import MODES, MODES_LATER, Workload
+from .workload import MODES, Workload
 
 #: Targets a manifest may name.
 SUPPORTED_ARCHS = ("gfx950",)
@@ -104,6 +122,16 @@ SUPPORTED_ARCHS = ("gfx950",)
 FORMAT_VERSIONS = (1,)
 #: Most M values one tuple may expand to (before padding).
 MAX_M_VALUES = 1024
+#: Most distinct workloads (tuples after padding and de-duplication) one manifest
+#: may ask for, across all its tuples.
+MAX_WORKLOADS = 4096
+#: Most GEMM compiles one manifest may ask for, across all its tuples. GEMMs are
+#: the expensive kernels (~1.5 s each on a CPU build host, phase kernels ~0.1 s):
+#: 8192 of them are about 3.4 CPU-hours. A fused GEMM is one compile per M and
+#: rank; an unfused one (split modes, gemm-only) one per shape; gemv one per bucket.
+MAX_GEMM_COMPILES = 8192
+#: Mean CPU seconds of one GEMM compile, for the limit's message.
+GEMM_COMPILE_SECONDS = 1.5
 
 _TOP_KEYS = ("manifest", "tuple")
 _MANIFEST_KEYS = ("name", "description", "arch", "format")
@@ -127,10 +155,12 @@ _TUPLE_KEYS: dict[str, tuple[bool, str, str]] = {
 
 #: Keys that only make sense for some modes, and which.
 _MODE_ONLY_KEYS = {
-    "gather_dtype": ("fused-sdma", "split-lsa"),
-    "gather_transport": ("fused-sdma", "split-lsa"),
-    "m_max": ("fused-sdma", "split-lsa"),
-    "sdma_queues": ("fused-sdma",),
+    "gather_dtype": rules.COLLECTIVE_TRANSPORTS,
+    "gather_transport": rules.COLLECTIVE_TRANSPORTS,
+    "m_max": rules.COLLECTIVE_TRANSPORTS,
+    "sdma_queues": rules.SDMA_TRANSPORTS,
+    "block_m": rules.COLLECTIVE_TRANSPORTS + ("gemm-only",),
+    "block_n": rules.COLLECTIVE_TRANSPORTS + ("gemm-only",),
 }
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -433,209 +463,203 @@ def _m_values(ck: _Checker, entry: str, value: Any) -> list[int] | None:
     return None
 
 
-def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> list[Workload]:
-    entry = f"tuple[{i}]" + (f" (line {line})" if line else "")
-    source = f"{ck.path}:tuple[{i}]" + (f" (line {line})" if line else "")
-    if not isinstance(raw, dict):
-        ck.problem(entry, f"{_render(raw)} is {_type_name(raw)}, but each [[tuple]] must be a table; "
-                   "write each tuple as a [[tuple]] section")
-        return []
-    n_before = len(ck.problems)
+#: Fixes for the rules in :mod:`gemmar_aot.rules`, by rule name: f(value, fields) -> text.
+_FIXES = {
+    "quant": lambda v, f: f"use {_one_of(rules.QUANTS)}",
+    "mode_quant": lambda v, f: ('set quant = "mxfp8", or use transport = "split-lsa" for a '
+                                f"{v} GEMM with its all-reduce"),
+    "block_m_quant": lambda v, f: f"set block_m = {rules.MXFP8_BLOCK_M} or remove it",
+    "tile_m": lambda v, f: (f"use {_nearest_multiples(v, rules.TILE_M_GRANULE, rules.TILE_M_GRANULE)}"
+                            " or remove it"),
+    "block_n": lambda v, f: f"set block_n = {rules.DEFAULT_BLOCK_N} or remove it",
+    "wire_dtype": lambda v, f: ('remove gather_dtype, or use transport = "fused-sdma" or "split-sdma" '
+                                "for an fp8 gather"),
+    "wire_transport": lambda v, f: 'remove gather_transport, or use transport = "fused-sdma"',
+    "k": lambda v, f: f"use {_nearest_multiples(v, rules.SCALE_BLOCK_K, rules.MIN_K)}",
+    "n": lambda v, f: f"the nearest supported N are {_nearest_multiples(v, _n_step(f), _n_step(f))}",
+    "n_narrow": lambda v, f: f"the nearest supported N are {_nearest_multiples(v, _n_step(f), _n_step(f))}",
+    "world": lambda v, f: f"use {', '.join(map(str, rules.WORLD_SIZES[:-1]))} or {rules.WORLD_SIZES[-1]}",
+    "fp8_gather_n": lambda v, f: (f'use gather_dtype = "bf16" (N = {v} works with the bf16 gather), or an '
+                                  f"N that is a multiple of {rules.FP8_GATHER_N_MULTIPLE}"),
+    "gemv_k": lambda v, f: f"use {_nearest_multiples(v, rules.GEMV_STEP_K, rules.GEMV_STEP_K)}",
+    "gemv_n": lambda v, f: f"use {_nearest_multiples(v, rules.MXFP8_BLOCK, rules.MXFP8_BLOCK)}",
+}
 
-    # --- keys ---
+
+def _n_step(f: dict) -> int:
+    group = rules.MXFP8_BLOCK if f.get("quant") == "mxfp8" else rules.SCALE_BLOCK_K
+    return max(f.get("block_n") or rules.DEFAULT_BLOCK_N, group)
+
+
+def _check_keys(ck: _Checker, entry: str, raw: dict, transport: str | None) -> None:
+    """Unknown keys, missing required keys, and keys the tuple's mode does not take."""
     for key in raw:
         if key not in _TUPLE_KEYS:
             _unknown_key(ck, entry, key, tuple(_TUPLE_KEYS), "a tuple")
     for key, (required, what, example) in _TUPLE_KEYS.items():
         if required and key not in raw:
             ck.problem(entry, f"{key} is missing: every tuple needs {what}; add e.g. {example}")
+    if transport is None:
+        return
+    for key, modes in _MODE_ONLY_KEYS.items():
+        if key in raw and transport not in modes:
+            ck.bad(entry, key, raw[key], f'{key} does not apply to transport "{transport}" '
+                   f"(only to {_one_of(modes)})", "remove it")
 
-    # --- transport ---
-    transport = None
-    if "transport" in raw:
-        v = raw["transport"]
-        if isinstance(v, str) and v in MODES_LATER:
-            ck.bad(entry, "transport", v, f'mode "{v}" is not built yet by gemmar-aot',
-                   f"use {_one_of(MODES)}")
-        else:
-            transport = ck.choice(entry, "transport", v, MODES)
-    collective = transport != "gemm-only"
 
-    # --- mode-specific keys ---
-    if transport is not None:
-        for key, modes in _MODE_ONLY_KEYS.items():
-            if key in raw and transport not in modes:
-                ck.bad(entry, key, raw[key], f'{key} does not apply to transport "{transport}" '
-                       f"(only to {_one_of(modes)})", "remove it")
-
-    def integer(key: str, default: int | None = None, minimum: int = 1) -> int | None:
+def _parse_fields(ck: _Checker, entry: str, raw: dict, transport: str | None) -> dict:
+    """Every field as a typed value, its default when absent, or None when invalid (reported)."""
+    def integer(key: str, default: int | None = None) -> int | None:
         if key not in raw:
             return default
-        return ck.integer(entry, key, raw[key], _TUPLE_KEYS[key][2], minimum=minimum)
+        return ck.integer(entry, key, raw[key], _TUPLE_KEYS[key][2])
 
-    n = integer("n")
-    k = integer("k")
-    world = integer("world")
-    m_max = integer("m_max") if collective else None
-    sdma_queues = integer("sdma_queues", 1) if transport in (None, "fused-sdma") else 1
+    def takes(key: str) -> bool:
+        return key in raw and (transport is None or transport in _MODE_ONLY_KEYS[key])
 
-    # --- the op's checks, in its order ---
-    quant = None
-    if "quant" in raw:
-        quant = ck.choice(entry, "quant", raw["quant"], rules.QUANTS)
-        if quant is not None and transport == "gemm-only" and quant != "mxfp8":
-            ck.bad(entry, "quant", quant, 'transport "gemm-only" is Mxfp8GemmOp, which implements '
-                   "only mxfp8", 'set quant = "mxfp8", or use transport = "split-lsa" for a '
-                   f"{quant} GEMM with its all-reduce")
-            quant = None
-
-    block_m = None
-    if "block_m" in raw:
-        block_m = integer("block_m")
-        if block_m is not None and quant is not None:
-            why = rules.check_block_m_for_quant(quant, block_m)
-            if why:
-                ck.bad(entry, "block_m", block_m, why, f"set block_m = {rules.MXFP8_BLOCK_M} or remove it")
-                block_m = None
-        if block_m is not None:
-            why = rules.check_tile(block_m, rules.TILE_N_GRANULE)
-            if why:
-                ck.bad(entry, "block_m", block_m, why,
-                       f"use {_nearest_multiples(block_m, rules.TILE_M_GRANULE, rules.TILE_M_GRANULE)}"
-                       " or remove it")
-                block_m = None
-    elif quant is not None:
-        block_m = rules.default_block_m(quant)
-
-    gather_dtype, gather_transport = "bf16", "lsa"
-    if "gather_dtype" in raw and (transport is None or transport in _MODE_ONLY_KEYS["gather_dtype"]):
-        gather_dtype = ck.choice(entry, "gather_dtype", raw["gather_dtype"], rules.GATHER_DTYPES)
-        if gather_dtype == "fp8" and transport == "split-lsa":
-            ck.bad(entry, "gather_dtype", "fp8", 'the split-lsa all-reduce has no fp8 path',
-                   'remove gather_dtype, or use transport = "fused-sdma" for an fp8 gather')
-            gather_dtype = None
-    if "gather_transport" in raw and (transport is None or transport in _MODE_ONLY_KEYS["gather_transport"]):
-        gather_transport = ck.choice(entry, "gather_transport", raw["gather_transport"],
-                                     rules.GATHER_TRANSPORTS)
-        if gather_transport == "sdma" and transport == "split-lsa":
-            ck.bad(entry, "gather_transport", "sdma", "split-lsa moves every byte over LSA",
-                   'remove gather_transport, or use transport = "fused-sdma"')
-            gather_transport = None
-
-    block_n = rules.DEFAULT_BLOCK_N
-    if "block_n" in raw:
-        block_n = integer("block_n")
-        if block_n is not None:
-            why = rules.check_block_n(block_n) or rules.check_tile(rules.TILE_M_GRANULE, block_n)
-            if why:
-                ck.bad(entry, "block_n", block_n, why, f"set block_n = {rules.DEFAULT_BLOCK_N} or remove it")
-                block_n = None
-
-    # m_max and sdma_queues >= 1 were enforced by the integer check.
-
-    if k is not None:
-        why = rules.check_k(k, quant or "blockscale")
-        if why:
-            ck.bad(entry, "k", k, why,
-                   f"use {_nearest_multiples(k, rules.SCALE_BLOCK_K, rules.MIN_K)}")
-            k = None
-    if n is not None:
-        groups = [rules.MXFP8_BLOCK if quant == "mxfp8" else rules.SCALE_BLOCK_K]
-        why = None
-        if block_n is not None:
-            why = rules.check_n(n, block_n, quant or "blockscale")
-            if why is None and transport == "gemm-only":
-                why = rules.check_n(n, rules.NARROW_BLOCK_N, "mxfp8")
-                if why:
-                    why += " (the narrow kernel Mxfp8GemmOp uses at small grids)"
-        elif n % groups[0]:
-            why = f"N must be a multiple of {groups[0]} (the B scale group)"
-        if why:
-            step = max(block_n or rules.DEFAULT_BLOCK_N, groups[0])
-            ck.bad(entry, "n", n, why, f"the nearest supported N are {_nearest_multiples(n, step, step)}")
-            n = None
-
-    if world is not None and collective:
-        why = rules.check_world(world)
-        if why:
-            ck.bad(entry, "world", world, why, f"use {', '.join(map(str, rules.WORLD_SIZES[:-1]))} "
-                   f"or {rules.WORLD_SIZES[-1]}")
-            world = None
-
-    if n is not None and gather_dtype is not None and collective:
-        why = rules.check_fp8_gather_n(n, gather_dtype)
-        if why:
-            ck.bad(entry, "n", n, why,
-                   f'use gather_dtype = "bf16" (N = {n} works with the bf16 gather), or an N '
-                   f"that is a multiple of {rules.FP8_GATHER_N_MULTIPLE}")
-            gather_dtype = None
-
-    m_values = _m_values(ck, entry, raw["m"]) if "m" in raw else None
-
-    # Every rule that failed has reported itself; with none failed, every field
-    # above holds a valid value.
-    if len(ck.problems) > n_before:
-        return []
-    assert None not in (transport, quant, n, k, world, gather_dtype, gather_transport,
-                        block_m, block_n, sdma_queues, m_values)
-
-    # --- padding and the M-dependent rules ---
-    if collective:
-        padded = [rules.padded_m(m, world, block_m) for m in m_values]
+    f: dict[str, Any] = {"transport": transport}
+    for key in ("n", "k", "world"):
+        f[key] = integer(key)
+    f["quant"] = ck.choice(entry, "quant", raw["quant"], rules.QUANTS) if "quant" in raw else None
+    f["m_max"] = integer("m_max") if takes("m_max") else None
+    f["sdma_queues"] = integer("sdma_queues", 1) if takes("sdma_queues") else 1
+    f["gather_dtype"] = (ck.choice(entry, "gather_dtype", raw["gather_dtype"], rules.GATHER_DTYPES)
+                         if takes("gather_dtype") else "bf16")
+    f["gather_transport"] = (ck.choice(entry, "gather_transport", raw["gather_transport"],
+                                       rules.GATHER_TRANSPORTS) if takes("gather_transport") else "lsa")
+    f["block_n"] = integer("block_n", rules.DEFAULT_BLOCK_N) if takes("block_n") else rules.DEFAULT_BLOCK_N
+    if takes("block_m"):
+        f["block_m"] = integer("block_m")
+    elif transport in rules.MXFP8_ONLY_TRANSPORTS:
+        f["block_m"] = rules.MXFP8_BLOCK_M
+    elif f["quant"] is None:
+        f["block_m"] = None
     else:
-        padded = [rules.gemm_only_padded_m(m) for m in m_values]
-    ok = True
+        f["block_m"] = rules.default_block_m(f["quant"])
+    f["m_values"] = _m_values(ck, entry, raw["m"]) if "m" in raw else None
+    return f
+
+
+def _problems_of(f: dict):
+    """The rules of the tuple's mode (rules.py's, in the op's order) over the parsed fields."""
+    shape = dict(n=f["n"], k=f["k"], quant=f["quant"])
+    if f["transport"] == "gemv":
+        return rules.mxfp8_gemv_problems(**shape)
+    if f["transport"] == "gemm-only":
+        return rules.mxfp8_gemm_problems(**shape, block_m=f["block_m"], block_n=f["block_n"])
+    return rules.gemm_ar_problems(
+        **shape, world=f["world"], block_m=f["block_m"], block_n=f["block_n"], gather_dtype=f["gather_dtype"],
+        gather_transport=f["gather_transport"], sdma_queues=f["sdma_queues"], m_max=f["m_max"],
+        transport=f["transport"] or "fused-sdma")
+
+
+def _apply_rules(ck: _Checker, entry: str, f: dict) -> None:
+    """Report every rule the fields break, each with its fix; a broken field becomes None."""
+    for field, rule, why in list(_problems_of(f)):
+        value = f[field]
+        ck.bad(entry, field, value, why, _FIXES[rule](value, f))
+        f[field] = None
+
+
+def _padded(f: dict) -> list[int]:
+    transport, m_values = f["transport"], f["m_values"]
+    if transport == "gemv":
+        return [rules.gemv_bucket(m) if m <= rules.GEMV_MAX_M else m for m in m_values]
+    if transport == "gemm-only":
+        return [rules.gemm_only_padded_m(m) for m in m_values]
+    return [rules.padded_m(m, f["world"], f["block_m"]) for m in m_values]
+
+
+def _check_m_rules(ck: _Checker, entry: str, f: dict) -> tuple[bool, int | None]:
+    """The M-dependent rules over the tuple's largest padded M: (all hold, the padded m_max)."""
+    padded = _padded(f)
     largest = max(padded)
-    biggest_req = m_values[padded.index(largest)]
+    biggest_req = f["m_values"][padded.index(largest)]
+    n, k, m_max = f["n"], f["k"], f["m_max"]
+    if f["transport"] == "gemv" and rules.check_gemv_m(biggest_req):
+        ck.bad(entry, "m", biggest_req, rules.check_gemv_m(biggest_req),
+               'list M values up to 32 (the buckets are 1, 2, 4, 8, 16 and 32), and use transport = '
+               '"gemm-only" for larger M')
+        return False, None
     why = rules.check_int32_extents(largest, n, k)
     if why:
-        limit = rules.INT32_MAX // max(n, k)
-        ck.bad(entry, "m", biggest_req, f"padded to {largest}, {why}", f"keep M at or below {limit}")
-        ok = False
-    if collective:
-        why = rules.check_payload(largest, n, world)
-        if why:  # cannot happen for padded M; kept to mirror the op
-            ck.bad(entry, "m", biggest_req, why, "change M or N")
-            ok = False
-    m_max_pad = None
-    if m_max is not None:
-        m_max_pad = rules.padded_m(m_max, world, block_m)
-        if m_max_pad < largest:
-            ck.bad(entry, "m_max", m_max, f"m_max pads to {m_max_pad}, smaller than the largest "
-                   f"padded M of this tuple (m = {biggest_req} pads to {largest})",
-                   f"raise m_max to at least {largest}, or remove it (the default is the "
-                   "group's largest padded M)")
-            ok = False
-        else:
-            why = rules.check_int32_extents(m_max_pad, n, k)
-            if why:
-                ck.bad(entry, "m_max", m_max, f"padded to {m_max_pad}, {why}",
-                       f"keep m_max at or below {rules.INT32_MAX // max(n, k)}")
-                ok = False
+        ck.bad(entry, "m", biggest_req, f"padded to {largest}, {why}",
+               f"keep M at or below {rules.INT32_MAX // max(n, k)}")
+        return False, None
+    if m_max is None:
+        return True, None
+    m_max_pad = rules.padded_m(m_max, f["world"], f["block_m"])
+    if m_max_pad < largest:
+        ck.bad(entry, "m_max", m_max, f"m_max pads to {m_max_pad}, smaller than the largest padded M of "
+               f"this tuple (m = {biggest_req} pads to {largest})",
+               f"raise m_max to at least {largest}, or remove it (the default is the group's largest "
+               "padded M)")
+        return False, None
+    why = rules.check_int32_extents(m_max_pad, n, k)
+    if why:
+        ck.bad(entry, "m_max", m_max, f"padded to {m_max_pad}, {why}",
+               f"keep m_max at or below {rules.INT32_MAX // max(n, k)}")
+        return False, None
+    return True, m_max_pad
+
+
+def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> list[Workload]:
+    """One [[tuple]] -> its workloads (M values padded), or [] after reporting every problem."""
+    entry = f"tuple[{i}]" + (f" (line {line})" if line else "")
+    if not isinstance(raw, dict):
+        ck.problem(entry, f"{_render(raw)} is {_type_name(raw)}, but each [[tuple]] must be a table; "
+                   "write each tuple as a [[tuple]] section")
+        return []
+    n_before = len(ck.problems)
+    transport = ck.choice(entry, "transport", raw["transport"], MODES) if "transport" in raw else None
+    _check_keys(ck, entry, raw, transport)
+    f = _parse_fields(ck, entry, raw, transport)
+    _apply_rules(ck, entry, f)
+    # Every rule that failed has reported itself; with none failed, every field holds a valid value.
+    if len(ck.problems) > n_before:
+        return []
+    ok, m_max_pad = _check_m_rules(ck, entry, f)
     if not ok:
         return []
+    source = f"{ck.path}:{entry}"
+    common = {key: f[key] for key in ("transport", "n", "k", "world", "quant", "gather_dtype",
+                                      "gather_transport", "block_m", "block_n", "sdma_queues")}
+    return [Workload(m=m_pad, m_max=m_max_pad, m_requested=m_req, source=source, **common)
+            for m_req, m_pad in zip(f["m_values"], _padded(f))]
 
-    out = []
-    for m_req, m_pad in zip(m_values, padded):
-        out.append(
-            Workload(
-                transport=transport,
-                m=m_pad,
-                n=n,
-                k=k,
-                world=world,
-                quant=quant,
-                gather_dtype=gather_dtype,
-                gather_transport=gather_transport,
-                block_m=block_m,
-                block_n=block_n,
-                m_max=m_max_pad,
-                sdma_queues=sdma_queues,
-                m_requested=m_req,
-                source=source,
-            )
-        )
-    return out
+
+def gemm_compiles(workloads) -> dict[str, int]:
+    """GEMM compiles per transport these workloads need (what MAX_GEMM_COMPILES bounds)."""
+    fused: dict[str, int] = {}
+    shared: dict[str, set] = {}
+    for w in workloads:
+        if w.transport in ("fused-sdma", "fused-lsa"):
+            fused[w.transport] = fused.get(w.transport, 0) + w.world
+        elif w.transport == "gemm-only":
+            shared.setdefault(w.transport, set()).add((w.n, w.k, rules.gemm_only_wants_narrow(w.m, w.n)))
+        elif w.transport == "gemv":
+            shared.setdefault(w.transport, set()).add((w.n, w.k, w.m))
+        else:  # split modes share one unfused GEMM per shape
+            shared.setdefault("split", set()).add((w.n, w.k, w.quant, w.block_m))
+    return {**fused, **{t: len(v) for t, v in shared.items()}}
+
+
+def _check_limits(ck: _Checker, workloads: list[Workload]) -> None:
+    """Bound the work the whole manifest asks for, before any of it is planned or compiled."""
+    if len(workloads) > MAX_WORKLOADS:
+        ck.problem("top level", f"the tuples expand to {len(workloads)} distinct workloads (padded M values), "
+                   f"more than the {MAX_WORKLOADS} one manifest may ask for; split it into several "
+                   "manifests (each gets its own lock file) or use coarser M ranges")
+        return
+    by_mode = gemm_compiles(workloads)
+    total = sum(by_mode.values())
+    if total > MAX_GEMM_COMPILES:
+        parts = ", ".join(f"{t} {n}" for t, n in sorted(by_mode.items(), key=lambda x: -x[1]))
+        hours = total * GEMM_COMPILE_SECONDS / 3600
+        ck.problem("top level", f"the tuples ask for {total} GEMM compiles ({parts}; about {hours:.1f} "
+                   f"CPU-hours at ~{GEMM_COMPILE_SECONDS} s each), more than the {MAX_GEMM_COMPILES} one "
+                   "manifest may ask for; split it into several manifests (each gets its own lock file), "
+                   "or ask for fewer M values or ranks")
 
 
 def _entry_of(source: str, path: str) -> str:
@@ -731,6 +755,9 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     if ck.problems:
         raise ManifestError(ck.problems)
     workloads = _dedup(ck, workloads)
+    _check_limits(ck, workloads)
+    if ck.problems:
+        raise ManifestError(ck.problems)
     return Manifest(
         name=name,
         path=path,
@@ -764,6 +791,9 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
 
 
 __all__ = [
+    "MAX_GEMM_COMPILES",
+    "MAX_WORKLOADS",
+    "gemm_compiles",
     "FORMAT_VERSIONS",
     "MAX_M_VALUES",
     "Manifest",

@@ -56,6 +56,7 @@ class Plan:
     tuples: tuple[TuplePlan, ...]
     specs: tuple[KernelSpec, ...]  # distinct, sorted by (recipe, kind, rank, spec_id)
     env: tuple[tuple[str, str | None], ...]
+    warnings: tuple[str, ...] = ()  # the manifest's (merged duplicates, off-grid range stops)
 
     @property
     def instances(self) -> int:
@@ -73,6 +74,7 @@ class Plan:
         return {
             "manifest": self.manifest,
             "arch": self.arch,
+            "warnings": list(self.warnings),
             "env": dict(self.env),
             "tuples": [
                 {
@@ -157,4 +159,5 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
         tuples=tuple(tuples),
         specs=specs,
         env=tuple(sorted(code_env.items())),
+        warnings=tuple(manifest.warnings),
     )

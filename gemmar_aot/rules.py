@@ -64,6 +64,14 @@ GEMM_ONLY_M_GRANULE = 64
 NARROW_BLOCK_N = 128
 WIDE_TILE_MIN_GRID = 140
 
+#: Mxfp8GemvOp (gemv): the skinny kernel for decode M. A token is an MFMA row and
+#: two 16-row tiles of them is its ceiling; one kernel per M bucket, each serving
+#: every M up to the bucket (M is a runtime argument, the token tile masks).
+GEMV_MAX_M = 32
+GEMV_M_BUCKETS = (1, 2, 4, 8, 16, 32)
+GEMV_STEP_K = 128  # K per MFMA step
+GEMV_TILE = 16  # rows of one MFMA tile, on both operands
+
 #: World sizes: 2 <= ws <= MAX_WORLD and the 512-thread blocks split evenly.
 MAX_WORLD = 8
 THREADS = 512
@@ -168,6 +176,14 @@ def gemm_only_wants_narrow(m: int, n: int) -> bool:
     """
     wide_grid = -(-m // MXFP8_BLOCK_M) * (n // DEFAULT_BLOCK_N)
     return wide_grid < WIDE_TILE_MIN_GRID
+
+
+def gemv_bucket(m: int) -> int:
+    """The smallest M bucket covering ``m`` (Mxfp8GemvOp's ``m_bucket``)."""
+    for b in GEMV_M_BUCKETS:
+        if m <= b:
+            return b
+    raise ValueError(f"M={m} exceeds the skinny kernel's {GEMV_MAX_M} tokens")
 
 
 def lsa_stage(world: int, nbytes: int) -> int:
@@ -327,6 +343,103 @@ def check_int32_extents(m: int, n: int, k: int) -> str | None:
     return None
 
 
+#: Modes with an all-reduce (a window, one kernel set per rank), and the ones
+#: whose tail runs SDMA phases (and so takes ``sdma_queues``).
+COLLECTIVE_TRANSPORTS = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa")
+SDMA_TRANSPORTS = ("fused-sdma", "split-sdma", "fused-lsa")
+#: Collective-free modes, which implement only mxfp8.
+MXFP8_ONLY_TRANSPORTS = ("gemm-only", "gemv")
+
+#: One broken rule: (the argument to change, the rule's name, the reason).
+Problem = tuple
+
+
+def check_mode_quant(transport: str, quant: str) -> str | None:
+    if transport in MXFP8_ONLY_TRANSPORTS and quant != "mxfp8":
+        op = "Mxfp8GemmOp" if transport == "gemm-only" else "Mxfp8GemvOp"
+        return f'transport "{transport}" is {op}, which implements only mxfp8'
+    return None
+
+
+def wire_problem(transport: str, gather_dtype: str | None, gather_transport: str | None) -> Problem | None:
+    """The wires a mode has: split-lsa is one LSA kernel (bf16 only); fused-lsa is
+    built and measured by mori on the bf16 wire only."""
+    if transport == "split-lsa":
+        if gather_dtype == "fp8":
+            return ("gather_dtype", "wire_dtype", "the split-lsa all-reduce has no fp8 path")
+        if gather_transport == "sdma":
+            return ("gather_transport", "wire_transport", "split-lsa moves every byte over LSA")
+    if transport == "fused-lsa" and gather_dtype == "fp8":
+        return ("gather_dtype", "wire_dtype",
+                "fused-lsa runs the bf16 gather only (mori builds and measures the Direct-LSA "
+                "epilogue on the bf16 wire)")
+    return None
+
+
+def gemm_ar_problems(*, n, k, world, quant, block_m, block_n, gather_dtype="bf16", gather_transport="lsa",
+                     sdma_queues=1, m_max=None, max_shapes=None, transport="fused-sdma"):
+    """Every M-independent rule a collective op breaks, in the op's order, as Problems.
+
+    The order is ``GemmAllReduceOp``'s constructor's: quant, tile-for-quant, wire,
+    block_n, tile, m_max/sdma_queues/max_shapes, then the GEMM's shape (K, then N),
+    world and the fp8 gather's N. ``block_m`` must already be resolved (its default
+    depends on quant). An argument passed as None is one the caller already found
+    invalid: rules that need it are skipped, so each problem is reported once.
+    """
+    if quant is not None and check_quant(quant):
+        yield ("quant", "quant", check_quant(quant))
+        quant = None
+    if quant is not None and block_m is not None and check_block_m_for_quant(quant, block_m):
+        yield ("block_m", "block_m_quant", check_block_m_for_quant(quant, block_m))
+        block_m = None
+    for field, value, check in (("gather_dtype", gather_dtype, check_gather_dtype),
+                                ("gather_transport", gather_transport, check_gather_transport)):
+        if value is not None and check(value):
+            yield (field, field, check(value))
+            if field == "gather_dtype":
+                gather_dtype = None
+            else:
+                gather_transport = None
+    wire = wire_problem(transport, gather_dtype, gather_transport)
+    if wire:
+        yield wire
+        gather_dtype = None if wire[0] == "gather_dtype" else gather_dtype
+    if block_n is not None and check_block_n(block_n):
+        yield ("block_n", "block_n", check_block_n(block_n))
+        block_n = None
+    if block_m is not None and check_tile(block_m, block_n or DEFAULT_BLOCK_N):
+        yield ("block_m", "tile_m", check_tile(block_m, block_n or DEFAULT_BLOCK_N))
+        block_m = None
+    for field, value, check in (("m_max", m_max, check_m_max), ("sdma_queues", sdma_queues, check_sdma_queues),
+                                ("max_shapes", max_shapes, check_max_shapes)):
+        if value is not None and check(value):
+            yield (field, field, check(value))
+    yield from _shape_problems(n, k, block_n, quant)
+    if world is not None and check_world(world):
+        yield ("world", "world", check_world(world))
+    if n is not None and gather_dtype is not None and check_fp8_gather_n(n, gather_dtype):
+        yield ("n", "fp8_gather_n", check_fp8_gather_n(n, gather_dtype))
+
+
+def _shape_problems(n, k, block_n, quant, *, narrow_n: int | None = None):
+    """K, then N (against block_n, or only the scale group when block_n is unknown)."""
+    if k is not None and check_k(k, quant or "blockscale"):
+        yield ("k", "k", check_k(k, quant or "blockscale"))
+    if n is None:
+        return
+    if block_n is not None:
+        why = check_n(n, block_n, quant or "blockscale")
+        if why:
+            yield ("n", "n", why)
+        elif narrow_n is not None and check_n(n, narrow_n, quant or "blockscale"):
+            yield ("n", "n_narrow", check_n(n, narrow_n, quant or "blockscale")
+                   + " (the narrow kernel Mxfp8GemmOp uses at small grids)")
+        return
+    group = MXFP8_BLOCK if quant == "mxfp8" else SCALE_BLOCK_K
+    if n % group:
+        yield ("n", "n", f"N must be a multiple of {group} (the B scale group)")
+
+
 def check_gemm_ar(
     m: int,
     n: int,
@@ -341,36 +454,23 @@ def check_gemm_ar(
     m_max: int | None = None,
     sdma_queues: int = 1,
     max_shapes: int | None = None,
+    transport: str = "fused-sdma",
 ) -> str | None:
-    """First reason GemmAllReduceOp (constructed for ``m_max``, called at ``m``) fails.
+    """First reason a collective op (constructed for ``m_max``, called at ``m``) fails.
 
     ``m`` is the unpadded M; it is padded as the caller would. ``m_max`` defaults
     to ``m``. Returns None when the op accepts the shape.
     """
-    why = check_quant(quant)
-    if why:
-        return why
     if block_m is None:
         block_m = default_block_m(quant)
-    why = (
-        check_block_m_for_quant(quant, block_m)
-        or check_gather_dtype(gather_dtype)
-        or check_gather_transport(gather_transport)
-        or check_block_n(block_n)
-        or check_tile(block_m, block_n)
-    )
-    if why:
-        return why
     if m_max is None:
         m_max = m
-    why = check_m_max(m_max) or check_sdma_queues(sdma_queues)
-    if why:
+    for _field, _rule, why in gemm_ar_problems(
+            n=n, k=k, world=world, quant=quant, block_m=block_m, block_n=block_n, gather_dtype=gather_dtype,
+            gather_transport=gather_transport, sdma_queues=sdma_queues, m_max=m_max, max_shapes=max_shapes,
+            transport=transport):
         return why
-    if max_shapes is not None:
-        why = check_max_shapes(max_shapes)
-        if why:
-            return why
-    why = check_gemm_shape(n, k, block_n, quant) or check_world(world) or check_m(m)
+    why = check_m(m)
     if why:
         return why
     m_pad = padded_m(m, world, block_m)
@@ -380,26 +480,63 @@ def check_gemm_ar(
     return (
         check_payload(m_max_pad, n, world)
         or check_payload(m_pad, n, world)
-        or check_fp8_gather_n(n, gather_dtype)
         or check_int32_extents(m_max_pad, n, k)
     )
 
 
-def check_mxfp8_gemm(n: int, k: int, *, block_n: int = DEFAULT_BLOCK_N, m: int | None = None) -> str | None:
-    """First reason Mxfp8GemmOp (gemm-only) cannot serve ``(N, K)``, or None.
+def mxfp8_gemm_problems(*, n, k, block_m=MXFP8_BLOCK_M, block_n=DEFAULT_BLOCK_N, quant="mxfp8",
+                        transport="gemm-only"):
+    """Every rule Mxfp8GemmOp (gemm-only) breaks for ``(N, K)``, as Problems, in its order.
 
     Both of its kernels must be buildable: the wide tile (``block_n``, permlane)
     and the narrow 128-wide tile it switches to at small grids.
     """
-    why = (
-        check_tile(MXFP8_BLOCK_M, block_n)
-        or check_block_n(block_n)
-        or check_gemm_shape(n, k, block_n, "mxfp8")
-        or check_gemm_shape(n, k, NARROW_BLOCK_N, "mxfp8")
-    )
-    if why or m is None:
+    if quant is not None and check_mode_quant(transport, quant):
+        yield ("quant", "mode_quant", check_mode_quant(transport, quant))
+    if block_m is not None and check_block_m_for_quant("mxfp8", block_m):
+        yield ("block_m", "block_m_quant", check_block_m_for_quant("mxfp8", block_m))
+    if block_n is not None:
+        why = check_tile(MXFP8_BLOCK_M, block_n) or check_block_n(block_n)
+        if why:
+            yield ("block_n", "block_n", why)
+            block_n = None
+    yield from _shape_problems(n, k, block_n, "mxfp8", narrow_n=NARROW_BLOCK_N)
+
+
+def check_mxfp8_gemm(n: int, k: int, *, block_n: int = DEFAULT_BLOCK_N, m: int | None = None) -> str | None:
+    """First reason Mxfp8GemmOp (gemm-only) cannot serve ``(N, K)`` (at ``m``), or None."""
+    for _field, _rule, why in mxfp8_gemm_problems(n=n, k=k, block_n=block_n):
         return why
+    if m is None:
+        return None
     return check_m(m) or check_int32_extents(gemm_only_padded_m(m), n, k)
+
+
+def mxfp8_gemv_problems(*, n, k, quant="mxfp8"):
+    """Every rule Mxfp8GemvOp breaks for ``(N, K)`` (its ``supports_gemv``), as Problems."""
+    if quant is not None and check_mode_quant("gemv", quant):
+        yield ("quant", "mode_quant", check_mode_quant("gemv", quant))
+    if k is not None and (k < GEMV_STEP_K or k % GEMV_STEP_K):
+        yield ("k", "gemv_k", f"K must be a positive multiple of {GEMV_STEP_K} (the skinny kernel's MFMA step)")
+    if n is not None and n % MXFP8_BLOCK:
+        yield ("n", "gemv_n", f"N must be a multiple of {MXFP8_BLOCK} (the B scale group; also whole "
+                              f"{GEMV_TILE}-row MFMA tiles)")
+
+
+def check_gemv_m(m: int) -> str | None:
+    if not 1 <= m <= GEMV_MAX_M:
+        return (f"M must be in [1, {GEMV_MAX_M}] (the skinny kernel's token tile; Mxfp8GemmOp serves "
+                f"larger M)")
+    return None
+
+
+def check_mxfp8_gemv(n: int, k: int, *, m: int | None = None) -> str | None:
+    """First reason Mxfp8GemvOp cannot serve ``(N, K)`` (at ``m``), or None."""
+    for _field, _rule, why in mxfp8_gemv_problems(n=n, k=k):
+        return why
+    if m is None:
+        return None
+    return check_gemv_m(m) or check_int32_extents(m, n, k)
 
 
 # --------------------------------------------------------------------------

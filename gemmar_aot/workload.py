@@ -9,19 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The modes a manifest can ask for, by the names the upstream spec uses.
-#:   fused-sdma  GemmAllReduceOp: GEMM with the scatter fused into its epilogue,
-#:               then drain -> reduce -> (fp8 inserts) -> gather.
-#:   split-lsa   the unfused baseline: GEMM(fuse=False) -> LSA all-reduce.
+#: The modes a manifest can ask for, by the names mori's benchmark and the PR use.
+#:   fused-sdma  GemmAllReduceOp: GEMM with the scatter fused into its epilogue
+#:               (SDMA puts), then drain -> reduce -> (fp8 inserts) -> gather.
+#:   split-sdma  GEMM(fuse=False), then the SDMA all-reduce: scatter -> reduce ->
+#:               (fp8 inserts) -> gather.
+#:   split-lsa   GEMM(fuse=False), then the LSA all-reduce (one kernel).
+#:   fused-lsa   GEMM(fuse=True, transport="lsa"): the epilogue stores straight into
+#:               the peers' windows; then drain (a barrier) -> reduce -> gather.
 #:   gemm-only   Mxfp8GemmOp's GEMM, no collective.
-MODES = ("fused-sdma", "split-lsa", "gemm-only")
-#: Modes the upstream builders have but this tool does not build yet.
-MODES_LATER = ("split-sdma", "fused-lsa")
+#:   gemv        Mxfp8GemvOp: the skinny mxfp8 matmul for M <= 32, one kernel per
+#:               M bucket, no collective.
+MODES = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa", "gemm-only", "gemv")
+#: Modes with an all-reduce: a communicator, a window, one kernel set per rank.
+COLLECTIVE_MODES = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa")
 
 
 @dataclass(frozen=True, order=True)
 class Workload:
-    """A validated manifest tuple. ``m`` is the padded M the kernels are built for."""
+    """A validated manifest tuple. ``m`` is the padded M the kernels are built for.
+
+    For ``gemv`` the padded M is the M bucket whose kernel serves it; block_m and
+    block_n are recorded at their mxfp8 values and unused (the skinny kernel has its
+    own tiling), as world is for both collective-free modes.
+    """
 
     transport: str  # one of MODES
     m: int  # padded M (a multiple of world*block_m for collective modes)
@@ -29,8 +40,8 @@ class Workload:
     k: int
     world: int
     quant: str  # "blockscale" | "mxfp8"
-    gather_dtype: str = "bf16"  # "bf16" | "fp8"   (fused-sdma only)
-    gather_transport: str = "lsa"  # "sdma" | "lsa" (fused-sdma only; matters with fp8)
+    gather_dtype: str = "bf16"  # "bf16" | "fp8"   (collective modes)
+    gather_transport: str = "lsa"  # "sdma" | "lsa" (collective modes; matters with fp8)
     block_m: int = 128
     block_n: int = 256
     m_max: int | None = None  # padded; None = the group's largest padded M
@@ -40,7 +51,7 @@ class Workload:
 
     @property
     def collective(self) -> bool:
-        return self.transport != "gemm-only"
+        return self.transport in COLLECTIVE_MODES
 
     def group_key(self) -> tuple:
         """Tuples with equal group keys share one window (one op instance)."""

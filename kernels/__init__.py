@@ -2,32 +2,42 @@
 
 Build-time only (installed as ``gemmar_aot_kernels``; the runtime never imports it).
 
-Each recipe module has two halves:
+A recipe module has up to two halves:
 
-* a pure half, used by the plan: ``specs(workload, layout) -> RankKernels``, which
-  turns one validated tuple into the per-rank kernel specs in launch order. No
-  FlyDSL, torch or mori import happens here, so ``gemmar-aot plan`` is instant.
+* a pure half, used by the plan: ``specs(workload, layout, env) -> RankKernels``,
+  which turns one validated tuple into the per-rank kernel specs in launch order.
+  No FlyDSL, torch or mori import happens here, so ``gemmar-aot plan`` is instant.
+  Every mode (``gemmar_aot.workload.MODES``) has one.
 * a build half, used by compile workers: ``build(spec) -> (jit_fn, args)``, which
   calls mori's own builder with exactly the spec's parameters and returns the
-  untraced FlyDSL launcher plus placeholder arguments to trace it with. Imports of
-  mori and FlyDSL happen inside it.
-* ``build_group(spec) -> str | None``: specs with the same group are built from one
-  builder call, so the compile driver sends them to one worker together.
+  untraced FlyDSL launcher plus placeholder arguments to trace it with, and
+  ``build_group(spec) -> str | None``: specs with the same group are built from one
+  builder call, so the compile driver sends them to one worker together. Every
+  ``KernelSpec.recipe`` names a module with this half.
+
+Kernels several modes share are specs of one recipe, so the plan builds them once:
+the unfused GEMM (``gemm-only``: split-sdma's, split-lsa's and Mxfp8GemmOp's) and
+the SDMA phases (``sdma-phases``: scatter, drain, reduce, gather and the fp8
+inserts of fused-sdma, split-sdma and fused-lsa, and every mode's self-test).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-#: recipe name (KernelSpec.recipe) -> module
+#: recipe name (a mode, or KernelSpec.recipe) -> module
 RECIPES = {
     "fused-sdma": "gemmar_aot_kernels.fused_sdma",
+    "split-sdma": "gemmar_aot_kernels.split_sdma",
     "split-lsa": "gemmar_aot_kernels.split_lsa",
+    "fused-lsa": "gemmar_aot_kernels.fused_lsa",
     "gemm-only": "gemmar_aot_kernels.gemm_only",
+    "gemv": "gemmar_aot_kernels.gemv",
+    "sdma-phases": "gemmar_aot_kernels.sdma_phases",
 }
 
 #: Bump when any recipe changes what it builds for a given spec. Part of every key.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 def recipe_module(name: str):

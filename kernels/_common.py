@@ -38,7 +38,7 @@ PHASE_FIXED = {
     "publish": "writethrough",
 }
 
-MAX_CHUNKS = 8
+from gemmar_aot.rules import MAX_CHUNKS  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -107,12 +107,20 @@ def test_grids_follow_the_op(smoke_build):
             assert grid == (math.ceil(m / b["BLOCK_M"]) * math.ceil(n / b["BLOCK_N"]), 1, 1)
             assert block == (512, 1, 1)
             seen.add("gemm")
+        elif spec.kind == "gemv":
+            cfg = p["config"]
+            wg_rows = cfg["rows"] if cfg["ksplit"] else cfg["rows"] * cfg["waves"]
+            n = p["n"]
+            values = [(0x1000, 64) if a.kind == "tensor" else n if a.name == "c_n" else 1 for a in launch.args]
+            grid, block, _ = launch.resolve(launch.host_params(values))
+            assert grid == (math.ceil(n / wg_rows), 1, 1) and block == (cfg["waves"] * 64, 1, 1), spec.label()
+            seen.add("gemv")
         else:
             assert launch.is_constant_launch(), spec.label()
             if spec.kind in ("drain", "gather", "scatter", "gather_barrier"):
                 assert tuple(launch.block) == (64, 1, 1) and tuple(launch.grid) == (1, 1, 1)
                 seen.add(spec.kind)
-    assert {"gemm", "drain", "gather", "scatter"} <= seen
+    assert {"gemm", "gemv", "drain", "gather", "scatter"} <= seen
 
 
 def test_fused_gemm_does_not_spill(smoke_build):
@@ -210,5 +218,51 @@ def test_equivalent_to_mori_builder_path(smoke_build):
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert bytes.fromhex(theirs["gemm"]) == code
-    drains = [c for s, _, c in _kernels(out) if s.kind == "drain" and s.rank == spec.rank]
+    drains = [c for s, _, c in _kernels(out) if s.kind == "drain" and s.rank == spec.rank
+              and s.param_dict()["cfg"]["world_size"] == cfg["world_size"]]
     assert drains == [bytes.fromhex(theirs["drain"])]
+
+
+_FUSED_LSA_PHASES = textwrap.dedent(
+    """
+    # fused-lsa's tail as mori's benchmark builds it: every phase from ONE call with
+    # reduce_self_from_recv=True. Ours shares drain and gather with fused-sdma (built with False).
+    import json, os, sys
+    from gemmar_aot.toolchain import compile_env, import_mori_device, load_toolchain
+    tc = load_toolchain()
+    os.environ.update(compile_env(tc))
+    import_mori_device(tc)
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    from mori.ops.gemm_ar.op import _build_cfg
+    from mori.ops.gemm_ar.kernels_sdma import build_sdma_phases
+    from gemmar_aot.compiler.worker import _code_object_bytes
+    a = json.loads(sys.argv[1])
+    cfg = _build_cfg(**a["cfg"])
+    parts = build_sdma_phases(cfg, a["rank"], queues=1, reduce_self_from_recv=True)
+    out = {}
+    for phase in parts["fused_order"]:
+        flyc.compile(parts[phase], 0, 0, stream=fx.Stream(None))
+        out[phase] = _code_object_bytes(parts[phase]._last_compiled[1]._ir_text).hex()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_fused_lsa_tail_equals_one_builder_call(smoke_build):
+    """Sharing fused-sdma's drain and gather with fused-lsa changes no byte of fused-lsa's tail."""
+    _, out = smoke_build
+    plan = make_plan(load_manifest(SMOKE))
+    (t,) = [t for t in plan.tuples if t.workload.transport == "fused-lsa"]
+    rank = t.ranks[-1]
+    tail = rank.launches[1:]
+    cfg = dict(tail[1].param_dict()["cfg"])  # the reduce's: the tuple's own config
+    cfg.pop("via")
+    proc = subprocess.run([sys.executable, "-c", _FUSED_LSA_PHASES, json.dumps({"cfg": cfg, "rank": rank.rank})],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    codes = {s.spec_id: c for s, _, c in _kernels(out)}
+    assert [s.kind for s in tail] == list(theirs)
+    for s in tail:
+        assert codes[s.spec_id] == bytes.fromhex(theirs[s.kind]), s.label()

@@ -18,7 +18,15 @@ except ModuleNotFoundError:  # Python 3.10
 
 from gemmar_aot import rules
 from gemmar_aot.errors import ManifestError
-from gemmar_aot.manifest import MAX_M_VALUES, Manifest, load_manifest, parse_manifest
+from gemmar_aot.manifest import (
+    MAX_GEMM_COMPILES,
+    MAX_M_VALUES,
+    MAX_WORKLOADS,
+    Manifest,
+    gemm_compiles,
+    load_manifest,
+    parse_manifest,
+)
 from gemmar_aot.workload import MODES, Workload
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
@@ -153,6 +161,10 @@ def assert_valid_workload(w: Workload) -> None:
         _collective_ok(w)
         if w.m_max is not None:
             assert w.m <= w.m_max and w.m_max % (w.world * w.block_m) == 0
+    elif w.transport == "gemv":
+        assert w.quant == "mxfp8" and w.m in rules.GEMV_M_BUCKETS and w.m_requested <= w.m
+        assert rules.check_mxfp8_gemv(w.n, w.k, m=w.m) is None
+        assert w.m_max is None
     else:
         assert w.quant == "mxfp8" and w.block_m == 256 and w.m % 64 == 0
         assert rules.check_mxfp8_gemm(w.n, w.k, block_n=w.block_n, m=w.m) is None
@@ -191,13 +203,19 @@ def test_smoke_manifest():
     assert m.name == "smoke" and m.warnings == ()
     modes = {w.transport for w in m.workloads}
     assert modes == set(MODES)
-    assert all(w.world == 2 and w.n == 1024 for w in m.workloads)
+    assert {w.world for w in m.workloads} == {2, 4} and all(w.n == 1024 for w in m.workloads)
     assert {w.k for w in m.workloads} == {256, 512}
-    assert any(w.gather_dtype == "fp8" for w in m.workloads)
+    fused = [w for w in m.workloads if w.transport == "fused-sdma"]
+    # the compile tier's coverage: both fp8 gathers, the fused mxfp8 GEMM (block_m 256), world 4
+    assert {(w.gather_dtype, w.gather_transport) for w in fused if w.gather_dtype == "fp8"} == {
+        ("fp8", "lsa"), ("fp8", "sdma")}
+    assert any(w.quant == "mxfp8" and w.block_m == 256 for w in fused)
+    assert any(w.world == 4 for w in fused)
     gemm_only = [w for w in m.workloads if w.transport == "gemm-only"]
     # one M per mxfp8 kernel: the narrow tile and the wide one
     assert sorted(rules.gemm_only_wants_narrow(w.m, w.n) for w in gemm_only) == [False, True]
-    assert len(m.workloads) <= 10
+    assert sorted(w.m for w in m.workloads if w.transport == "gemv") == [1, 32]
+    assert len(m.workloads) <= 16
     for w in m.workloads:
         assert_valid_workload(w)
 
@@ -289,6 +307,54 @@ def test_optional_fields():
     assert (b.transport, b.m_max) == ("split-lsa", 16384)
 
 
+def test_every_mode_is_accepted():
+    m = parse_manifest(doc(
+        tup(transport="split-sdma", gather_dtype="fp8", gather_transport="sdma", sdma_queues=2),
+        tup(transport="fused-lsa", sdma_queues=2),
+        tup(transport="split-lsa"),
+        tup(transport="gemm-only", quant="mxfp8"),
+        tup(transport="gemv", quant="mxfp8", m=[1, 3, 32]),
+    ))
+    got = [(w.transport, w.m, w.collective) for w in m.workloads]
+    assert got == [("split-sdma", 4096, True), ("fused-lsa", 4096, True), ("split-lsa", 4096, True),
+                   ("gemm-only", 4096, False), ("gemv", 1, False), ("gemv", 4, False), ("gemv", 32, False)]
+    for w in m.workloads:
+        assert_valid_workload(w)
+
+
+def test_gemv_m_values_merge_into_buckets():
+    m = parse_manifest(doc(tup(transport="gemv", quant="mxfp8", n=5120, k=2048, m=dict(start=1, stop=32, step=1))),
+                       path="g.toml")
+    assert [w.m for w in m.workloads] == list(rules.GEMV_M_BUCKETS)
+    assert len(m.warnings) == 32 - 6
+    assert "m = 3 and m = 4 both pad to 4" in m.warnings[0]
+
+
+def test_total_gemm_compiles_are_bounded():
+    # 1024 padded M values x 8 ranks = 8192 fused GEMMs per tuple: one tuple is at the limit, two are over.
+    big = dict(m=dict(start=1024, stop=1024 * 1024, step=1024), n=1024, k=1024)
+    assert len(parse_manifest(doc(tup(**big))).workloads) == 1024
+    p = one_problem(doc(tup(**big), tup(**dict(big, k=512)), tup(transport="split-lsa", **big)), path="big.toml")
+    assert p.startswith("big.toml: top level: the tuples ask for 16385 GEMM compiles (fused-sdma 16384, split 1; "
+                        "about 6.8 CPU-hours")
+    assert f"more than the {MAX_GEMM_COMPILES} one manifest may ask for; split it into several manifests" in p
+
+
+def test_total_workloads_are_bounded():
+    cheap = [tup(transport="gemm-only", quant="mxfp8", n=1024, k=256 * (i + 1),
+                 m=dict(start=64, stop=64 * 1024, step=64)) for i in range(MAX_WORKLOADS // 1024 + 1)]
+    p = one_problem(doc(*cheap))
+    assert f"expand to {len(cheap) * 1024} distinct workloads" in p and f"more than the {MAX_WORKLOADS}" in p
+
+
+def test_gemm_compiles_count_shared_kernels_once():
+    m = parse_manifest(doc(
+        tup(m=[4096, 8192]), tup(transport="fused-lsa"), tup(transport="split-sdma", m=[1024, 2048]),
+        tup(transport="split-lsa", m=[1024, 2048]), tup(transport="gemm-only", quant="mxfp8", m=[64, 128, 16384]),
+        tup(transport="gemv", quant="mxfp8", m=[1, 2, 3])))
+    assert gemm_compiles(m.workloads) == {"fused-sdma": 16, "fused-lsa": 8, "split": 1, "gemm-only": 2, "gemv": 3}
+
+
 def test_gemm_only_world_is_recorded_only():
     m = parse_manifest(doc(tup(transport="gemm-only", n=1024, k=256, world=1, quant="mxfp8")))
     assert m.workloads[0].world == 1 and not m.workloads[0].collective
@@ -329,9 +395,27 @@ RULE_CASES = [
     (dict(quant="int4"), 'quant = "int4"', 'quant must be one of "blockscale" or "mxfp8"', 'use "blockscale" or "mxfp8"'),
     (dict(quant="MXFP8"), 'quant = "MXFP8"', "quant must be one of", 'write quant = "mxfp8"'),
     (dict(quant="blockscal"), 'quant = "blockscal"', "quant must be one of", 'did you mean "blockscale"?'),
-    (dict(transport="split-sdma"), 'transport = "split-sdma"', "not built yet", 'use "fused-sdma"'),
-    (dict(transport="fused-lsa"), 'transport = "fused-lsa"', "not built yet", 'use "fused-sdma"'),
-    (dict(transport="fused"), 'transport = "fused"', "transport must be one of", 'did you mean "fused-sdma"?'),
+    (dict(transport="fused-sdm"), 'transport = "fused-sdm"', "transport must be one of", 'did you mean "fused-sdma"?'),
+    (dict(transport="fused-lsa", gather_dtype="fp8"), 'gather_dtype = "fp8"', "fused-lsa runs the bf16 gather only",
+     'use transport = "fused-sdma" or "split-sdma"'),
+    (dict(transport="split-sdma", gather_dtype="fp8", n=1536), "n = 1536", "an fp8 gather needs N to be a multiple of 1024",
+     'use gather_dtype = "bf16"'),
+    (dict(transport="split-lsa", block_m=192), "block_m = 192", "block_m must be a positive multiple of 128",
+     "use 128 or 256"),
+    (dict(transport="gemv", quant="mxfp8", n=1024, k=256, m=64), "m = 64", "M must be in [1, 32]",
+     'use transport = "gemm-only" for larger M'),
+    (dict(transport="gemv", quant="mxfp8", n=1040, k=256, m=8), "n = 1040", "N must be a multiple of 32",
+     "use 1024 or 1056"),
+    (dict(transport="gemv", quant="mxfp8", n=1024, k=200, m=8), "k = 200", "the skinny kernel's MFMA step",
+     "use 128 or 256"),
+    (dict(transport="gemv", n=1024, k=256, m=8), 'quant = "blockscale"', "Mxfp8GemvOp, which implements only mxfp8",
+     'set quant = "mxfp8"'),
+    (dict(transport="gemv", quant="mxfp8", n=1024, k=256, m=8, block_m=256), "block_m = 256",
+     'does not apply to transport "gemv"', "remove it"),
+    (dict(transport="gemv", quant="mxfp8", n=1024, k=256, m=8, sdma_queues=1), "sdma_queues = 1",
+     'does not apply to transport "gemv"', "remove it"),
+    (dict(transport="split-lsa", sdma_queues=2, m=8), "sdma_queues = 2", 'does not apply to transport "split-lsa"',
+     "remove it"),
     (dict(quant="mxfp8", block_m=128), "block_m = 128", "mxfp8 requires block_m = 256", "set block_m = 256 or remove it"),
     (dict(block_m=192), "block_m = 192", "block_m must be a positive multiple of 128", "use 128 or 256"),
     (dict(block_n=512), "block_n = 512", "block_n must be exactly 256 (the permlane epilogue", "set block_n = 256"),
@@ -417,7 +501,7 @@ TYPE_CASES = [
     (dict(m="4096"), 'm = "4096": M must be an integer, an array of integers or a range table, not a string'),
     (dict(m=4096.0), "m = 4096.0: M must be an integer, an array of integers or a range table, not a float"),
     (dict(m=dict(start=1024.0, stop=2048, step=1024)), "m.start = 1024.0: must be an integer, not a float"),
-    (dict(transport=1), 'transport = 1: must be a string, not an integer; use "fused-sdma", "split-lsa" or "gemm-only"'),
+    (dict(transport=1), 'transport = 1: must be a string, not an integer; use "fused-sdma", "split-sdma", "split-lsa", "fused-lsa", "gemm-only" or "gemv"'),
     (dict(quant=["blockscale"]), 'quant = ["blockscale"]: must be a string, not an array'),
     (dict(gather_dtype=True), "gather_dtype = true: must be a string, not a boolean"),
 ]
@@ -494,7 +578,7 @@ def test_several_errors_are_reported_together():
     text = doc(
         tup(k=200, world=3),  # two problems
         REF,  # fine
-        tup(transport="split-sdma", n="7168", m=[]),  # three problems
+        tup(transport="split-rccl", n="7168", m=[]),  # three problems
         tup(quant=DROP, extra=1),  # two problems
         manifest=dict(arch="gfx90a"),
     )

@@ -37,10 +37,10 @@ def test_reference_manifest_counts():
     by_kind = plan.distinct_by_kind()
     assert by_kind == {
         "fused-sdma:gemm": len(ms) * world,
-        "fused-sdma:reduce": len(ms) * world,
-        "fused-sdma:gather": len(ms) * world,
-        "fused-sdma:scatter": len(ms) * world,
-        "fused-sdma:drain": world,
+        "sdma-phases:reduce": len(ms) * world,
+        "sdma-phases:gather": len(ms) * world,
+        "sdma-phases:scatter": len(ms) * world,
+        "sdma-phases:drain": world,
     }
     assert len(plan.specs) == 4 * len(ms) * world + world == 424
     for t in plan.tuples:
@@ -72,33 +72,113 @@ def test_fp8_manifest_counts():
     # The two wires are two windows: everything M-dependent is per wire, the
     # control-only phases (drain, gather_barrier) per rank.
     assert by_kind["fused-sdma:gemm"] == 2 * ms * world
-    assert by_kind["fused-sdma:quantize"] == 2 * ms * world
-    assert by_kind["fused-sdma:pull"] == ms * world
-    assert by_kind["fused-sdma:dequantize"] == ms * world
-    assert by_kind["fused-sdma:drain"] == world
-    assert by_kind["fused-sdma:gather_barrier"] == world
+    assert by_kind["sdma-phases:quantize"] == 2 * ms * world
+    assert by_kind["sdma-phases:pull"] == ms * world
+    assert by_kind["sdma-phases:dequantize"] == ms * world
+    assert by_kind["sdma-phases:drain"] == world
+    assert by_kind["sdma-phases:gather_barrier"] == world
     assert len(plan.specs) == 1160
 
 
 def test_smoke_manifest_counts():
     plan = make_plan(load_manifest(MANIFESTS / "smoke.toml"))
     by_kind = plan.distinct_by_kind()
-    world = 2
-    # bf16 window: M 256, 512 at K 256 and 512 -> 4 GEMMs per rank; the phases
-    # do not depend on K, so reduce/gather/scatter are 2 M x 2 ranks.
-    # fp8/lsa window: M 512 -> 1 GEMM, reduce, quantize, pull, scatter per rank.
-    assert by_kind["fused-sdma:gemm"] == (4 + 1) * world
-    assert by_kind["fused-sdma:reduce"] == (2 + 1) * world
-    assert by_kind["fused-sdma:gather"] == 2 * world
-    assert by_kind["fused-sdma:scatter"] == (2 + 1) * world
-    assert by_kind["fused-sdma:drain"] == world
-    assert by_kind["fused-sdma:gather_barrier"] == world
-    assert by_kind["fused-sdma:pull"] == world
-    # split-lsa: one M-independent GEMM shared by both ranks, one all-reduce per rank.
-    assert by_kind["split-lsa:gemm"] == 1
-    assert by_kind["split-lsa:lsa_ar"] == world
-    # gemm-only: the narrow tile for M=256, the wide one for M=9216.
-    assert by_kind["gemm-only:gemm"] == 2
+    # Windows at world 2 (N 1024): bf16 blockscale (M 256, 512; K 256 and 512 share it), fp8/lsa,
+    # fp8/sdma and mxfp8 bf16 at M 512; world 4: bf16 at M 512.
+    # fused GEMMs: one per (M, K, window, rank).
+    assert by_kind["fused-sdma:gemm"] == (4 + 1 + 1 + 1) * 2 + 4
+    assert by_kind["fused-lsa:gemm"] == 2
+    # Phases do not depend on K; split-sdma and fused-lsa sit in the first window at M 512, so
+    # they share its scatter and gather (fused-lsa's reduce reads its own slice from the recv slot).
+    assert by_kind["sdma-phases:reduce"] == (2 + 1 + 1 + 1) * 2 + 4 + 2
+    assert by_kind["sdma-phases:gather"] == (2 + 1 + 1) * 2 + 4
+    assert by_kind["sdma-phases:scatter"] == (2 + 1 + 1 + 1) * 2 + 4
+    assert by_kind["sdma-phases:drain"] == 2 + 4
+    assert by_kind["sdma-phases:gather_barrier"] == 2
+    assert by_kind["sdma-phases:pull"] == 2
+    assert by_kind["sdma-phases:dequantize"] == 2
+    # One unfused GEMM for split-sdma and split-lsa, plus Mxfp8GemmOp's narrow (M=256) and wide
+    # (M=9216) tiles; one all-reduce per rank; one skinny GEMM per bucket (1 and 32).
+    assert by_kind["gemm-only:gemm"] == 3
+    assert by_kind["split-lsa:lsa_ar"] == 2
+    assert by_kind["gemv:gemv"] == 2
+
+
+#: Per-call and self-test sequences of every mode on the bf16 wire (the PR's modes, section 2 of the spec).
+MODE_SEQUENCES = {
+    "fused-sdma": (["gemm", "drain", "reduce", "gather"], ["scatter", "reduce", "gather"]),
+    "split-sdma": (["gemm", "scatter", "reduce", "gather"], ["scatter", "reduce", "gather"]),
+    "fused-lsa": (["gemm", "drain", "reduce", "gather"], ["scatter", "reduce", "gather"]),
+    "split-lsa": (["gemm", "lsa_ar"], ["lsa_ar"]),
+    "gemm-only": (["gemm"], []),
+    "gemv": (["gemv"], []),
+}
+
+COMPARISON = """
+[[tuple]]
+transport = "{mode}"
+m = {m}
+n = 1024
+k = 256
+world = 2
+quant = "{quant}"
+"""
+
+
+def _one_mode(mode: str, m: int = 512, quant: str = "blockscale"):
+    quant = "mxfp8" if mode in ("gemm-only", "gemv") else quant
+    return make_plan(parse_manifest(COMPARISON.format(mode=mode, m=m, quant=quant), "c.toml"))
+
+
+def test_every_mode_plans_its_sequence():
+    for mode, (call, self_test) in MODE_SEQUENCES.items():
+        plan = _one_mode(mode, m=16 if mode == "gemv" else 512)
+        for r in plan.tuples[0].ranks:
+            assert [s.kind for s in r.launches] == call, mode
+            assert [s.kind for s in r.self_test] == self_test, mode
+
+
+def test_modes_share_what_is_the_same_kernel():
+    one = {mode: {s.spec_id: s for s in _one_mode(mode).specs} for mode in ("fused-sdma", "split-sdma",
+                                                                             "fused-lsa", "split-lsa")}
+    mxfp8_wide = {s.spec_id for s in _one_mode("gemm-only", m=9216).specs}
+    # split-sdma's per-call kernels are fused-sdma's self-test plus the unfused GEMM.
+    assert set(one["split-sdma"]) - set(one["fused-sdma"]) == {
+        i for i, s in one["split-sdma"].items() if s.kind == "gemm"}
+    # Both split modes run the one unfused GEMM, which is Mxfp8GemmOp's kernel at mxfp8.
+    gemm = lambda mode: {i for i, s in one[mode].items() if s.kind == "gemm"}  # noqa: E731
+    assert gemm("split-sdma") == gemm("split-lsa") and len(gemm("split-lsa")) == 1
+    split_mx = {s.spec_id for s in _one_mode("split-sdma", quant="mxfp8").specs if s.kind == "gemm"}
+    assert split_mx <= mxfp8_wide
+    # fused-lsa differs from fused-sdma in its GEMMs (transport lsa) and its reduce only.
+    diff = {(s.kind, s.rank) for i, s in one["fused-lsa"].items() if i not in one["fused-sdma"]}
+    assert diff == {("gemm", 0), ("gemm", 1), ("reduce", 0), ("reduce", 1)}
+    lsa_gemm = [s for s in one["fused-lsa"].values() if s.kind == "gemm"][0].param_dict()["builder"]
+    assert (lsa_gemm["fuse"], lsa_gemm["transport"]) == (True, "lsa")
+    lsa_reduce = [s for s in one["fused-lsa"].values() if s.kind == "reduce"][0].param_dict()["builder"]
+    assert lsa_reduce["reduce_self_from_recv"] is True
+
+
+def test_gemv_buckets_and_configs():
+    text = COMPARISON.format(mode="gemv", m="[1, 2, 3, 4, 5, 8, 9, 16, 17, 32]", quant="mxfp8")
+    plan = make_plan(parse_manifest(text.replace("n = 1024", "n = 5120").replace("k = 256", "k = 2048"), "g.toml"))
+    assert [t.workload.m for t in plan.tuples] == [1, 2, 4, 8, 16, 32]
+    cfgs = {t.workload.m: t.ranks[0].launches[0].param_dict()["config"] for t in plan.tuples}
+    # mori 1.2.4's tuned wo_b table (N 5120, K 2048); bucket 32 carries 32 tokens.
+    assert cfgs[1] == {"waves": 16, "steps": 1, "rows": 32, "tokens": 16, "ksplit": True}
+    assert cfgs[32]["tokens"] == 32
+    # An untuned shape runs the heuristic, widened to 32 tokens above 16.
+    untuned = make_plan(parse_manifest(COMPARISON.format(mode="gemv", m="[16, 32]", quant="mxfp8"), "u.toml"))
+    got = [t.ranks[0].launches[0].param_dict()["config"] for t in untuned.tuples]
+    assert got == [{"waves": 4, "steps": 2, "rows": 16, "tokens": 16, "ksplit": True},
+                   {"waves": 4, "steps": 2, "rows": 16, "tokens": 32, "ksplit": True}]
+
+
+def test_plan_carries_the_manifest_warnings():
+    plan = make_plan(parse_manifest(COMPARISON.format(mode="fused-sdma", m="[300, 512]", quant="blockscale"),
+                                    "w.toml"))
+    assert len(plan.warnings) == 1 and "both pad to 512" in plan.warnings[0]
+    assert plan.to_json()["warnings"] == list(plan.warnings)
 
 
 def test_slots_do_not_depend_on_manifest_order():
@@ -143,3 +223,22 @@ def test_code_env_is_part_of_pull_specs():
     b = make_plan(parse_manifest(text, "a.toml"), env={"MORI_GEMM_AR_PULL_BLOCKS": "32"})
     changed = {s.kind for s in set(a.specs) ^ set(b.specs)}
     assert changed == {"pull"}
+
+
+def test_plan_cli_prints_the_warnings(tmp_path):
+    from click.testing import CliRunner
+
+    from gemmar_aot.cli import main
+
+    path = tmp_path / "w.toml"
+    path.write_text(COMPARISON.format(mode="fused-sdma", m="{ start = 300, stop = 1000, step = 212 }",
+                                      quant="blockscale"))
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {path}: tuple[0] (line 2): m = {{ start = 300, stop = 1000, step = 212 }}: stop 1000 " \
+           "is not start + a multiple of step; the last M is 936" in result.stderr
+    assert f"warning: {path}: tuple[0] (line 2): m = 300 and m = 512 both pad to 512" in result.stderr
+    as_json = CliRunner().invoke(main, ["plan", str(path), "--json"])
+    import json
+
+    assert len(json.loads(as_json.stdout)["warnings"]) == 2

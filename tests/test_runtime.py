@@ -612,8 +612,8 @@ def test_fp8_wire_miss_lists_the_wire(smoke_store, smoke_lock):
     assert 'gather_dtype = "fp8"' in ei.value.manifest_lines
     assert 'gather_transport = "lsa"' in ei.value.manifest_lines
     op.close()
-    with pytest.raises(ArtifactMissingError, match="no kernels"):  # fp8 over sdma was never built
-        make_op(smoke_store, smoke_lock, gather_dtype="fp8", gather_transport="sdma")
+    with pytest.raises(ArtifactMissingError, match="no kernels"):  # fp8 at K=512 was never built
+        make_op(smoke_store, smoke_lock, k=512, gather_dtype="fp8", gather_transport="sdma")
 
 
 def test_bf16_wire_ignores_gather_transport(smoke_store, smoke_lock):

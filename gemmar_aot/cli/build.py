@@ -41,10 +41,11 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2, sort_keys=True))
         return
+    _echo_warnings(p.warnings)
     click.echo(f"manifest {p.manifest} ({p.arch}): {len(p.tuples)} tuples")
     for t in p.tuples:
         w = t.workload
-        wire = f" wire={w.gather_dtype}/{w.gather_transport}" if w.transport == "fused-sdma" else ""
+        wire = f" wire={w.gather_dtype}/{w.gather_transport}" if w.collective else ""
         lay = "" if t.layout is None else f" m_max={t.layout.m_max} slot={t.layout.slot}"
         seq = " -> ".join(s.kind for s in t.ranks[0].launches)
         click.echo(f"  {w.transport:<10} M={w.m:<6} N={w.n} K={w.k} world={w.world} {w.quant}{wire}"
@@ -85,9 +86,11 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     compiled again. Writes the lock file <store>/locks/<manifest>.lock.json.
     """
     from gemmar_aot.build import run_build
+    from gemmar_aot.manifest import load_manifest
     from gemmar_aot.shard import parse_shard
 
     shard_ix = parse_shard(shard) if shard is not None else None
+    _echo_warnings(load_manifest(manifest).warnings)  # before the long part (the summary repeats them)
     try:
         summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
                             only=only, shard=shard_ix, progress=not quiet)
@@ -100,6 +103,12 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     else:
         click.echo(format_summary(summary), err=False)
     sys.exit(0 if summary["failed"] == 0 else 1)
+
+
+def _echo_warnings(warnings) -> None:
+    """The manifest's warnings (merged duplicates, off-grid range stops), on stderr."""
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)
 
 
 def format_summary(s: dict) -> str:
