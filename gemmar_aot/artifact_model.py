@@ -40,14 +40,16 @@ from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
+from gemmar_aot.workload import COLLECTIVE_MODES, MODES
 
 #: Version of the lock-file schema this gemmar-aot reads and writes.
 #: 2: typed model; kernels named once by action key, launch records de-duplicated, blobs and
 #: records as Digest(hash, size), the window layout split into shared and per-M values.
 LOCK_SCHEMA = 2
 
-#: The modes (``transport``) a tuple can be built for, by the names the upstream spec uses.
-TRANSPORTS = ("fused-sdma", "split-lsa", "gemm-only")
+#: The modes (``transport``) a tuple can be built for, by the names the upstream spec uses
+#: (defined with the manifest's workload, which is where a mode is born).
+TRANSPORTS = MODES
 #: The mode the runtime's GemmAllReduceOp serves.
 FUSED_SDMA = "fused-sdma"
 #: The mode without a window (Mxfp8GemmOp's GEMM alone).
@@ -156,8 +158,8 @@ class TupleId:
 
     @property
     def collective(self) -> bool:
-        """Whether the mode has a window (everything but gemm-only)."""
-        return self.transport != GEMM_ONLY
+        """Whether the mode has a window (everything but gemm-only and gemv)."""
+        return self.transport in COLLECTIVE_MODES
 
     @property
     def key(self) -> TupleKey:
@@ -723,7 +725,7 @@ class _Reader:
         if tid.collective and layout is None:
             raise self.fail(f"{path}.layout", f"is null, but a {tid.transport} tuple has a window")
         if not tid.collective and layout is not None:
-            raise self.fail(f"{path}.layout", "is not null, but a gemm-only tuple has no window")
+            raise self.fail(f"{path}.layout", f"is not null, but a {tid.transport} tuple has no window")
         if layout is not None:
             for f in ("world", "n", "block_m", "gather_dtype", "gather_transport"):
                 if getattr(layout, f) != getattr(tid, f):

@@ -170,7 +170,7 @@ def test_digest_type_validates():
 @pytest.mark.parametrize("path, value, match", [
     (("tuples", 0, "m"), "256", r"\$\.tuples\[0\]\.m is a string \('256'\), expected an integer"),
     (("tuples", 0, "m"), 0, r"\$\.tuples\[0\]\.m is 0, expected an integer >= 1"),
-    (("tuples", 0, "transport"), "fused-lsa", r"transport is 'fused-lsa', expected one of fused-sdma, split-lsa"),
+    (("tuples", 0, "transport"), "fused-nccl", r"transport is 'fused-nccl', expected one of fused-sdma, split-sdma"),
     (("tuples", 0, "ranks"), {}, r"\$\.tuples\[0\]\.ranks is an object \(\{\}\), expected a list"),
     (("tuples", 0, "ranks", 0, "rank"), 2, r"ranks\[0\]\.rank is 2: the world has 2 ranks"),
     (("tuples", 0, "ranks", 1, "rank"), 0, r"ranks\[1\]\.rank is 0: a repeated rank"),
