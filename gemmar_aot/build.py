@@ -71,46 +71,74 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
 def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               shard: tuple[int, int] | None = None,
-              progress: bool = True, toolchain_root: str | None = None) -> dict:
-    from gemmar_aot.compiler.driver import Task, compile_all
+              progress: bool = True, toolchain_root: str | None = None,
+              trace_path: str | os.PathLike | None = None, executor=None) -> dict:
+    """Build ``manifest_path`` into the store; returns the summary.
+
+    ``executor``: where compiles run (``compiler.driver.Executor``); default: local worker
+    processes, started as soon as the first store miss is seen so their start-up overlaps
+    the rest of the key look-ups. ``trace_path``: write a Chrome-trace/Perfetto JSON timeline.
+    """
+    from gemmar_aot.compiler.driver import (COSTS_FILE, CostModel, LocalExecutor, Task, compile_all,
+                                            terminate_as_interrupt)
+    from gemmar_aot.compiler.trace import BuildTrace, maybe_phase
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
     from gemmar_aot.store import Store, default_store_root, maint, write_lock_file
     from gemmar_aot.toolchain import load_toolchain
 
     t_start = time.perf_counter()
-    manifest = load_manifest(manifest_path)
-    plan = make_plan(manifest)
-    tc = load_toolchain(toolchain_root)
+    trace = BuildTrace() if trace_path is not None else None
+    with maybe_phase(trace, "manifest"):
+        manifest = load_manifest(manifest_path)
+    with maybe_phase(trace, "plan"):
+        plan = make_plan(manifest)
+    with maybe_phase(trace, "toolchain"):
+        tc = load_toolchain(toolchain_root)
     fp = tc.fingerprint
     root = default_store_root(str(store) if store is not None else None)
     st = Store(root)
+    costs_path = st.stats_dir / COSTS_FILE
+    costs = CostModel.load(costs_path)
+    local = None
+    if executor is None:
+        local = LocalExecutor(jobs, toolchain_root=toolchain_root, debug_locations=debug_locations,
+                              costs=costs, trace=trace)
+    try:
+        with terminate_as_interrupt():
+            keys: dict[str, str] = {}
+            ingr: dict[str, dict] = {}
+            with maybe_phase(trace, "keys", specs=len(plan.specs)):
+                for s in plan.specs:
+                    ingr[s.spec_id] = ingredients(s, fp)
+                    keys[s.spec_id] = action_key(ingr[s.spec_id])
 
-    keys: dict[str, str] = {}
-    ingr: dict[str, dict] = {}
-    for s in plan.specs:
-        ingr[s.spec_id] = ingredients(s, fp)
-        keys[s.spec_id] = action_key(ingr[s.spec_id])
+            selected = [s for s in plan.specs if not only or s.kind in only]
+            if shard is not None:
+                from gemmar_aot.shard import select
 
-    selected = [s for s in plan.specs if not only or s.kind in only]
-    if shard is not None:
-        from gemmar_aot.shard import select
+                selected = select(selected, *shard)
+            records: dict[str, dict] = {}
+            todo = []
+            with maybe_phase(trace, "store look-ups", specs=len(selected)):
+                for s in selected:
+                    rec = st.get_record(keys[s.spec_id], verify=True)
+                    if rec is not None:
+                        records[s.spec_id] = rec
+                    else:
+                        if local is not None and not todo:
+                            local.start()  # workers import while the look-ups go on
+                        todo.append(Task(s, keys[s.spec_id], ingr[s.spec_id]))
+            hits = len(records)
 
-        selected = select(selected, *shard)
-    records: dict[str, dict] = {}
-    todo = []
-    for s in selected:
-        rec = st.get_record(keys[s.spec_id], verify=True)
-        if rec is not None:
-            records[s.spec_id] = rec
-        else:
-            todo.append(Task(s, keys[s.spec_id], ingr[s.spec_id]))
-    hits = len(records)
-
-    t0 = time.perf_counter()
-    results = compile_all(todo, str(root), jobs=jobs, toolchain_root=toolchain_root,
-                          debug_locations=debug_locations, progress=progress) if todo else []
-    compile_wall = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            with maybe_phase(trace, "compile (waiting on workers)", kernels=len(todo)):
+                results = compile_all(todo, str(root), executor=executor or local, costs=costs,
+                                      progress=progress) if todo else []
+            compile_wall = time.perf_counter() - t0
+    finally:
+        if local is not None:
+            local.close()
 
     by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "bytes": 0})
     failures = []
@@ -133,18 +161,26 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         k["seconds"] = round(k["seconds"], 3)
 
     compiled = sum(1 for _, r in results if r.ok and not r.hit)
+    if compiled:
+        costs.update(results)
+        try:
+            costs.save(costs_path)
+        except OSError:
+            pass  # a read-only stats dir only costs the next build its ordering
     # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
-    optimized = maint.optimize(st) if compiled else None
+    with maybe_phase(trace, "store optimize"):
+        optimized = maint.optimize(st) if compiled else None
     lock_file = None
     if not failures and not only and shard is None:
-        lock_file = write_lock_file(lock_path(root, manifest.name),
-                                    make_lock(plan, manifest, keys, records, fp))
+        with maybe_phase(trace, "lock file"):
+            lock_file = write_lock_file(lock_path(root, manifest.name),
+                                        make_lock(plan, manifest, keys, records, fp))
     summary = {
         "manifest": manifest.name,
         "warnings": list(manifest.warnings),
         "store": str(root),
         "lock_file": str(lock_file) if lock_file else None,
-        "jobs": max(1, min(jobs or os.cpu_count() or 1, len(todo))) if todo else 0,
+        "jobs": (local.jobs if local is not None else getattr(executor, "jobs", 0)) if todo else 0,
         "kernel_instances": plan.instances,
         "distinct_specs": len(plan.specs),
         "selected_specs": len(selected),
@@ -156,6 +192,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "compile_wall_seconds": round(compile_wall, 3),
         "wall_seconds": round(time.perf_counter() - t_start, 3),
         "cpu_seconds": round(sum(r.seconds for _, r in results if not r.hit), 3),
+        "worker_cpu_seconds": round(sum(r.cpu_seconds for _, r in results if not r.hit), 3),
         "by_kind": dict(by_kind),
         "failures": sorted(failures, key=lambda f: f["label"]),
         "toolchain": fp["digest"],
@@ -163,4 +200,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     }
     st.record_build_stats({k: summary[k] for k in (
         "manifest", "hits", "misses", "compiled", "failed", "distinct_specs", "wall_seconds")})
+    if trace is not None:
+        summary["trace"] = str(trace.write(trace_path, manifest=manifest.name, jobs=summary["jobs"],
+                                           compiled=compiled, wall_seconds=summary["wall_seconds"]))
     return summary

@@ -78,8 +78,12 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
                    "build of the whole manifest does.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the build's timeline (per worker: import, trace, compile, store) as "
+                   "Chrome-trace/Perfetto JSON to this file.")
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
-          only: tuple[str, ...], shard: str | None, as_json: bool, quiet: bool) -> None:
+          only: tuple[str, ...], shard: str | None, as_json: bool, quiet: bool,
+          trace_path: Path | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
@@ -93,7 +97,7 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     _echo_warnings(load_manifest(manifest).warnings)  # before the long part (the summary repeats them)
     try:
         summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
-                            only=only, shard=shard_ix, progress=not quiet)
+                            only=only, shard=shard_ix, progress=not quiet, trace_path=trace_path)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)

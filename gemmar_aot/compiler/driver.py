@@ -1,40 +1,117 @@
-"""Compile many specs in parallel worker processes, with progress and per-spec failures.
+"""Compile many specs in parallel, longest expected first, with progress and per-spec failures.
 
-Workers are ``spawn``ed (FlyDSL and MLIR hold state that does not survive fork),
-initialised once, and reused for many specs. The longest compiles (GEMMs) are
-submitted first so the tail of the run is short phase kernels. A spec that fails
-is reported with the builder's error and the rest continue. A worker that dies
-outright (an abort inside native code) breaks the pool: the specs that were in
-flight are retried one at a time in fresh single-use workers so the culprit is
-named and everything else still builds.
+The unit of work is a :class:`Task` (spec, action key, key ingredients). An executor
+takes tasks and yields ``(spec, CompileResult)`` as they finish; :class:`LocalExecutor`
+is the one here (worker processes on this machine), another (a cluster engine) only
+has to do the same with ``worker.compile_kernel`` on its nodes.
+
+LocalExecutor:
+
+* Workers are ``spawn``ed (FlyDSL and MLIR hold state that does not survive fork),
+  initialised once and reused. ``start()`` can be called before the task list is
+  known, so their ~5-10 s of imports overlap planning and key look-ups.
+* Dispatch is pull-based: an idle worker gets the most expensive batch left, by the
+  per-kind costs recorded from earlier builds (:class:`CostModel`) -- list scheduling,
+  longest first, so the tail of a build is short phase kernels, not a GEMM.
+* A worker that dies outright (a native abort, the OOM killer) loses only its batch:
+  each spec in it is retried alone in a replacement worker, so a spec that kills its
+  worker twice is reported failed (by name) and everything else still builds.
+* Workers die with the build: they end themselves when their parent process goes away
+  (``worker.die_with_parent``), and ``close()`` -- run on every exit path, including
+  Ctrl-C and SIGTERM -- ends the ones still running.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable
+from multiprocessing.connection import wait as wait_ready
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol, Sequence
 
-from gemmar_aot.compiler.worker import CompileResult, compile_batch, compile_spec, init
+from gemmar_aot.compiler.trace import BuildTrace
+from gemmar_aot.compiler.worker import CompileResult, serve
 from gemmar_aot.spec import KernelSpec
 from gemmar_aot_kernels import recipe_module
 
-#: Relative cost used to order submissions and estimate ETA before timings arrive.
-COST_HINT = {"gemm": 20.0, "lsa_ar": 1.5}
+
+# ---- expected costs ----
+
+#: CPU seconds per kernel by cost class, used until a build has recorded its own
+#: (FlyDSL 0.4.2, locations off, this machine kind).
+DEFAULT_COSTS = {"gemm": 1.2, "gemm:mxfp8": 2.4, "lsa_ar": 0.12, "*": 0.06}
+COSTS_FILE = "compile-costs.json"
 
 
 def expected_cost(spec: KernelSpec) -> float:
-    """Relative compile cost of ``spec`` (a phase kernel is 1); orders work, ETAs and shards."""
-    c = COST_HINT.get(spec.kind, 1.0)
+    """The default expected CPU seconds of ``spec``: the same on every machine, so shards
+    computed from it agree everywhere (recorded costs only order local work)."""
+    return CostModel().expected(spec)
+
+
+def cost_class(spec: KernelSpec) -> str:
+    """What a kernel's compile time depends on, coarsely: recipe, kind, and the quant of a GEMM."""
+    c = f"{spec.recipe}:{spec.kind}"
     if spec.kind == "gemm" and spec.param_dict().get("builder", {}).get("quant") == "mxfp8":
-        c *= 2
+        c += ":mxfp8"
     return c
 
+
+class CostModel:
+    """Expected compile seconds per spec, from the per-class means earlier builds recorded.
+
+    Kept next to the store's build stats (``stats/compile-costs.json``): the store is what
+    builds of the same toolchain share, and a wrong estimate only changes the order of work,
+    never a byte."""
+
+    def __init__(self, costs: dict[str, dict] | None = None):
+        self.costs: dict[str, dict] = dict(costs or {})
+
+    @classmethod
+    def load(cls, path: Path) -> "CostModel":
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls({k: v for k, v in data.get("classes", {}).items()
+                        if isinstance(v, dict) and v.get("seconds", 0) > 0})
+        except (OSError, ValueError, AttributeError):
+            return cls()
+
+    def expected(self, spec: KernelSpec) -> float:
+        c = cost_class(spec)
+        if c in self.costs:
+            return float(self.costs[c]["seconds"])
+        kind = c.split(":", 1)[1]
+        return DEFAULT_COSTS.get(kind, DEFAULT_COSTS["*"])
+
+    def update(self, results: Iterable[tuple[KernelSpec, CompileResult]]) -> None:
+        """Fold in this build's measured wall seconds per spec (mean per class, recent builds weigh more)."""
+        sums: dict[str, list[float]] = {}
+        for spec, res in results:
+            if res.ok and not res.hit and res.seconds > 0:
+                sums.setdefault(cost_class(spec), []).append(res.seconds)
+        for c, xs in sums.items():
+            mean = sum(xs) / len(xs)
+            old = self.costs.get(c)
+            n_old = min(int(old.get("samples", 0)), 4 * len(xs)) if old else 0
+            mean = (old["seconds"] * n_old + mean * len(xs)) / (n_old + len(xs)) if old else mean
+            self.costs[c] = {"seconds": round(mean, 4), "samples": n_old + len(xs)}
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"schema": 1, "classes": self.costs}, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+
+# ---- progress ----
 
 @dataclass
 class Progress:
@@ -74,6 +151,8 @@ class Progress:
             self._last_print = now
 
 
+# ---- tasks and executors ----
+
 @dataclass(frozen=True)
 class Task:
     """One spec to compile into the store under its action key."""
@@ -81,6 +160,210 @@ class Task:
     spec: KernelSpec
     key: str
     ingredients: dict
+
+
+class Executor(Protocol):
+    """Runs compile tasks somewhere; yields each result as it finishes (any order).
+
+    Every task yields exactly one result; a failure is a result with ``ok=False``, not an
+    exception. ``close()`` releases everything the executor started, and is safe to call
+    more than once and from a ``finally`` after an interrupt."""
+
+    def run(self, tasks: Sequence[Task], store_root: str) -> Iterator[tuple[KernelSpec, CompileResult]]: ...
+
+    def close(self) -> None: ...
+
+
+class WorkerInitError(RuntimeError):
+    """A compile worker could not even start (toolchain or import failure)."""
+
+
+@dataclass
+class _Worker:
+    proc: object
+    conn: object
+    batch: list | None = None
+    ready: bool = False
+    started: float = 0.0
+
+
+class LocalExecutor:
+    """Compile worker processes on this machine (see the module docstring)."""
+
+    def __init__(self, jobs: int | None = None, *, toolchain_root: str | None = None,
+                 debug_locations: bool = False, costs: CostModel | None = None,
+                 trace: BuildTrace | None = None):
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.toolchain_root = toolchain_root
+        self.debug_locations = debug_locations
+        self.costs = costs or CostModel()
+        self.trace = trace
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._closed = False
+
+    # -- lifecycle --
+
+    def start(self, n: int | None = None) -> "LocalExecutor":
+        """Spawn up to ``n`` (default ``jobs``) workers now; they import while the caller plans."""
+        want = min(self.jobs, n if n is not None else self.jobs)
+        while len(self._workers) < want:
+            self._spawn()
+        return self
+
+    def _spawn(self) -> _Worker:
+        if self._closed:
+            raise RuntimeError("executor is closed")
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=serve, name="gemmar-aot-compile",
+                                 args=(child, os.getpid(), self.toolchain_root, self.debug_locations),
+                                 daemon=True)
+        proc.start()
+        child.close()
+        w = _Worker(proc, parent, started=time.monotonic())
+        self._workers.append(w)
+        return w
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers if w.proc.pid is not None]
+
+    def close(self) -> None:
+        """End every worker: ask politely, then SIGTERM, then SIGKILL. Never waits long."""
+        if self._closed:
+            return
+        self._closed = True
+        workers, self._workers = self._workers, []
+        for w in workers:
+            if w.batch is None and w.ready:
+                try:
+                    w.conn.send(None)
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + 1.0
+        for w in workers:
+            if w.batch is not None or not w.ready:
+                w.proc.terminate()  # busy or still importing: nothing to finish
+        for w in workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join(0.5)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(0.5)
+            w.conn.close()
+
+    def __enter__(self) -> "LocalExecutor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- work --
+
+    def batches(self, tasks: Iterable[Task]) -> list[list[Task]]:
+        """Units of work, most expensive first. Specs the recipe builds from one builder call
+        (the SDMA phases of one config and rank) travel together, so the worker makes that
+        call once; everything else is a batch of one."""
+        groups: dict[str, list[Task]] = {}
+        for t in sorted(tasks, key=lambda t: t.spec.spec_id):
+            groups.setdefault(recipe_module(t.spec.recipe).build_group(t.spec) or t.spec.spec_id, []).append(t)
+        return sorted(groups.values(),
+                      key=lambda b: (-sum(self.costs.expected(t.spec) for t in b), b[0].spec.spec_id))
+
+    def run(self, tasks: Sequence[Task], store_root: str) -> Iterator[tuple[KernelSpec, CompileResult]]:
+        queue = self.batches(tasks)
+        if not queue:
+            return
+        self.start(len(queue))
+        strikes: dict[str, int] = {}
+        remaining = sum(len(b) for b in queue)
+        init_failures: list[str] = []
+        while remaining:
+            for w in list(self._workers):
+                if w.ready and w.batch is None and queue:
+                    w.batch = queue.pop(0)
+                    items = [(t.spec.to_json(), t.key, t.ingredients) for t in w.batch]
+                    try:
+                        w.conn.send((store_root, items))
+                    except (OSError, ValueError):
+                        pass  # it died; its sentinel says so below
+            if not self._workers:
+                self._spawn()
+            ready = wait_ready([w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers])
+            for w in list(self._workers):
+                gone = False
+                if w.conn in ready:
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        msg = ("eof",)
+                    if msg[0] == "ready":
+                        w.ready = True
+                        if self.trace is not None:
+                            self.trace.span("import", msg[2][0], msg[2][1], pid=msg[1],
+                                            args={"what": "FlyDSL, torch, mori device modules, toolchain"})
+                    elif msg[0] == "done":
+                        batch, w.batch = w.batch, None
+                        for t, res in zip(batch, msg[1]):
+                            remaining -= 1
+                            if self.trace is not None:
+                                for name, t0, t1 in res.phases:
+                                    self.trace.span(name, t0, t1, pid=res.pid, args={"spec": t.spec.label()})
+                            yield t.spec, res
+                    else:
+                        gone = True
+                        if msg[0] == "init-failed":
+                            init_failures.append(f"worker {msg[1]}: {msg[2]}")
+                elif w.proc.sentinel in ready and not w.conn.poll():
+                    gone = True  # ended with nothing left to read
+                if not gone:
+                    continue
+                self._drop(w)
+                for t in w.batch or ():
+                    sid = t.spec.spec_id
+                    strikes[sid] = strikes.get(sid, 0) + 1
+                    if len(w.batch) == 1 and strikes[sid] >= 2:
+                        remaining -= 1
+                        yield t.spec, CompileResult(
+                            sid, False, 0.0,
+                            error="the compile worker died (native abort or out of memory) while compiling "
+                                  "this spec, twice; it was alone in its worker the second time")
+                    else:
+                        queue.insert(0, [t])  # alone, so a second death names it
+                if len(init_failures) >= self.jobs and not any(x.ready for x in self._workers):
+                    raise WorkerInitError("compile workers failed to start:\n" + "\n".join(init_failures[-3:]))
+                if remaining and len(self._workers) < min(self.jobs, len(queue) + self._busy()):
+                    self._spawn()
+
+    def _busy(self) -> int:
+        return sum(1 for w in self._workers if w.batch is not None)
+
+    def _drop(self, w: _Worker) -> None:
+        self._workers.remove(w)
+        w.proc.join(0.5)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join(0.5)
+        w.conn.close()
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """While active (main thread only), SIGTERM raises KeyboardInterrupt, so a killed build
+    runs the same clean-up as Ctrl-C: workers ended, finished kernels kept, exit reported."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def compile_all(
@@ -91,82 +374,31 @@ def compile_all(
     toolchain_root: str | None = None,
     debug_locations: bool = False,
     progress: bool = True,
+    executor: Executor | None = None,
+    costs: CostModel | None = None,
 ) -> list[tuple[KernelSpec, CompileResult]]:
-    """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order."""
-    by_spec = {t.spec: t for t in tasks}
-    if not by_spec:
+    """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
+
+    ``executor``: where to run them (default: a LocalExecutor of ``jobs`` workers, closed
+    here). An executor passed in is used but not closed."""
+    tasks = list({t.spec: t for t in tasks}.values())
+    if not tasks:
         return []
-    batches = _batches(by_spec.values())
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(batches)))
-    cost_total = sum(expected_cost(s) for s in by_spec)
+    costs = costs or CostModel()
+    own = executor is None
+    if own:
+        executor = LocalExecutor(jobs, toolchain_root=toolchain_root, debug_locations=debug_locations, costs=costs)
+    cost_total = sum(costs.expected(t.spec) for t in tasks)
     cost_done = 0.0
-    bar = Progress(total=len(by_spec), enabled=progress)
+    bar = Progress(total=len(tasks), enabled=progress)
     results: list[tuple[KernelSpec, CompileResult]] = []
-
-    def record(spec: KernelSpec, res: CompileResult) -> None:
-        nonlocal cost_done
-        cost_done += expected_cost(spec)
-        results.append((spec, res))
-        bar.update(res, spec.label(), cost_done, cost_total)
-
-    ctx = mp.get_context("spawn")
-    pending = list(batches)
-    suspects: list[Task] = []
-    while pending:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init,
-                                   initargs=(toolchain_root, debug_locations))
-        futures: dict[Future, list[Task]] = {}
-        broken = False
-        try:
-            # Keep a bounded window in flight so a broken pool loses little work.
-            queue = list(pending)
-            pending = []
-            while queue or futures:
-                while queue and len(futures) < jobs * 2:
-                    batch = queue.pop(0)
-                    items = [(t.spec.to_json(), t.key, t.ingredients) for t in batch]
-                    futures[pool.submit(compile_batch, items, store_root)] = batch
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for f in done:
-                    batch = futures.pop(f)
-                    try:
-                        for t, res in zip(batch, f.result()):
-                            record(t.spec, res)
-                    except BrokenProcessPool:
-                        broken = True
-                        suspects.extend(batch)
-                if broken:
-                    for batch in futures.values():
-                        suspects.extend(batch)
-                    pending = queue
-                    futures.clear()
-                    break
-        finally:
-            pool.shutdown(wait=not broken, cancel_futures=True)
-        # Retry suspects alone, each in its own worker, so a crash names its spec.
-        for t in suspects:
-            record(t.spec, _isolated(t, store_root, toolchain_root, debug_locations, ctx))
-        suspects = []
+    try:
+        with terminate_as_interrupt():
+            for spec, res in executor.run(tasks, store_root):
+                cost_done += costs.expected(spec)
+                results.append((spec, res))
+                bar.update(res, spec.label(), cost_done, cost_total)
+    finally:
+        if own:
+            executor.close()
     return results
-
-
-def _batches(tasks: Iterable[Task]) -> list[list[Task]]:
-    """Units of work, most expensive first. Specs the recipe builds from one builder call
-    (the SDMA phases of one config and rank) travel together, so the worker makes that
-    call once; everything else is a batch of one."""
-    groups: dict[str, list[Task]] = {}
-    for t in sorted(tasks, key=lambda t: t.spec.spec_id):
-        groups.setdefault(recipe_module(t.spec.recipe).build_group(t.spec) or t.spec.spec_id, []).append(t)
-    return sorted(groups.values(), key=lambda b: (-sum(expected_cost(t.spec) for t in b), b[0].spec.spec_id))
-
-
-def _isolated(task: Task, store_root, toolchain_root, debug_locations, ctx) -> CompileResult:
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=init,
-                             initargs=(toolchain_root, debug_locations)) as pool:
-        try:
-            return pool.submit(compile_spec, task.spec.to_json(), store_root, task.key,
-                               task.ingredients).result()
-        except BrokenProcessPool:
-            return CompileResult(task.spec.spec_id, False, 0.0,
-                                 error="the compile worker died (native abort or out of memory) "
-                                       "while compiling this spec")
