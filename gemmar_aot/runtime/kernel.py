@@ -5,8 +5,15 @@ Two steps, kept apart so a bad artifact is refused before anything is acquired:
 1. :func:`verify_code_object` -- the code object's own metadata note (parsed by
    :func:`gemmar_aot.codeobject.parse_code_object`, the independent oracle) must
    agree with the launch record FlyDSL produced: target arch, exactly one kernel,
-   its name, and every explicit argument at the offset and size the record's
-   types give at natural alignment, with the kernarg segment exactly that long.
+   its name, every explicit argument at the offset and size the record's types
+   give at natural alignment *and of the kind they give* (a pointer is a
+   ``global_buffer``, a length or scalar ``by_value``: a record that feeds a
+   pointer slot an integer, or the reverse, is refused even when the sizes
+   agree), the kernarg segment exactly that long, the block the record launches
+   with the workgroup size the kernel was compiled for (``reqd_workgroup_size``,
+   else at most ``max_flat_workgroup_size``), and its static LDS within the
+   device's. A wrong block on a GPU is not an error HIP always reports: it is a
+   kernel whose barriers and tile indexing assume threads that do not exist.
 2. :class:`PreparedLaunch` -- everything a launch needs, resolved once: the
    function handle, grid and block (from the record's program), a
    :class:`~gemmar_aot.runtime.driver.KernArgs` buffer and a precompiled
@@ -37,6 +44,10 @@ from .errors import ArtifactMismatchError
 
 #: struct codes per host-parameter type: pointers unsigned, lengths and i32 signed.
 _CODES = {"ptr": "Q", "len32": "i", "i32": "i", "i64": "q"}
+#: The metadata note's value kind for each host-parameter type.
+_VALUE_KINDS = {"ptr": "global_buffer", "len32": "by_value", "i32": "by_value", "i64": "by_value"}
+#: LDS per workgroup on the targets we build for (gfx950: 160 KiB).
+MAX_LDS_BYTES = {"gfx950": 160 * 1024}
 
 
 def natural_offsets(types: Sequence[str]) -> list[int]:
@@ -77,9 +88,34 @@ def verify_code_object(code: CodeObject, record: LaunchRecord, *, arch: str, whe
         if a.size != PARAM_SIZES[t] or a.offset != off:
             raise bad(f"argument {i} is {a.size} bytes at offset {a.offset}, the record's {t} needs "
                       f"{PARAM_SIZES[t]} bytes at {off}")
+        if a.value_kind != _VALUE_KINDS[t]:
+            raise bad(f"argument {i} is a {a.value_kind} in the code object, the record passes a {t} "
+                      f"({_VALUE_KINDS[t]})")
     if kern.kernarg_size != record.packed_size():
         raise bad(f"kernarg segment is {kern.kernarg_size} bytes, the record packs {record.packed_size()}")
+    limit = MAX_LDS_BYTES.get(arch)
+    if limit is not None and kern.lds_bytes > limit:
+        raise bad(f"kernel needs {kern.lds_bytes} bytes of LDS, {arch} has {limit}")
+    if all(isinstance(b, int) for b in record.block):
+        why = block_mismatch(kern, tuple(record.block))
+        if why:
+            raise bad(why)
     return kern
+
+
+def block_mismatch(kernel: KernelMetadata, block: tuple[int, ...]) -> str | None:
+    """Why ``block`` is not a workgroup ``kernel`` was compiled for, or None."""
+    if len(block) != 3 or any(int(b) < 1 for b in block):
+        return f"block {list(block)} is not three positive sizes"
+    reqd = kernel.reqd_workgroup_size
+    if reqd and tuple(reqd) != tuple(block):
+        return (f"the record launches block {list(block)}, the kernel was compiled for exactly "
+                f"{list(reqd)} (reqd_workgroup_size)")
+    flat = block[0] * block[1] * block[2]
+    if flat > kernel.max_flat_workgroup_size:
+        return (f"the record launches block {list(block)} ({flat} threads), the kernel was compiled for at most "
+                f"{kernel.max_flat_workgroup_size} (max_flat_workgroup_size)")
+    return None
 
 
 def kernarg_struct(kernel: KernelMetadata, types: Sequence[str]) -> struct.Struct:
@@ -173,6 +209,10 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
                                         f"parameters; the runtime resolves it once per M")
     params = [fixed.get(i, 0) for i in range(n)]
     grid, block, kvals = record.resolve(params)
+    why = block_mismatch(kernel, tuple(int(b) for b in block))
+    if why:
+        raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- rebuild "
+                                    f"it (gemmar-aot build)")
     values: list = []
     slot_of: dict[int, int] = {}
     for i, (x, t) in enumerate(zip(record.kernel_args, record.kernel_arg_types)):
@@ -196,3 +236,4 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
                             slots=tuple(slot_of[p] for p in per_call))
     launch.pack()
     return launch
+

@@ -81,11 +81,24 @@ def build(out_dir: Path) -> Path:
 # ---------------------------------------------------------------------------
 
 
+MAX_ARGS = 64  # hipstub.c
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("offset", ctypes.c_uint32), ("size", ctypes.c_uint32), ("kind", ctypes.c_uint32),
+                ("hidden", ctypes.c_uint32)]
+
+
+#: hipstub.c's argument kinds (from the metadata note's .value_kind).
+ARG_KINDS = ("by_value", "global_buffer", "hidden", "other")
+
+
 class _Launch(ctypes.Structure):
     _fields_ = [("digest", ctypes.c_char * 65), ("kernel", ctypes.c_char * 256), ("grid", ctypes.c_uint32 * 3),
                 ("block", ctypes.c_uint32 * 3), ("shared_mem", ctypes.c_uint32), ("stream", ctypes.c_uint64),
                 ("via_extra", ctypes.c_uint32), ("kernarg_size", ctypes.c_uint32),
-                ("kernarg", ctypes.POINTER(ctypes.c_uint8))]
+                ("kernarg", ctypes.POINTER(ctypes.c_uint8)), ("nargs", ctypes.c_uint32),
+                ("args", _Arg * MAX_ARGS)]
 
 
 class _Memset(ctypes.Structure):
@@ -104,6 +117,7 @@ class Launch:
     stream: int
     via_extra: bool  # argument bytes came through ``extra`` (else ``kernelParams``)
     kernarg: bytes
+    args: tuple[tuple[int, int, str], ...]  # (offset, size, kind) per argument, from the code object's note
 
 
 class HipStub:
@@ -130,7 +144,8 @@ class HipStub:
         for i in range(self.lib.hipstub_launch_count()):
             r = self.lib.hipstub_launch_at(i).contents
             out.append(Launch(r.digest.decode(), r.kernel.decode(), tuple(r.grid), tuple(r.block), r.shared_mem,
-                              r.stream, bool(r.via_extra), ctypes.string_at(r.kernarg, r.kernarg_size)))
+                              r.stream, bool(r.via_extra), ctypes.string_at(r.kernarg, r.kernarg_size),
+                              tuple((a.offset, a.size, ARG_KINDS[a.kind]) for a in r.args[:r.nargs])))
         return out
 
     def memsets(self) -> list[tuple[int, int, int]]:
@@ -164,7 +179,7 @@ class HipStub:
         return int(s.value)
 
 
-def build_test_code_object(out: Path, *, mcpu: str = "gfx950") -> bytes:
+def build_test_code_object(out: Path, *, mcpu: str = "gfx950", only_fill: bool = False) -> bytes:
     """``kernels.cl`` compiled by clang (zig's) into a real code object for ``mcpu``; returns its bytes."""
     out = Path(out)
     obj = out.with_suffix(".o")
@@ -172,7 +187,7 @@ def build_test_code_object(out: Path, *, mcpu: str = "gfx950") -> bytes:
     steps = [
         zig + ["clang", "-x", "cl", "-cl-std=CL2.0", "-Xclang", "-fdeclare-opencl-builtins", "-cl-no-stdinc",
                "--target=amdgcn-amd-amdhsa", f"-mcpu={mcpu}", "-nogpulib", "-mcode-object-version=6", "-O2",
-               "-c", str(HERE / "kernels.cl"), "-o", str(obj)],
+               *(["-DONLY_FILL"] if only_fill else []), "-c", str(HERE / "kernels.cl"), "-o", str(obj)],
         zig + ["ld.lld", "-shared", str(obj), "-o", str(out)],
     ]
     for cmd in steps:

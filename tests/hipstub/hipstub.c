@@ -53,10 +53,12 @@ static hipError_t g_last_error = hipSuccess;
 static int g_device = 0;
 
 #define MAX_ARGS 64
+/* Argument kinds, as the metadata note's .value_kind says. */
+enum { ARG_BY_VALUE = 0, ARG_GLOBAL_BUFFER = 1, ARG_HIDDEN = 2, ARG_OTHER = 3 };
+
 typedef struct {
-  uint32_t offset, size;
-  int hidden;
-  int by_value;
+  uint32_t offset, size, kind;
+  uint32_t hidden;
 } stub_arg;
 
 typedef struct {
@@ -118,6 +120,8 @@ typedef struct {
   uint32_t via_extra;
   uint32_t kernarg_size;
   uint8_t *kernarg;
+  uint32_t nargs; /* the kernel's arguments, from its metadata note */
+  stub_arg args[MAX_ARGS];
 } hipstub_launch;
 
 static hipstub_launch *g_launches;
@@ -388,8 +392,8 @@ static int64_t mp_int(mp_cur *c) {
 static void read_arg(mp_cur *c, stub_arg *a) {
   mp_val m = mp_read(c);
   if (m.type != MP_MAP) { c->bad = 1; return; }
-  a->offset = a->size = 0;
-  a->hidden = a->by_value = 0;
+  a->offset = a->size = a->hidden = 0;
+  a->kind = ARG_OTHER;
   for (uint32_t i = 0; i < m.len && !c->bad; i++) {
     mp_val k = mp_read(c);
     if (mp_key_is(k, ".offset")) a->offset = (uint32_t)mp_int(c);
@@ -398,7 +402,9 @@ static void read_arg(mp_cur *c, stub_arg *a) {
       mp_val s = mp_read(c);
       if (s.type != MP_STR) { c->bad = 1; return; }
       a->hidden = s.len > 7 && memcmp(s.s, "hidden_", 7) == 0;
-      a->by_value = s.len == 8 && memcmp(s.s, "by_value", 8) == 0;
+      if (a->hidden) a->kind = ARG_HIDDEN;
+      else if (s.len == 8 && memcmp(s.s, "by_value", 8) == 0) a->kind = ARG_BY_VALUE;
+      else if (s.len == 13 && memcmp(s.s, "global_buffer", 13) == 0) a->kind = ARG_GLOBAL_BUFFER;
     } else mp_skip(c, 0);
   }
 }
@@ -912,6 +918,8 @@ static hipError_t launch(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
   l->via_extra = (uint32_t)via_extra;
   l->kernarg_size = k->kernarg_size;
   l->kernarg = args;
+  l->nargs = (uint32_t)k->nargs;
+  memcpy(l->args, k->args, sizeof(stub_arg) * (size_t)k->nargs);
   g_counters[C_LAUNCH]++;
   pthread_mutex_unlock(&g_lock);
   return hipSuccess;

@@ -1,0 +1,61 @@
+"""The runtime's code-object checks (runtime/kernel.py) against a real clang-built gfx950 code object.
+
+``fill(global int*, int, long)`` is compiled with ``reqd_work_group_size(64,1,1)``
+(tests/hipstub/kernels.cl). A launch record that agrees with its metadata note is
+accepted; one that launches another block, or passes an integer where the note
+says pointer (or the reverse) with the sizes still agreeing, is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import hipstub as hs
+from gemmar_aot.codeobject import parse_code_object
+from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.runtime.errors import ArtifactMismatchError
+from gemmar_aot.runtime.kernel import prepare_launch, verify_code_object
+
+RECORD = LaunchRecord(kernel="fill", params=("ptr", "i32", "i64", "stream"), args=(),
+                      kernel_args=("p0", "p1", "p2"), kernel_arg_types=("ptr", "i32", "i64"), program=(),
+                      grid=(1, 1, 1), block=(64, 1, 1), stream_param=3)
+
+
+@pytest.fixture(scope="module")
+def fill(tmp_path_factory):
+    return parse_code_object(hs.build_test_code_object(tmp_path_factory.mktemp("co") / "fill.co", only_fill=True))
+
+
+def test_a_record_that_agrees_with_the_note_is_accepted(fill):
+    kern = verify_code_object(fill, RECORD, arch="gfx950", where="fill")
+    assert kern.reqd_workgroup_size == (64, 1, 1)
+
+
+@pytest.mark.parametrize("block, why", [
+    ((32, 2, 1), r"block \[32, 2, 1\], the kernel was compiled for exactly \[64, 1, 1\] \(reqd_workgroup_size\)"),
+    ((128, 1, 1), r"block \[128, 1, 1\], the kernel was compiled for exactly \[64, 1, 1\]"),
+])
+def test_a_block_the_kernel_was_not_compiled_for_is_refused(fill, block, why):
+    with pytest.raises(ArtifactMismatchError, match=why):
+        verify_code_object(fill, replace(RECORD, block=block), arch="gfx950", where="fill")
+
+
+def test_a_computed_block_is_checked_when_resolved(fill):
+    rec = replace(RECORD, program=(("v0", "mul", "p1", 2, "i32"),), block=("v0", 1, 1))
+    kern = verify_code_object(fill, rec, arch="gfx950", where="fill")  # not constant: checked at resolve
+    prepare_launch(kind="fill", digest="0" * 64, record=rec, kernel=kern, function=None,
+                   fixed={0: 0x1000, 1: 32, 2: 7}, per_call=(), where="fill")
+    with pytest.raises(ArtifactMismatchError, match=r"block \[128, 1, 1\]"):
+        prepare_launch(kind="fill", digest="0" * 64, record=rec, kernel=kern, function=None,
+                       fixed={0: 0x1000, 1: 64, 2: 7}, per_call=(), where="fill")
+
+
+@pytest.mark.parametrize("types, why", [
+    (("i64", "i32", "i64"), "argument 0 is a global_buffer in the code object, the record passes a i64"),
+    (("ptr", "i32", "ptr"), "argument 2 is a by_value in the code object, the record passes a ptr"),
+])
+def test_an_argument_of_the_wrong_kind_is_refused_even_at_the_right_size(fill, types, why):
+    with pytest.raises(ArtifactMismatchError, match=why):
+        verify_code_object(fill, replace(RECORD, kernel_arg_types=types), arch="gfx950", where="fill")
