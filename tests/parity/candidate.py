@@ -1,0 +1,83 @@
+"""The candidate: our runtime, with the REAL ctypes HipDriver loading the HIP double, on a scenario.
+
+Runs in the test process (the double is loaded there once, RTLD_GLOBAL, and its
+launch log is read back through tests/hipstub). Same communicator double class,
+same operand construction and same address-map naming as the oracle
+(tests/parity/scenario.py), so the two results compare field by field.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .compare import launch_json
+from .scenario import Operands, Scenario, address_map
+
+
+def runtime_class(transport: str):
+    """Our runtime class serving ``transport``, or None while the runtime has none.
+
+    The hook for every further class: a transport maps to the class by name, so a
+    class that appears in ``gemmar_aot.runtime`` joins the parity tier without
+    touching it (the scenario table names the transports to cover).
+    """
+    import gemmar_aot.runtime as rt
+
+    name = {"fused-sdma": "GemmAllReduceOp", "gemm-only": "Mxfp8GemmOp", "split-lsa": "SplitLsaGemmAllReduceOp"}
+    return getattr(rt, name.get(transport, ""), None)
+
+
+def run(sc: Scenario, *, artifacts: Any, stub, stub_path: str, stream, construct_self_test: bool = False) -> dict:
+    """Construct our op on a fresh communicator double, run the steps, return the double's record.
+
+    ``construct_self_test``: run the first ``("self_test", None)`` step through the
+    constructor (``self_test=True``) instead of explicitly. On the double the
+    self-test's numerical check fails (nothing executes), so the constructor
+    raises after launching; the record up to there is returned with the error.
+    """
+    from fakes import FakeCommunicator
+
+    from gemmar_aot.runtime import SelfTestError
+    from gemmar_aot.runtime.hip import HipDriver
+
+    cls = runtime_class(sc.transport)
+    if cls is None:
+        raise LookupError(f"the runtime has no class for transport {sc.transport!r} yet")
+    comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
+    driver = HipDriver(stub_path)
+    stub.clear()
+    t0 = time.perf_counter()
+    steps = list(sc.steps)
+    verdicts: list[str] = []
+    ops = Operands()
+    if construct_self_test:
+        assert steps and steps[0] == ("self_test", None), "construct_self_test needs a leading self_test step"
+        try:
+            cls(comm, **sc.op_kwargs(), artifacts=artifacts, driver=driver, self_test=True)
+        except SelfTestError as exc:
+            return {"scenario": sc.to_json(), "launches": _launches(stub), "constructor_error": str(exc),
+                    "comm": comm}
+        raise AssertionError("the self-test passed on a double that executes nothing")
+    op = cls(comm, **sc.op_kwargs(), artifacts=artifacts, driver=driver, self_test=False)
+    try:
+        for kind, m in steps:
+            if kind == "self_test":
+                try:
+                    op.self_test(m)
+                    verdicts.append("passed")
+                except SelfTestError as exc:
+                    verdicts.append(f"failed: {exc}")
+            else:
+                op(*ops.get(sc, m))
+        amap = address_map(window=(op.mem.ptr, op.window_bytes), dev_comm=int(op.dev_comm.ptr),
+                           win=int(op.win.handle), stream=stream.cuda_stream, operands=ops)
+        return {"scenario": sc.to_json(), "launches": _launches(stub), "address_map": amap, "self_test": verdicts,
+                "seconds": round(time.perf_counter() - t0, 3), "op": op, "comm": comm}
+    except BaseException:
+        op.close()
+        raise
+
+
+def _launches(stub) -> list[dict]:
+    return [launch_json(r) for r in stub.launches()]
