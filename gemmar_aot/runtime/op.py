@@ -5,6 +5,8 @@ Same constructor keywords, call signature, validation and results as
 
 ``artifacts``     where the compiled kernels are (see :mod:`.artifacts`);
 ``self_test``     run :meth:`self_test` before returning (default True);
+``self_test_gemm`` also run :meth:`self_test_gemm` before returning (default False: it
+                  allocates and quantises two operand tensors; cost in BENCHMARKS.md);
 ``driver``        the HIP driver (default: :class:`~.hip.HipDriver`, the real one);
 ``jit_fallback``  on an M without artifacts, build mori's own op and use it (logged
                   at WARNING on every call) instead of raising. Off by default.
@@ -139,7 +141,7 @@ class GemmAllReduceOp:
                  block_n: int = DEFAULT_BLOCK_N, sdma_queues: int = 1, gather_dtype: str = "bf16",
                  gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
                  artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
-                 jit_fallback: bool = False):
+                 jit_fallback: bool = False, self_test_gemm: bool = False):
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
         self.mem = self.win = self.dev_comm = None
@@ -246,6 +248,8 @@ class GemmAllReduceOp:
                     self._plans[m] = self._make_plan(e, images, functions)
                 if self_test:
                     self.self_test()
+                if self_test_gemm:
+                    self.self_test_gemm()
             except BaseException:
                 self._rollback()
                 raise
@@ -544,6 +548,48 @@ class GemmAllReduceOp:
                 f"gemm_ar self-test failed: the all-reduce returned {got.flatten()[0].item():g} where "
                 f"{want:g} was expected (worst relative error {worst:.3g} at M={m}, world_size="
                 f"{self.world_size}, rank {self.rank}).{hint}")
+
+    def self_test_gemm(self, m: int | None = None) -> None:
+        """Check the whole call, GEMM included: a constant problem with a known all-reduced answer.
+
+        Every rank multiplies ``A = rank + 1`` by ``B = 1`` with unit scales (constant
+        operands look the same in every layout: no preshuffling needed), so every output
+        element must read ``K * sum(1..world)``. Runs one ordinary call at ``m``
+        (default: the smallest M built, the cheapest), so it covers what :meth:`self_test`
+        does not: the GEMM's operand and scale addressing, its epilogue's puts and the
+        counters that start the tail. Collective, like every call: every rank must run it.
+        """
+        import torch
+
+        if self._closed:
+            raise RuntimeError("this GemmAllReduceOp has been closed")
+        if m is None:
+            m = min(self._plans)
+        if m not in self._plans:
+            raise self.missing_error(m)
+        n, k, dev = self.n, self.k, self.device
+        fp8 = torch.float8_e4m3fn
+        a = torch.full((m, k), float(self.rank + 1), device=dev).to(fp8)
+        b = torch.ones((n, k), device=dev).to(fp8)
+        if self.quant == "mxfp8":  # ue8m0 127 = 2**0, four packed per A-scale int32
+            a_scale = torch.full((m * k // 128,), 0x7F7F7F7F, dtype=torch.int32, device=dev)
+            b_scale = torch.full(((n // 32) * (k // 32),), 127, dtype=torch.int32, device=dev)
+        else:
+            a_scale = torch.ones((k // 128, m), device=dev)
+            b_scale = torch.ones((n // 128, k // 128), device=dev)
+        out = self(a, b, a_scale, b_scale)
+        self._driver.synchronize(self._driver.current_stream(dev))
+        want = float(k) * self.world_size * (self.world_size + 1) / 2
+        got = out.float()
+        worst = (got - want).abs().max().item() / want
+        if worst > 1e-2:
+            raise SelfTestError(
+                f"gemm_ar GEMM self-test failed: a constant problem (A = rank + 1, B = 1, unit scales, K={k}) "
+                f"returned {got.flatten()[0].item():g} where {want:g} was expected (worst relative error "
+                f"{worst:.3g} at M={m}, world_size={self.world_size}, rank {self.rank}). The all-reduce "
+                f"self-test checks the collective alone; this one also runs the GEMM, so a failure here "
+                f"and not there points at the GEMM kernels or their artifacts: rebuild them (gemmar-aot "
+                f"build) and check the toolchain (gemmar-aot doctor)")
 
     def close(self) -> None:
         """Release the window, its memory and the loaded modules. Idempotent.
