@@ -6,8 +6,10 @@
     out = op(a_fp8, b_preshuffled, a_scale, b_scale)          # bf16 [M, N] view of the window
 
 A drop-in for ``mori.ops.gemm_ar.GemmAllReduceOp`` (same keywords, call, checks
-and results) that loads verified code objects from a gemmar-aot store instead of
-JIT-compiling, and refuses an M it has no kernels for instead of compiling it.
+and results; ``transport=`` also serves the PR's split-sdma, split-lsa and fused-lsa
+paths), for ``Mxfp8GemmOp`` and for ``Mxfp8GemvOp``, that loads verified code
+objects from a gemmar-aot store instead of JIT-compiling, and refuses an M it has
+no kernels for instead of compiling it.
 
 Import rule: this package imports neither FlyDSL, MLIR, mori's kernel builders
 (``mori.ops``), nor gemmar-aot's build side (``gemmar_aot.compiler``,
@@ -27,6 +29,7 @@ from .errors import (
     SelfTestError,
 )
 from .hip import HipDriver
+from .gemm import Mxfp8GemmOp, Mxfp8GemvOp
 from .op import GemmAllReduceOp, padded_m, supports, window_bytes_for
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "HipDriver",
     "HipError",
     "KernArgs",
+    "Mxfp8GemmOp",
+    "Mxfp8GemvOp",
     "SelfTestError",
     "Source",
     "TupleKey",

@@ -34,8 +34,11 @@ def manifest_snippet(key: TupleKey, ms: Sequence[int], m_max: int | None) -> str
     blocks = []
     for chunk in chunks:
         lines = ["[[tuple]]", f'transport = "{key.transport}"', m_field(chunk), f"n = {key.n}",
-                 f"k = {key.k}", f"world = {key.world}", f'quant = "{key.quant}"',
-                 f'gather_dtype = "{key.gather_dtype}"']
+                 f"k = {key.k}", f"world = {key.world}", f'quant = "{key.quant}"']
+        if key.transport not in rules.COLLECTIVE_TRANSPORTS:  # gemm-only, gemv: no window, no wire
+            blocks.append("\n".join(lines))
+            continue
+        lines.append(f'gather_dtype = "{key.gather_dtype}"')
         if key.gather_transport is not None:
             lines.append(f'gather_transport = "{key.gather_transport}"')
         if key.block_m != rules.default_block_m(key.quant):

@@ -9,7 +9,20 @@ Same constructor keywords, call signature, validation and results as
                   allocates and quantises two operand tensors; cost in BENCHMARKS.md);
 ``driver``        the HIP driver (default: :class:`~.hip.HipDriver`, the real one);
 ``jit_fallback``  on an M without artifacts, build mori's own op and use it (logged
-                  at WARNING on every call) instead of raising. Off by default.
+                  at WARNING on every call) instead of raising. Off by default;
+                  fused-sdma only (mori has no class for the other modes).
+``transport``     which of the PR's collective modes to serve (default
+                  ``"fused-sdma"``, mori's op). The others are mori's benchmark
+                  paths, with the same window, operands, validation and result:
+
+                  ``split-sdma``  GEMM(fuse=False) -> scatter -> reduce -> (fp8 inserts) -> gather
+                  ``split-lsa``   GEMM(fuse=False) -> one LSA all-reduce kernel (bf16 wire)
+                  ``fused-lsa``   GEMM(fuse=True, transport="lsa"), the epilogue storing into
+                                  the peers' windows -> barrier -> reduce -> gather (bf16 wire)
+
+                  Each call runs the recorded sequence for its M and rank; ``self_test``
+                  runs the mode's recorded self-test (the SDMA split order, or for
+                  split-lsa its all-reduce).
 
 What differs from mori on purpose:
 
@@ -97,7 +110,7 @@ def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128,
 def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = None,
              block_n: int = DEFAULT_BLOCK_N, gather_dtype: str = "bf16", gather_transport: str = "lsa",
              quant: str = "blockscale", sdma_queues: int = 1, m_max: int | None = None,
-             artifacts: Any = None) -> bool:
+             artifacts: Any = None, transport: str = TRANSPORT) -> bool:
     """Whether an op could serve M here: the shape rules hold AND the kernels for padded M exist.
 
     "Exist" means for every rank of the world, which is what the op itself requires
@@ -112,7 +125,9 @@ def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = N
             return False
         bm = rules.default_block_m(quant) if block_m is None else block_m
         arts = load_artifacts(artifacts)
-        key = TupleKey.make(transport=TRANSPORT, n=n, k=k, world=world_size, quant=quant,
+        if _transport_problem(transport, gather_dtype, gather_transport, sdma_queues):
+            return False
+        key = TupleKey.make(transport=transport, n=n, k=k, world=world_size, quant=quant,
                             gather_dtype=gather_dtype, gather_transport=gather_transport, block_m=bm,
                             sdma_queues=sdma_queues)
         pm = rules.padded_m(m, world_size, bm)
@@ -129,6 +144,19 @@ def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = N
         return False
 
 
+def _transport_problem(transport: str, gather_dtype: str, gather_transport: str, sdma_queues: int) -> str | None:
+    """Why a collective mode cannot run this wire (or these queues), or None."""
+    if transport not in rules.COLLECTIVE_TRANSPORTS:
+        return (f"transport={transport!r}: must be one of {', '.join(rules.COLLECTIVE_TRANSPORTS)} (gemm-only and "
+                f"gemv are Mxfp8GemmOp and Mxfp8GemvOp)")
+    wire = rules.wire_problem(transport, gather_dtype, gather_transport)
+    if wire:
+        return f"{wire[0]}={gather_dtype if wire[0] == 'gather_dtype' else gather_transport!r}: {wire[2]}"
+    if transport not in rules.SDMA_TRANSPORTS and sdma_queues != 1:
+        return f"sdma_queues={sdma_queues}: {transport} uses no SDMA queue; leave it at 1"
+    return None
+
+
 class GemmAllReduceOp:
     """Fused fp8 GEMM + all-reduce over cco SDMA, from ahead-of-time compiled kernels.
 
@@ -141,7 +169,7 @@ class GemmAllReduceOp:
                  block_n: int = DEFAULT_BLOCK_N, sdma_queues: int = 1, gather_dtype: str = "bf16",
                  gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
                  artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
-                 jit_fallback: bool = False, self_test_gemm: bool = False):
+                 jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT):
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
         self.mem = self.win = self.dev_comm = None
@@ -163,6 +191,12 @@ class GemmAllReduceOp:
                     rules.check_tile(block_m, block_n)):
             if why:
                 raise ValueError(why)
+        why = _transport_problem(transport, gather_dtype, gather_transport, sdma_queues)
+        if why:
+            raise ValueError(why)
+        if jit_fallback and transport != TRANSPORT:
+            raise ValueError(f"jit_fallback=True needs mori's own op, which only runs {TRANSPORT}; "
+                             f"transport {transport!r} has no mori class to fall back to")
         if m_max < 1 or sdma_queues < 1:
             raise ValueError(f"m_max and sdma_queues must both be >= 1; got m_max={m_max} sdma_queues={sdma_queues}")
         world, rank = int(comm.nranks), int(comm.rank)
@@ -190,10 +224,11 @@ class GemmAllReduceOp:
         self.max_shapes = max_shapes
         self.m_max = m_max_pad
         self._jit_fallback = bool(jit_fallback)
+        self.transport = transport
 
         # ---- 2. the artifacts: every M held for this op and rank, one shared layout ----
         self.artifacts: Artifacts = load_artifacts(artifacts)
-        self.key = TupleKey.make(transport=TRANSPORT, n=n, k=k, world=world, quant=quant,
+        self.key = TupleKey.make(transport=transport, n=n, k=k, world=world, quant=quant,
                                  gather_dtype=gather_dtype, gather_transport=gather_transport,
                                  block_m=block_m, sdma_queues=sdma_queues)
         # Only M values built for EVERY rank: a rank that served an M its peers lack would enter
@@ -271,7 +306,7 @@ class GemmAllReduceOp:
 
     def _nothing_built_error(self) -> ArtifactMissingError:
         others = sorted({(k.n, k.k, k.world, k.quant, k.gather_dtype) for k in self.artifacts.index
-                         if k.transport == TRANSPORT})
+                         if k.transport == self.transport})
         snippet = manifest_snippet(self.key, [self.m_max], self.m_max)
         return ArtifactMissingError(
             f"the artifacts hold no kernels for {self._describe()} (sources: "
@@ -539,7 +574,10 @@ class GemmAllReduceOp:
         worst = (got - want).abs().max().item() / want
         if worst > 1e-2:
             built = _mori_build_cco_sdma()
-            hint = (" mori was built with BUILD_CCO_SDMA=OFF, so the SDMA puts are compiled out and do "
+            hint = (" The LSA all-reduce moves bytes with plain loads and stores, so check that every rank "
+                    "constructed this op on the same communicator and window size."
+                    if self.transport == "split-lsa" else
+                    " mori was built with BUILD_CCO_SDMA=OFF, so the SDMA puts are compiled out and do "
                     "nothing; rebuild mori with BUILD_CCO_SDMA=ON."
                     if built is False else
                     " Check that mori was built with BUILD_CCO_SDMA=ON and that MORI_ENABLE_SDMA=1 is set: "
@@ -656,7 +694,7 @@ class GemmAllReduceOp:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"M {list(self.m_values)}"
         return (f"<gemmar_aot GemmAllReduceOp n={self.n} k={self.k} world={self.world_size} rank={self.rank} "
-                f"{self.quant} wire={self.gather_dtype} m_max={self.m_max}: {state}>")
+                f"{self.quant} wire={self.gather_dtype} m_max={self.m_max} {self.transport}: {state}>")
 
 
 def _mori_build_cco_sdma() -> bool | None:

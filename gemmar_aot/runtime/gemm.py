@@ -1,0 +1,506 @@
+"""``Mxfp8GemmOp`` and ``Mxfp8GemvOp``: mori's collective-free mxfp8 ops, from precompiled kernels.
+
+Same constructor keywords, call signature, validation and results as
+``mori.ops.gemm_ar.Mxfp8GemmOp`` (gemm.py) and ``Mxfp8GemvOp`` (gemv.py) in
+amd-mori 1.2.4, plus ``artifacts`` (where the kernels are, as for
+:class:`~.op.GemmAllReduceOp`), ``driver`` (the HIP driver) and ``device`` (the
+GPU the operands live on; default: torch's current one).
+
+* **Mxfp8GemmOp** owns two kernels per (N, K): the wide tile (BLOCK_N 256) and
+  the narrow one (BLOCK_N 128) that a small grid switches to. M is a runtime
+  argument (any multiple of 64), so the op serves every M whose tile was built;
+  an M whose tile is missing raises :class:`~.errors.ArtifactMissingError` with
+  the manifest lines that build it.
+* **Mxfp8GemvOp** owns one kernel per M bucket (1, 2, 4, 8, 16, 32): M up to 32
+  is a runtime argument within its bucket. A bucket that was not built is a miss.
+
+Both verify every code object against its launch record before anything is
+loaded, load each once, and launch without allocating device or argument memory:
+the argument buffer is packed in place per call and the grid evaluated from the
+record's own program (it depends on M). The only allocation is mori's: with
+``out=None`` the result is a fresh tensor, as mori returns; pass ``out=`` to keep
+a call allocation-free (and graph-capturable).
+
+Runtime module: no FlyDSL, MLIR or mori import; torch lazily.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+from gemmar_aot import rules
+from gemmar_aot.codeobject import CodeObjectError, parse_code_object
+from gemmar_aot.launch import LaunchRecord, LaunchRecordError
+
+from .artifacts import load_artifacts
+from .driver import Driver, KernArgs, arch_base
+from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
+from .kernel import kernarg_struct, verify_code_object
+from .manifest_lines import manifest_snippet
+from .operands import _FNUZ_REASON, check_operands
+
+log = logging.getLogger("gemmar_aot.runtime")
+
+GEMM_ONLY = "gemm-only"
+GEMV = "gemv"
+#: Mxfp8GemmOp: rows of one packed A-scale group; M is a multiple of it.
+SCALE_GROUP_M = 64
+#: Mxfp8GemvOp: most tokens the skinny kernel serves.
+MAX_TOKENS = rules.GEMV_MAX_M
+M_BUCKETS = rules.GEMV_M_BUCKETS
+
+#: The launchers' arguments, in order (kind, traced dtype).
+_GEMM_ARGS = (("tensor", "int8"), ("tensor", "int8"), ("tensor", "bfloat16"), ("tensor", "int32"),
+              ("tensor", "int32"), ("i32", ""), ("i32", ""), ("i64", ""), ("i64", ""), ("stream", ""))
+_GEMV_ARGS = (("tensor", "int32"), ("tensor", "int32"), ("tensor", "int32"), ("tensor", "int32"),
+              ("tensor", "bfloat16"), ("i32", ""), ("i32", ""), ("stream", ""))
+
+
+# ---------------------------------------------------------------------------
+# Lock entries, read the same way whichever form the artifacts index holds
+# ---------------------------------------------------------------------------
+
+
+def _blob(le: Any) -> tuple[str, int | None]:
+    b = le["blob"] if isinstance(le, Mapping) else le.blob
+    if hasattr(b, "hash"):
+        return b.hash, b.size
+    if isinstance(b, Mapping):
+        return b["digest"], b.get("size")
+    return b, (le.get("size") if isinstance(le, Mapping) else None)
+
+
+def _record(le: Any) -> LaunchRecord:
+    r = le["launch"] if isinstance(le, Mapping) else le.launch
+    return r if isinstance(r, LaunchRecord) else LaunchRecord.from_json(r)
+
+
+def _kind(le: Any) -> str:
+    return le["kind"] if isinstance(le, Mapping) else le.kind
+
+
+def _tuple_field(entry: Any, name: str, default: Any = None) -> Any:
+    t = entry.tuple
+    if isinstance(t, Mapping):
+        return t.get(name, default)
+    return getattr(getattr(t, "id", t), name, default)
+
+
+# ---------------------------------------------------------------------------
+# A kernel whose grid and arguments depend on M: packed in place per call
+# ---------------------------------------------------------------------------
+
+
+class _Launch:
+    """One loaded kernel and its argument buffer; :meth:`launch` fills the per-call values.
+
+    The host parameters are a template list (fixed values written once); a call
+    writes its pointers, element counts and M into their slots, evaluates the
+    record's grid program and packs the explicit arguments into the op's own
+    buffer. Nothing is allocated but Python integers.
+    """
+
+    __slots__ = ("kind", "digest", "record", "function", "args", "struct", "types", "params", "slots", "where")
+
+    def __init__(self, *, kind: str, digest: str, record: LaunchRecord, kernel, function, fixed: dict[int, int],
+                 where: str):
+        self.kind, self.digest, self.record, self.function, self.where = kind, digest, record, function, where
+        self.types = record.kernel_arg_types
+        self.struct = kernarg_struct(kernel, self.types)
+        self.args = KernArgs(kernel.kernarg_size)
+        self.params = [0] * len(record.params)
+        for i, v in fixed.items():
+            self.params[i] = int(v)
+        #: per runtime argument (in call order, stream excluded): its host-parameter indices
+        self.slots = tuple(a.params for a in record.args if a.kind != "stream")
+
+    def launch(self, driver, stream: int, values: Sequence[Any]) -> None:
+        """``values``: per runtime argument, a (pointer, element count) pair or an int."""
+        p = self.params
+        for params, v in zip(self.slots, values):
+            if len(params) == 2:
+                p[params[0]], p[params[1]] = v
+            else:
+                p[params[0]] = v
+        grid, block, kargs = self.record.resolve(p)
+        self.struct.pack_into(self.args.buf, 0, *[
+            v - (1 << 64) if t == "i64" and v >= 1 << 63 else (v & 0xFFFFFFFFFFFFFFFF if t == "ptr" else v)
+            for v, t in zip(kargs, self.types)])
+        driver.launch(self.function, grid, block, self.args, stream)
+
+
+class _StandaloneOp:
+    """What the two ops share: finding their kernels, loading them, closing."""
+
+    transport = ""
+    _ARGS: tuple = ()
+
+    def _init_state(self) -> None:
+        self._closed = True
+        self._modules: list[Any] = []
+        self._launches: dict[Any, _Launch] = {}
+        self._driver: Any = None
+
+    def _entries(self, artifacts: Any, select) -> dict[Any, Any]:
+        """slot -> the lock entry whose kernel serves it; ``select(m, entry)`` names the slot or None."""
+        self.artifacts = load_artifacts(artifacts)
+        found: dict[Any, Any] = {}
+        for key, by_m in self.artifacts.index.items():
+            if (key.transport, key.n, key.k, key.quant) != (self.transport, self.n, self.k, "mxfp8"):
+                continue
+            for m, by_rank in sorted(by_m.items()):
+                e = by_rank.get(0)
+                slot = None if e is None else select(m, e)
+                if slot is None:
+                    continue
+                old = found.get(slot)
+                if old is not None and _blob(old.launches[0])[0] != _blob(e.launches[0])[0]:
+                    raise ArtifactConflictError(
+                        f"conflicting {self.transport} kernels for N={self.n} K={self.k} ({slot}): {old.where} and "
+                        f"{e.where} name different code objects. Remove one, or point artifacts= at exactly one")
+                found.setdefault(slot, e)
+        return found
+
+    def _acquire(self, entries: dict[Any, Any], driver: Driver | None, device: Any, fixed) -> None:
+        """Verify every code object, then load each once and prepare its launch; roll back on failure."""
+        images = {}
+        for slot, e in entries.items():
+            le = e.launches[0]
+            digest, size = _blob(le)
+            where = f"{e.where} {_kind(le)} (blob {digest[:12]})"
+            try:
+                record = _record(le)
+            except (KeyError, LaunchRecordError) as exc:
+                raise ArtifactMismatchError(f"{where}: bad launch record: {exc}") from None
+            kinds = tuple((a.kind, a.dtype) for a in record.args)
+            if tuple(k for k, _ in kinds) != tuple(k for k, _ in self._ARGS) or any(
+                    d and w and d != w for (_, d), (_, w) in zip(kinds, self._ARGS)):
+                raise ArtifactMismatchError(f"{where}: the launcher takes {kinds}, this op passes {self._ARGS}")
+            if digest not in images:
+                store = self.artifacts.store(e.lock.source)
+                data = store.load_blob(digest, size)
+                try:
+                    code = parse_code_object(data)
+                except CodeObjectError as exc:
+                    raise ArtifactMismatchError(f"{where}: not a loadable code object: {exc}") from None
+                images[digest] = (data, verify_code_object(code, record, arch=e.lock.arch, where=where), e)
+        if driver is None:
+            from .hip import HipDriver
+
+            driver = HipDriver()
+        self._driver = driver
+        self.device = _device(device)
+        dev_arch = arch_base(driver.device_arch(self.device))
+        for _data, _kern, e in images.values():
+            if e.lock.arch != dev_arch:
+                raise ArtifactMismatchError(f"the artifacts were compiled for {e.lock.arch or '?'} ({e.where}) but "
+                                            f"{self.device} is {dev_arch}; build the manifest for this GPU's arch")
+        from .memory import device_context
+
+        with device_context(self.device):
+            try:
+                functions = {}
+                for digest, (data, kern, _e) in images.items():
+                    module = driver.load_module(data)
+                    self._modules.append(module)
+                    functions[digest] = driver.get_function(module, kern.name)
+                for slot, e in entries.items():
+                    le = e.launches[0]
+                    digest, _size = _blob(le)
+                    record = _record(le)
+                    self._launches[slot] = _Launch(kind=_kind(le), digest=digest, record=record,
+                                                   kernel=images[digest][1], function=functions[digest],
+                                                   fixed=fixed(record), where=f"{e.where} {_kind(le)}")
+                self._closed = False
+            except BaseException:
+                self._closed = False
+                try:
+                    self.close()
+                except Exception:  # noqa: BLE001 - the original error is the one to report
+                    log.exception("gemmar-aot: releasing a half-constructed %s failed", type(self).__name__)
+                raise
+
+    def _snippet(self, ms: Sequence[int]) -> str:
+        from gemmar_aot.artifact_model import TupleKey
+
+        key = TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=1, quant="mxfp8",
+                            gather_dtype="bf16", gather_transport=None, block_m=rules.MXFP8_BLOCK_M, sdma_queues=1)
+        return manifest_snippet(key, ms, None)
+
+    @property
+    def driver(self):
+        return self._driver
+
+    def close(self) -> None:
+        """Unload the modules. Idempotent; synchronise first if launches may be in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        self._launches.clear()
+        errors = []
+        while self._modules:
+            module = self._modules.pop()
+            try:
+                self._driver.unload_module(module)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _stream(self) -> int:
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} has been closed")
+        return self._driver.current_stream(self.device)
+
+
+def _device(device: Any):
+    import torch
+
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _check_out(out, m: int, n: int, device):
+    import torch
+
+    if out is None:
+        return torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    if tuple(out.shape) != (m, n) or out.dtype != torch.bfloat16:
+        raise ValueError(f"out must be {(m, n)} bfloat16, got {tuple(out.shape)} {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"out must be on the op's device {device}, got {out.device}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous: the kernel writes it as a flat [M*N] buffer")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Mxfp8GemmOp
+# ---------------------------------------------------------------------------
+
+
+class Mxfp8GemmOp(_StandaloneOp):
+    """The mxfp8 GEMM for one ``(N, K)``, every M a multiple of 64, from precompiled kernels.
+
+    ::
+
+        op = Mxfp8GemmOp(n=8192, k=1280)
+        out = op(a_fp8, b_preshuffled, a_scale, b_scale)   # [M, N] bf16
+
+    Operands as mori's: ``b_preshuffled`` through ``preshuffle_b``, ``a_scale``
+    through ``preshuffle_a_scale`` (flat int32), ``b_scale`` ``[N/32, K/32]`` ue8m0
+    widened to int32.
+    """
+
+    transport = GEMM_ONLY
+    _ARGS = _GEMM_ARGS
+
+    def __init__(self, *, n: int, k: int, block_n: int = rules.DEFAULT_BLOCK_N, artifacts: Any = None,
+                 driver: Driver | None = None, device: Any = None):
+        self._init_state()
+        why = rules.check_tile(rules.MXFP8_BLOCK_M, block_n) or rules.check_block_n(block_n)
+        if why:
+            raise ValueError(f"unsupported tile: {why}")
+        why = rules.check_gemm_shape(n, k, block_n, "mxfp8")
+        if why:
+            raise ValueError(f"unsupported shape: {why}")
+        self.n, self.k = n, k
+        self.block_m, self.block_n = rules.MXFP8_BLOCK_M, block_n
+
+        def select(m, e):
+            if int(_tuple_field(e, "block_n", rules.DEFAULT_BLOCK_N)) != block_n:
+                return None
+            return "narrow" if rules.gemm_only_wants_narrow(m, n) else "wide"
+
+        entries = self._entries(artifacts, select)
+        if not entries:
+            raise ArtifactMissingError(
+                f"the artifacts hold no Mxfp8GemmOp kernels for N={n} K={k} block_n={block_n} (sources: "
+                f"{self.artifacts.describe_sources()}); nothing is compiled at run time. Add to the manifest "
+                f"and rebuild (an M of 256 builds the narrow tile, a large one the wide tile):\n"
+                f"{self._snippet([256])}", m=None, manifest_lines=self._snippet([256]))
+
+        def fixed(record: LaunchRecord) -> dict[int, int]:
+            a = record.args
+            return {a[6].params[0]: n, a[7].params[0]: 0, a[8].params[0]: 0}  # c_n; dev_comm, win unused
+
+        self._acquire(entries, driver, device, fixed)
+
+    @property
+    def tiles(self) -> tuple[str, ...]:
+        """Which of the two kernels this op holds: ``"narrow"`` and/or ``"wide"``."""
+        return tuple(sorted(self._launches))
+
+    def padded_m(self, m: int) -> int:
+        """``m`` rounded up to a whole packed A-scale group."""
+        return rules.gemm_only_padded_m(m)
+
+    def wants_narrow_n(self, m: int) -> bool:
+        """Whether this M runs the 128-wide N tile (the wide grid would be under 140 workgroups)."""
+        return rules.gemm_only_wants_narrow(m, self.n)
+
+    def pad_rows(self, x, m_pad: int):
+        """Zero-extend ``x`` to ``m_pad`` rows in a buffer reused across calls (pad before quantising)."""
+        import torch
+
+        if x.dim() != 2:
+            raise ValueError(f"expected a 2-D [M, K] tensor, got {tuple(x.shape)}")
+        m, k = x.shape
+        if m_pad < m:
+            raise ValueError(f"m_pad={m_pad} is smaller than the input's M={m}")
+        buf = getattr(self, "_pad_in", None)
+        if buf is None or buf.shape[1] != k or buf.shape[0] < m_pad or buf.dtype != x.dtype \
+                or buf.device != x.device:
+            buf = self._pad_in = torch.empty((m_pad, k), dtype=x.dtype, device=x.device)
+        out = buf[:m_pad]
+        out[:m].copy_(x)
+        out[m:].zero_()
+        return out
+
+    def missing_error(self, m: int) -> ArtifactMissingError:
+        tile = "narrow (BLOCK_N 128)" if self.wants_narrow_n(m) else "wide (BLOCK_N 256)"
+        snippet = self._snippet([m])
+        return ArtifactMissingError(
+            f"no precompiled Mxfp8GemmOp kernel for M={m} at N={self.n} K={self.k}: this M runs the {tile} "
+            f"tile, and the artifacts hold only {' and '.join(self.tiles)}; nothing is compiled at run time. "
+            f"Add an M that runs it to the manifest and rebuild (gemmar-aot build), e.g.:\n{snippet}",
+            m=m, manifest_lines=snippet)
+
+    def __call__(self, a_fp8, b_preshuffled, a_scale, b_scale, out=None):
+        """``a_fp8 @ b_preshuffled.T`` with 32-wide ue8m0 scales, into bf16 ``[M, N]``.
+
+        M must already be a multiple of 64 (pad the bf16 input with :meth:`pad_rows`
+        before quantising). With ``out=None`` a new tensor is returned, as mori does.
+        """
+        stream = self._stream()
+        m = a_fp8.shape[0]
+        if m % SCALE_GROUP_M:
+            raise ValueError(f"M={m} must be a multiple of {SCALE_GROUP_M} (the packed A scale's group); pad "
+                             f"the bf16 input with pad_rows() before quantising, not the fp8 afterwards")
+        launch = self._launches.get("narrow" if self.wants_narrow_n(m) else "wide")
+        if launch is None:
+            raise self.missing_error(m)
+        n, k = self.n, self.k
+        a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=m, n=n, k=k, quant="mxfp8",
+                                        device=self.device)
+        out = _check_out(out, m, n, self.device)
+        launch.launch(self._driver, stream, (
+            (a.data_ptr(), m * k), (b.data_ptr(), n * k), (out.data_ptr(), m * n),
+            (asc.data_ptr(), m * k // (4 * rules.MXFP8_BLOCK)),
+            (bsc.data_ptr(), (n // rules.MXFP8_BLOCK) * (k // rules.MXFP8_BLOCK)), m))
+        return out
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"tiles {list(self.tiles)}"
+        return f"<gemmar_aot Mxfp8GemmOp n={self.n} k={self.k} block_n={self.block_n}: {state}>"
+
+
+# ---------------------------------------------------------------------------
+# Mxfp8GemvOp
+# ---------------------------------------------------------------------------
+
+
+class Mxfp8GemvOp(_StandaloneOp):
+    """The skinny mxfp8 matmul for one ``(N, K)``, M up to 32, from precompiled kernels.
+
+    ::
+
+        op = Mxfp8GemvOp(n=8192, k=1280)
+        out = op(x_fp8, w_preshuffled, x_scale, w_scale)   # [M, N] bf16
+
+    ``w_preshuffled`` through ``preshuffle_b`` (shared with Mxfp8GemmOp); both
+    scales as the checkpoint stores them: row-major ue8m0 bytes ``[M, K/32]`` and
+    ``[N/32, K/32]`` (torch.uint8).
+    """
+
+    transport = GEMV
+    _ARGS = _GEMV_ARGS
+
+    def __init__(self, *, n: int, k: int, artifacts: Any = None, driver: Driver | None = None,
+                 device: Any = None):
+        self._init_state()
+        if rules.check_mxfp8_gemv(n, k):
+            raise ValueError(f"unsupported shape N={n} K={k}: K must be a multiple of {rules.GEMV_STEP_K} and N "
+                             f"of {rules.MXFP8_BLOCK}")
+        self.n, self.k = n, k
+        entries = self._entries(artifacts, lambda m, e: m if m in M_BUCKETS else None)
+        if not entries:
+            snippet = self._snippet(list(M_BUCKETS))
+            raise ArtifactMissingError(
+                f"the artifacts hold no Mxfp8GemvOp kernels for N={n} K={k} (sources: "
+                f"{self.artifacts.describe_sources()}); nothing is compiled at run time. Add to the manifest "
+                f"and rebuild:\n{snippet}", m=None, manifest_lines=snippet)
+        self._acquire(entries, driver, device, lambda record: {record.args[6].params[0]: n})
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The M buckets this op serves (each serves every M up to it, above the previous bucket)."""
+        return tuple(sorted(self._launches))
+
+    def missing_error(self, m: int) -> ArtifactMissingError:
+        bucket = rules.gemv_bucket(m)
+        snippet = self._snippet([bucket])
+        return ArtifactMissingError(
+            f"no precompiled Mxfp8GemvOp kernel for M={m} (bucket {bucket}) at N={self.n} K={self.k}; this op "
+            f"serves buckets {list(self.buckets)} and nothing is compiled at run time. Add the bucket to the "
+            f"manifest and rebuild (gemmar-aot build), e.g.:\n{snippet}",
+            m=m, available=self.buckets, manifest_lines=snippet)
+
+    def _check(self, x_fp8, w, x_scale, w_scale, m: int) -> None:
+        """mori's checks, in its order: shapes and fp8 dtype of X and W, then the uint8 scales."""
+        import torch
+
+        for name, t, shape in (("x_fp8", x_fp8, (m, self.k)), ("w_preshuffled", w, (self.n, self.k))):
+            if t.dim() != 2 or tuple(t.shape) != shape:
+                raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
+            if t.dtype != torch.float8_e4m3fn:
+                if t.dtype == getattr(torch, "float8_e4m3fnuz", None):
+                    raise ValueError(f"{name} is torch.float8_e4m3fnuz; {_FNUZ_REASON}")
+                raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}; the launch reads it as "
+                                 f"bytes, so a wider dtype runs and returns nonsense rather than failing")
+            if t.device != self.device:
+                raise ValueError(f"{name} must be on the op's device {self.device}, got {t.device}")
+        kb = self.k // rules.MXFP8_BLOCK
+        for name, t, shape in (("x_scale", x_scale, (m, kb)), ("w_scale", w_scale, (self.n // rules.MXFP8_BLOCK,
+                                                                                     kb))):
+            if t.dtype != torch.uint8:
+                raise ValueError(f"{name} must be torch.uint8 ue8m0, got {t.dtype}")
+            if t.dim() != 2 or tuple(t.shape) != shape:
+                raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
+            if t.device != self.device:
+                raise ValueError(f"{name} must be on the op's device {self.device}, got {t.device}")
+
+    def __call__(self, x_fp8, w_preshuffled, x_scale, w_scale, out=None):
+        """``x_fp8 @ w_preshuffled.T`` with 32-wide ue8m0 scales, into bf16 ``[M, N]``; no padding needed."""
+        stream = self._stream()
+        m = x_fp8.shape[0]
+        if m > MAX_TOKENS:
+            raise ValueError(f"M={m} exceeds the skinny kernel's {MAX_TOKENS} tokens; use Mxfp8GemmOp above it")
+        self._check(x_fp8, w_preshuffled, x_scale, w_scale, m)
+        launch = self._launches.get(rules.gemv_bucket(m)) if m >= 1 else None
+        if launch is None:
+            if m < 1:
+                raise ValueError(f"M={m}: x_fp8 must have at least one row")
+            raise self.missing_error(m)
+        out = _check_out(out, m, self.n, self.device)
+        n, k, kb = self.n, self.k, self.k // rules.MXFP8_BLOCK
+        x, w, xs, ws = (t if t.is_contiguous() else t.contiguous() for t in (x_fp8, w_preshuffled, x_scale, w_scale))
+        launch.launch(self._driver, stream, (
+            (w.data_ptr(), n * k // 4), (ws.data_ptr(), (n // rules.MXFP8_BLOCK) * kb // 4),
+            (x.data_ptr(), m * k // 4), (xs.data_ptr(), m * kb // 4), (out.data_ptr(), m * n), m, n))
+        return out
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"buckets {list(self.buckets)}"
+        return f"<gemmar_aot Mxfp8GemvOp n={self.n} k={self.k}: {state}>"
