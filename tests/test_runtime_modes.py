@@ -114,6 +114,22 @@ def test_split_sdma_shares_fused_sdma_phases_and_split_lsa_gemm(smoke_store, smo
     assert _digest(split["launches"][0]) == _digest(lsa["launches"][0])
 
 
+def test_gemm_only_runs_the_split_gemm_alone(smoke_store, smoke_lock):
+    op, _c, drv = make_ar(smoke_store, smoke_lock, transport="split-lsa")
+    _t, r = lock_entries(smoke_lock, transport="split-lsa", m=512, rank=0)
+    a, b, a_scale, b_scale = blockscale_operands(512)
+    got = op.gemm_only(a, b, a_scale, b_scale)
+    assert [l.digest for l in drv.launches] == [_digest(r["launches"][0])]
+    assert got.data_ptr() == drv.launches[0].args[4] == op.mem.ptr + op._entries[512].layout["window"]["input_off"]
+    with pytest.raises(ArtifactMissingError):
+        op.gemm_only(*blockscale_operands(256))
+    op.close()
+    fused, _c, _d = make_ar(smoke_store, smoke_lock, transport="fused-lsa")
+    with pytest.raises(ValueError, match="cannot run without its tail"):
+        fused.gemm_only(a, b, a_scale, b_scale)
+    fused.close()
+
+
 def test_strict_miss_names_the_transport(smoke_store, smoke_lock):
     op, _c, _d = make_ar(smoke_store, smoke_lock, transport="fused-lsa")
     with pytest.raises(ArtifactMissingError) as ei:

@@ -492,6 +492,33 @@ class GemmAllReduceOp:
             launch(p.function, p.grid, p.block, p.args, stream)
         return plan.output
 
+    def gemm_only(self, a_fp8, b_preshuffled, a_scale, b_scale):
+        """The call's GEMM alone, no all-reduce: the PR's gemm-only measurement (split modes only).
+
+        A split mode's GEMM is the unfused kernel, which writes the window's input
+        region and touches nothing else there, so it may run by itself; a fused GEMM
+        pushes its output to the peers and must be followed by its tail. Returns the
+        bf16 ``[M, N]`` input-region view (this rank's unreduced product).
+        """
+        if not self.transport.startswith("split-"):
+            raise ValueError(f"gemm_only() runs a split mode's unfused GEMM; {self.transport}'s GEMM pushes to "
+                             f"the peers and cannot run without its tail")
+        plan = self._plans.get(a_fp8.shape[0])
+        if plan is None:
+            self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)  # raises: closed, M rules or a miss
+            raise AssertionError("unreachable")  # pragma: no cover - jit_fallback is fused-sdma only
+        a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n, k=self.k,
+                                        quant=self.quant, device=self.device)
+        g = plan.gemm
+        v = g.values
+        v[plan.a_slot] = a.data_ptr()
+        v[plan.b_slot] = b.data_ptr()
+        v[plan.as_slot] = asc.data_ptr()
+        v[plan.bs_slot] = bsc.data_ptr()
+        g.struct.pack_into(g.args.buf, 0, *v)
+        self._driver.launch(g.function, g.grid, g.block, g.args, self._driver.current_stream(self.device))
+        return plan.input
+
     def _unplanned_call(self, a_fp8, b_preshuffled, a_scale, b_scale):
         """Why there is no plan for this M: closed, too big, off-granule, or not built."""
         if self._closed:
