@@ -30,7 +30,7 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
 $(DEPS_STAMP): pyproject.toml | $(VPY)
-	$(VENV)/bin/pip install -e '.[build,test]'
+	$(VENV)/bin/pip install -e '.[build,test,ray]'
 	touch $@
 
 build: setup

@@ -181,6 +181,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "store": str(root),
         "lock_file": str(lock_file) if lock_file else None,
         "jobs": (local.jobs if local is not None else getattr(executor, "jobs", 0)) if todo else 0,
+        "executor": executor.info() if hasattr(executor, "info") else {"name": "local"},
         "kernel_instances": plan.instances,
         "distinct_specs": len(plan.specs),
         "selected_specs": len(selected),

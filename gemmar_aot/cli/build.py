@@ -76,32 +76,53 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
               help="Compile only share I of N (1-based) of the distinct specs, balanced by expected "
                    "compile cost; for CI matrices sharing a remote cache. Writes no lock file: a final "
                    "build of the whole manifest does.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where compiles run: worker processes here, or tasks on a Ray cluster "
+                   "(needs the 'ray' extra and the same toolchain on every node).")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="The Ray cluster for --executor ray (default: $RAY_ADDRESS, else a cluster "
+                   "running on this machine).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the build's timeline (per worker: import, trace, compile, store) as "
                    "Chrome-trace/Perfetto JSON to this file.")
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
-          only: tuple[str, ...], shard: str | None, as_json: bool, quiet: bool,
-          trace_path: Path | None) -> None:
+          only: tuple[str, ...], shard: str | None, executor: str, ray_address: str | None,
+          as_json: bool, quiet: bool, trace_path: Path | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
     compiled again. Writes the lock file <store>/locks/<manifest>.lock.json.
+    With --executor ray, the kernels compile on the Ray cluster's nodes and this
+    process alone writes the store.
     """
     from gemmar_aot.build import run_build
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.shard import parse_shard
 
+    if ray_address and executor != "ray":
+        raise click.UsageError("--ray-address needs --executor ray")
+    if executor == "ray" and jobs is not None:
+        raise click.UsageError("-j/--jobs is for the local executor; a Ray build uses every CPU of the cluster")
     shard_ix = parse_shard(shard) if shard is not None else None
     _echo_warnings(load_manifest(manifest).warnings)  # before the long part (the summary repeats them)
+    ex = None
     try:
+        if executor == "ray":
+            from gemmar_aot.compiler.ray_executor import RayExecutor
+
+            ex = RayExecutor(ray_address, debug_locations=debug_locations)
         summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
-                            only=only, shard=shard_ix, progress=not quiet, trace_path=trace_path)
+                            only=only, shard=shard_ix, progress=not quiet, trace_path=trace_path,
+                            executor=ex)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
         sys.exit(130)
+    finally:
+        if ex is not None:
+            ex.close()
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -117,10 +138,15 @@ def _echo_warnings(warnings) -> None:
 
 def format_summary(s: dict) -> str:
     share = (f" (shard {s['shard']}: {s['selected_specs']} of them)" if s.get("shard") else "")
+    ex = s.get("executor") or {}
+    where = (f"Ray at {ex['address']}: {s['jobs']} CPU(s)" if ex.get("name") == "ray"
+             else f"{s['jobs']} worker(s)")
     lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs{share} for "
              f"{s['kernel_instances']} kernel instances: {s['hits']} in the store, "
              f"{s['compiled']} compiled, {s['failed']} failed, in {s['wall_seconds']:.1f}s "
-             f"({s['jobs']} worker(s)) -> {s['store']}"]
+             f"({where}) -> {s['store']}"]
+    for node, n in (ex.get("specs_by_node") or {}).items():
+        lines.append(f"  {n:4d} compiled on {node}")
     if s["lock_file"]:
         lines.append(f"lock file: {s['lock_file']}")
     for kind, k in sorted(s["by_kind"].items()):

@@ -162,6 +162,16 @@ class Task:
     ingredients: dict
 
 
+def make_batches(tasks: Iterable[Task], costs: CostModel) -> list[list[Task]]:
+    """Units of work, most expensive first. Specs the recipe builds from one builder call
+    (the SDMA phases of one config and rank) travel together, so the worker makes that
+    call once; everything else is a batch of one."""
+    groups: dict[str, list[Task]] = {}
+    for t in sorted(tasks, key=lambda t: t.spec.spec_id):
+        groups.setdefault(recipe_module(t.spec.recipe).build_group(t.spec) or t.spec.spec_id, []).append(t)
+    return sorted(groups.values(), key=lambda b: (-sum(costs.expected(t.spec) for t in b), b[0].spec.spec_id))
+
+
 class Executor(Protocol):
     """Runs compile tasks somewhere; yields each result as it finishes (any order).
 
@@ -262,14 +272,7 @@ class LocalExecutor:
     # -- work --
 
     def batches(self, tasks: Iterable[Task]) -> list[list[Task]]:
-        """Units of work, most expensive first. Specs the recipe builds from one builder call
-        (the SDMA phases of one config and rank) travel together, so the worker makes that
-        call once; everything else is a batch of one."""
-        groups: dict[str, list[Task]] = {}
-        for t in sorted(tasks, key=lambda t: t.spec.spec_id):
-            groups.setdefault(recipe_module(t.spec.recipe).build_group(t.spec) or t.spec.spec_id, []).append(t)
-        return sorted(groups.values(),
-                      key=lambda b: (-sum(self.costs.expected(t.spec) for t in b), b[0].spec.spec_id))
+        return make_batches(tasks, self.costs)
 
     def run(self, tasks: Sequence[Task], store_root: str) -> Iterator[tuple[KernelSpec, CompileResult]]:
         queue = self.batches(tasks)

@@ -306,6 +306,27 @@ def _store(root: str):
     return stores[root]
 
 
+def record_fields(spec: KernelSpec, k: CompiledKernel, ingredients: dict, seconds: float) -> dict:
+    """The store record's fields for one compiled spec (the store adds schema, key and blob)."""
+    return {
+        "spec": spec.to_json(),
+        "metadata": k.metadata,
+        "launch": k.launch,
+        "ingredients": ingredients,
+        "compile_seconds": round(seconds, 3),
+    }
+
+
+def _failed(spec: KernelSpec, exc: BaseException, t0: float, c0: float, phases: list) -> CompileResult:
+    """A builder failure as data: the exception line and the innermost frames. Call in ``except``."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    tb = traceback.format_exc(limit=-6)
+    return CompileResult(spec.spec_id, False, time.perf_counter() - t0, error=f"{msg}\n{tb}",
+                         cpu_seconds=time.process_time() - c0, phases=tuple(phases), pid=os.getpid())
+
+
 def compile_spec(spec_json: dict, store_root: str, key: str, ingredients: dict) -> CompileResult:
     """Compile one spec into the store under ``key``, unless another builder already did.
 
@@ -325,23 +346,32 @@ def compile_spec(spec_json: dict, store_root: str, key: str, ingredients: dict) 
             k = compile_kernel(spec, phases)
             seconds = time.perf_counter() - t0
             t_store = time.monotonic()
-            rec = claim.put(k.code, {
-                "spec": spec.to_json(),
-                "metadata": k.metadata,
-                "launch": k.launch,
-                "ingredients": ingredients,
-                "compile_seconds": round(seconds, 3),
-            })
+            rec = claim.put(k.code, record_fields(spec, k, ingredients, seconds))
             phases.append(("store", t_store, time.monotonic()))
         return CompileResult(spec.spec_id, True, seconds, rec, cpu_seconds=time.process_time() - c0,
                              phases=tuple(phases), pid=pid)
     except BaseException as exc:  # noqa: BLE001 - report every builder failure as data
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        tb = traceback.format_exc(limit=-6)
-        return CompileResult(spec.spec_id, False, time.perf_counter() - t0, error=f"{msg}\n{tb}",
-                             cpu_seconds=time.process_time() - c0, phases=tuple(phases), pid=pid)
+        return _failed(spec, exc, t0, c0, phases)
+
+
+def compile_detached(spec_json: dict, ingredients: dict) -> tuple[CompileResult, bytes | None]:
+    """Compile one spec without a store: (result, code bytes, or None when it failed).
+
+    For executors whose workers do not write the store (a Ray node): ``result.record``
+    holds the record's *fields*; the one writer stores ``code`` with them under the key.
+    """
+    spec = KernelSpec.from_json(spec_json)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    phases: list = []
+    try:
+        k = compile_kernel(spec, phases)
+        seconds = time.perf_counter() - t0
+        return CompileResult(spec.spec_id, True, seconds, record_fields(spec, k, ingredients, seconds),
+                             cpu_seconds=time.process_time() - c0, phases=tuple(phases),
+                             pid=os.getpid()), k.code
+    except BaseException as exc:  # noqa: BLE001 - report every builder failure as data
+        return _failed(spec, exc, t0, c0, phases), None
 
 
 def compile_batch(items: list[tuple[dict, str, dict]], store_root: str) -> list[CompileResult]:

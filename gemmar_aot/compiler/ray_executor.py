@@ -1,0 +1,373 @@
+"""Compile on a Ray cluster: the same tasks as the local pool, one writer for the store.
+
+``gemmar-aot build --executor ray [--ray-address ADDR]`` sends the batches the local
+executor would run (``driver.make_batches``: most expensive first by recorded costs, the
+SDMA phases of one config together) as Ray tasks, one CPU each, spread over the
+cluster. On a node a task
+
+* checks that the node's own toolchain (``toolchain.json`` of its installed toolchain,
+  plus the digest of our compiler sources) equals the driver's, and refuses to compile
+  otherwise, naming the ingredient that differs;
+* compiles each spec with the worker's own per-task function
+  (:func:`gemmar_aot.compiler.worker.compile_detached`): no store access on the node;
+* returns the code bytes, the record fields and the sha256 it computed.
+
+The driver checks each returned code object against the sha256 the node reported
+(and that the record fields describe the spec it asked for) and is the only process
+that writes the store (under the same per-key claim as local
+builders, so a concurrent local build of the same key is not duplicated in the store).
+
+Failures: a builder error is data, reported exactly as the local executor reports it.
+A node or worker that dies loses only the tasks it was running: Ray re-runs them
+(``max_retries``) on the nodes that are left. A group that dies on every attempt is
+split and its specs retried alone, so the one that kills workers is named and fails
+like a local spec whose worker died; the others still build. Nodes with a different
+toolchain stop the build before anything is compiled (every node with CPUs is asked
+first) or, if one joins later, when its first task refuses.
+
+Ray is optional (``pip install 'gemmar-aot[ray]'``): only this module imports it, and
+only inside functions, so the base install, the local build and the runtime never do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
+
+from gemmar_aot.compiler.driver import Task
+from gemmar_aot.compiler.worker import CompileResult
+from gemmar_aot.errors import GemmarError
+from gemmar_aot.keys import diff_ingredients, toolchain_ingredients
+from gemmar_aot.spec import KernelSpec
+
+#: Ray re-runs a task whose worker or node died this many times (then we split or fail it).
+MAX_RETRIES = 3
+#: Seconds to wait for every node's answer to the toolchain check before compiling.
+PROBE_TIMEOUT_S = 180.0
+#: Seconds without any node that has a CPU before the remaining specs are failed.
+NO_CPU_TIMEOUT_S = 120.0
+#: How many times a result that does not match its reported digest is compiled again.
+MAX_CORRUPT_RESULTS = 2
+
+RAY_MISSING = ("--executor ray needs Ray, which is an optional extra\n"
+               "  fix: pip install 'gemmar-aot[ray]' (the same Ray version on every node of the cluster)")
+
+
+class RayExecutorError(GemmarError):
+    """The Ray cluster cannot run this build (not reachable, no CPUs, a node that differs)."""
+
+
+# ------------------------------------------------------------------ what a node must match
+
+
+def toolchain_identity(fp: dict) -> dict:
+    """Everything a node's compile depends on besides the spec: the toolchain fingerprint
+    (``toolchain.json``, without its digest) and the digest of our own compiler code."""
+    return {"fingerprint": {k: v for k, v in fp.items() if k != "digest"},
+            "compiler": toolchain_ingredients(fp)["compiler"]}
+
+
+def describe_mismatch(expected: dict, actual: dict) -> str:
+    """Why a node refuses: every ingredient that differs, with the driver's and the node's value."""
+    diffs = diff_ingredients(expected, actual)
+    lines = [f"its toolchain differs from the driver's in {len(diffs)} ingredient(s):"]
+    for path, want, have in diffs:
+        lines.append(f"  - {path}: driver {_short(want)}, node {_short(have)}")
+    return "\n".join(lines)
+
+
+def refusal_message(node: str, why: str) -> str:
+    return (f"{node} refuses to compile: {why}\n  fix: install the same gemmar-aot commit and run "
+            f"`make setup` on that node (or take it out of the cluster)")
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 100 else s[:97] + "..."
+
+
+# ------------------------------------------------------------------ on the node
+
+_NODE: dict[str, Any] = {}
+
+
+def _node_refusal(expected: dict) -> str | None:
+    """None when this node's toolchain equals ``expected``; else why not. Cached per process."""
+    ck = hashlib.sha256(repr(sorted(expected.items())).encode()).hexdigest()
+    if ck not in _NODE:
+        from gemmar_aot.toolchain import load_toolchain
+
+        try:
+            mine = toolchain_identity(load_toolchain().fingerprint)
+        except GemmarError as e:
+            _NODE[ck] = f"its toolchain does not load:\n{e}"
+        else:
+            _NODE[ck] = None if mine == expected else describe_mismatch(expected, mine)
+    return _NODE[ck]
+
+
+def probe_node(expected: dict) -> dict:
+    """The toolchain check alone (the driver asks every node before compiling)."""
+    import ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "refused": _node_refusal(expected)}
+
+
+def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_locations: bool) -> dict:
+    """One Ray task: check the toolchain, then compile each (spec, key, ingredients) without a store.
+
+    Returns ``{"node_id", "refused", "results": [(CompileResult, code | None, sha256 | None)]}``.
+    """
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    refused = _node_refusal(expected)
+    if refused:
+        return {"node_id": node_id, "refused": refused, "results": []}
+    from gemmar_aot.compiler.worker import compile_detached, init
+
+    init(None, debug_locations)  # this node's own toolchain, verified equal above
+    out = []
+    for spec_json, _key, ingr in items:
+        res, code = compile_detached(spec_json, ingr)
+        out.append((res, code, None if code is None else hashlib.sha256(code).hexdigest()))
+    return {"node_id": node_id, "refused": None, "results": out}
+
+
+# ------------------------------------------------------------------ on the driver
+
+
+def verify_result(task: Task, res: CompileResult, code: bytes | None, reported: str | None) -> str | None:
+    """None when a node's answer for ``task`` can be stored; else what is wrong with it."""
+    if res.spec_id != task.spec.spec_id:
+        return f"the node answered for spec {res.spec_id[:12]}, not {task.spec.spec_id[:12]}"
+    if not res.ok:
+        return None
+    if code is None or reported is None:
+        return "the node reported success but sent no code object"
+    have = hashlib.sha256(code).hexdigest()
+    if have != reported:
+        return f"the code object arrived with sha256 {have}, the node computed {reported}"
+    fields = res.record or {}
+    if fields.get("spec") != task.spec.to_json() or fields.get("ingredients") != task.ingredients:
+        return "the node's record fields do not describe this spec and its ingredients"
+    return None
+
+
+@dataclass
+class _Flight:
+    """One submitted group and how many times it came back unverifiable."""
+
+    batch: list[Task]
+    corrupt: int = 0
+
+
+class RayExecutor:
+    """Runs compile tasks on the Ray cluster at ``address`` (a ``driver.Executor``).
+
+    ``run`` yields (spec, CompileResult) as results arrive; a successful result's
+    ``record`` is the full store record, written by this process. ``close`` cancels
+    what is still running and disconnects (the cluster ends the job's workers).
+    """
+
+    def __init__(self, address: str | None = None, *, toolchain_root: str | None = None,
+                 debug_locations: bool = False):
+        from gemmar_aot.toolchain import load_toolchain
+
+        self.address = address
+        self.debug_locations = debug_locations
+        self.fingerprint = load_toolchain(toolchain_root).fingerprint  # the driver's: every node must match
+        self.jobs = 0  # the cluster's CPUs, once connected
+        self.specs_by_node: dict[str, int] = {}
+        self.resubmitted = 0
+        self._ray = None
+        self._inflight: dict[Any, _Flight] = {}
+        self._names: dict[str, str] = {}
+
+    def info(self) -> dict:
+        return {"name": "ray", "address": self.address, "cluster_cpus": self.jobs,
+                "specs_by_node": dict(sorted(self.specs_by_node.items())), "resubmitted": self.resubmitted}
+
+    def close(self) -> None:
+        ray, self._ray = self._ray, None
+        if ray is None:
+            return
+        for ref in self._inflight:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - best effort; the job's end stops its workers anyway
+                pass
+        self._inflight.clear()
+        with contextlib.redirect_stdout(sys.stderr):
+            ray.shutdown()
+
+    def run(self, tasks: Sequence[Task], store_root: str) -> Iterator[tuple[KernelSpec, CompileResult]]:
+        if not tasks:
+            return
+        from gemmar_aot.compiler.driver import COSTS_FILE, CostModel
+        from gemmar_aot.store import Store
+
+        store = Store(store_root)
+        costs = CostModel.load(store.stats_dir / COSTS_FILE)
+        # Ray's driver prints cluster messages ("task failed, will be retried") on stdout from
+        # a thread; they go to stderr so stdout stays the caller's (--json).
+        with contextlib.redirect_stdout(sys.stderr):
+            if self._ray is None:
+                self._connect()
+            yield from self._run(self._ray, tasks, store, costs)
+
+    # ---- connection and the toolchain check
+
+    def _connect(self) -> None:
+        ray = _import_ray()
+        addr = self.address or "auto"
+        try:
+            ray.init(address=addr, logging_level=logging.WARNING, log_to_driver=False, namespace="gemmar-aot")
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise RayExecutorError(
+                f"cannot connect to a Ray cluster at {addr!r}: {e}\n  fix: pass --ray-address HOST:PORT "
+                f"of a running cluster (run the build on one of its nodes), set RAY_ADDRESS, or start "
+                f"one with `ray start --head`") from None
+        self._ray = ray
+        self.address = ray.get_runtime_context().gcs_address
+
+    def _name(self, ray, node_id: str) -> str:
+        """How messages name a node: Ray's node name, id, host and address."""
+        if node_id not in self._names:
+            for n in ray.nodes():
+                self._names[n["NodeID"]] = (f"node '{n.get('NodeName', '?')}' (id {n['NodeID'][:12]}, host "
+                                            f"{n.get('NodeManagerHostname', '?')}, {n.get('NodeManagerAddress', '?')})")
+        return self._names.get(node_id, f"node {node_id[:12]}")
+
+    def _preflight(self, ray, expected: dict) -> None:
+        """Ask every node with CPUs for its toolchain check before anything compiles."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+        if not nodes:
+            raise RayExecutorError(f"the Ray cluster at {self.address} has no node with CPUs to compile on\n"
+                                   f"  fix: add worker nodes (ray start --address {self.address})")
+        self.jobs = int(sum(n["Resources"]["CPU"] for n in nodes))
+        probe = ray.remote(probe_node)
+        refs = [probe.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            n["NodeID"], soft=False)).remote(expected) for n in nodes]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+        refusals = []
+        for ref in ready:
+            try:
+                ans = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue  # a node that died while answering; its tasks go elsewhere
+            if ans["refused"]:
+                refusals.append(refusal_message(self._name(ray, ans["node_id"]), ans["refused"]))
+        # A node that did not answer in time is still checked by each task it runs.
+        if refusals:
+            raise RayExecutorError("\n".join(refusals))
+
+    # ---- the build
+
+    def _run(self, ray, tasks: Sequence[Task], store, costs) -> Iterator[tuple[KernelSpec, CompileResult]]:
+        from gemmar_aot.compiler.driver import make_batches
+
+        expected = toolchain_identity(self.fingerprint)
+        self._preflight(ray, expected)
+        remote = ray.remote(compile_on_node).options(num_cpus=1, max_retries=MAX_RETRIES,
+                                                     scheduling_strategy="SPREAD")
+        inflight = self._inflight
+
+        def submit(flight: _Flight) -> None:
+            items = [(t.spec.to_json(), t.key, t.ingredients) for t in flight.batch]
+            inflight[remote.remote(items, expected, self.debug_locations)] = flight
+
+        for b in make_batches(tasks, costs):  # most expensive first: Ray dispatches in order
+            submit(_Flight(b))
+        no_cpu_since: float | None = None
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=5.0)
+            if not ready:
+                if ray.cluster_resources().get("CPU", 0) > 0:
+                    no_cpu_since = None
+                elif no_cpu_since is None:
+                    no_cpu_since = time.monotonic()
+                elif time.monotonic() - no_cpu_since > NO_CPU_TIMEOUT_S:
+                    for ref, flight in list(inflight.items()):
+                        ray.cancel(ref, force=True)
+                        del inflight[ref]
+                        for t in flight.batch:
+                            yield t.spec, CompileResult(t.spec.spec_id, False, 0.0, error=(
+                                f"no Ray node with CPUs was left for {NO_CPU_TIMEOUT_S:.0f} s"))
+                continue
+            no_cpu_since = None
+            flight = inflight.pop(ready[0])
+            for t, res in self._settle(ray, ready[0], flight, submit, store):
+                yield t.spec, res
+
+    def _settle(self, ray, ref, flight: _Flight, submit, store) -> list[tuple[Task, CompileResult]]:
+        """The results one finished Ray task gives; resubmits what must run again."""
+        try:
+            answer = ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            # Our task function itself raised (a builder error is data, not this): report it.
+            return [(t, CompileResult(t.spec.spec_id, False, 0.0, error=f"the Ray task failed: {e}"))
+                    for t in flight.batch]
+        except ray.exceptions.RayError as e:
+            # The worker or node died on every attempt Ray allowed.
+            if len(flight.batch) > 1:  # retry each spec alone, so the culprit is named
+                self.resubmitted += len(flight.batch)
+                for t in flight.batch:
+                    submit(_Flight([t]))
+                return []
+            first = (str(e).strip().splitlines() or [""])[0]
+            return [(flight.batch[0], CompileResult(
+                flight.batch[0].spec.spec_id, False, 0.0,
+                error=f"the compile worker died (native abort, out of memory or a lost node) while "
+                      f"compiling this spec, on each of {MAX_RETRIES + 1} attempts on Ray "
+                      f"({type(e).__name__}: {first})"))]
+        node = self._name(ray, answer["node_id"])
+        if answer["refused"]:
+            raise RayExecutorError(refusal_message(node, answer["refused"]))
+        out: list[tuple[Task, CompileResult]] = []
+        problems: list[str] = []
+        if len(answer["results"]) != len(flight.batch):
+            problems.append(f"the node returned {len(answer['results'])} results for {len(flight.batch)} specs")
+        else:
+            for t, (res, code, digest) in zip(flight.batch, answer["results"]):
+                bad = verify_result(t, res, code, digest)
+                if bad:
+                    problems.append(bad)
+                else:
+                    out.append((t, self._store(store, t, res, code, node)))
+        if problems:
+            done = {t.spec for t, _ in out}
+            again = [t for t in flight.batch if t.spec not in done]
+            if flight.corrupt < MAX_CORRUPT_RESULTS:
+                self.resubmitted += len(again)
+                submit(_Flight(again, flight.corrupt + 1))
+            else:
+                out += [(t, CompileResult(t.spec.spec_id, False, 0.0, error=(
+                    f"{node}: the result could not be verified after {MAX_CORRUPT_RESULTS + 1} attempts: "
+                    f"{'; '.join(problems)}"))) for t in again]
+        return out
+
+    def _store(self, store, task: Task, res: CompileResult, code: bytes | None, node: str) -> CompileResult:
+        """The one writer: put a verified result in the store under the task's key."""
+        if not res.ok:
+            return res
+        self.specs_by_node[node] = self.specs_by_node.get(node, 0) + 1
+        with store.claim(task.key) as claim:
+            if claim.hit is not None:  # a concurrent builder stored it while this one compiled
+                return replace(res, record=claim.hit, hit=True)
+            return replace(res, record=claim.put(code, res.record))
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayExecutorError(RAY_MISSING) from None
+    return ray

@@ -1,0 +1,270 @@
+"""``gemmar-aot build --executor ray`` against a real local Ray cluster on loopback.
+
+The cluster (tests/raycluster.py) is real ``ray start`` processes: a head and a worker
+node, each with one CPU, plus nodes that individual tests add (one that is SIGKILLed
+mid-build, one with a different toolchain). Builds run through the CLI in a
+subprocess (the driver), compiles through the real FlyDSL on the nodes. Only the
+processes the fixture started are stopped, by PID.
+
+The first tests need no cluster: optional-import hygiene and the pure checks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gemmar_aot.compiler.driver import Task
+from gemmar_aot.compiler.worker import CompileResult
+from gemmar_aot.spec import KernelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = """
+[manifest]
+name = "{name}"
+
+[[tuple]]
+transport = "split-lsa"
+m = {ms}
+n = 1024
+k = 256
+world = 2
+quant = "blockscale"
+"""
+
+
+def _manifest(tmp_path: Path, name: str, ms: str) -> Path:
+    p = tmp_path / f"{name}.toml"
+    p.write_text(TINY.format(name=name, ms=ms))
+    return p
+
+
+# ---------------------------------------------------------------- no cluster
+
+
+def test_base_install_local_build_and_runtime_never_import_ray():
+    code = ("import sys; import gemmar_aot.cli, gemmar_aot.build, gemmar_aot.compiler.driver, "
+            "gemmar_aot.runtime, gemmar_aot.store; from gemmar_aot.cli import main; "
+            "print('ray' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "False"
+
+
+def test_without_ray_the_ray_executor_says_how_to_install_it(monkeypatch):
+    from gemmar_aot.compiler.ray_executor import RayExecutorError, _import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(RayExecutorError, match=r"pip install 'gemmar-aot\[ray\]'"):
+        _import_ray()
+
+
+def test_ray_options_are_checked_before_anything_starts(tmp_path):
+    from click.testing import CliRunner
+
+    from gemmar_aot.cli import main
+
+    m = _manifest(tmp_path, "opts", "256")
+    r = CliRunner().invoke(main, ["build", str(m), "--ray-address", "127.0.0.2:1"])
+    assert r.exit_code == 2 and "--ray-address needs --executor ray" in r.output
+    r = CliRunner().invoke(main, ["build", str(m), "--executor", "ray", "-j", "2"])
+    assert r.exit_code == 2 and "-j/--jobs is for the local executor" in r.output
+    assert not (tmp_path / "artifacts").exists()
+
+
+def _task() -> Task:
+    spec = KernelSpec.make("split_lsa", "lsa_ar", 0, {"n": 1024, "m": 256})
+    return Task(spec, "0" * 64, {"key_schema": 1, "spec": spec.to_json()})
+
+
+def test_a_result_is_stored_only_if_it_matches_the_digest_the_node_reported():
+    import hashlib
+
+    from gemmar_aot.compiler.ray_executor import verify_result
+
+    t = _task()
+    code = b"\x7fELF code object"
+    good = CompileResult(t.spec.spec_id, True, 1.0, {"spec": t.spec.to_json(), "ingredients": t.ingredients})
+    assert verify_result(t, good, code, hashlib.sha256(code).hexdigest()) is None
+    flipped = code[:-1] + b"X"
+    why = verify_result(t, good, flipped, hashlib.sha256(code).hexdigest())
+    assert why and hashlib.sha256(flipped).hexdigest() in why and hashlib.sha256(code).hexdigest() in why
+    assert "no code object" in verify_result(t, good, None, None)
+    other = CompileResult("f" * 64, True, 1.0, good.record)
+    assert "not " + t.spec.spec_id[:12] in verify_result(t, other, code, hashlib.sha256(code).hexdigest())
+    wrong_fields = CompileResult(t.spec.spec_id, True, 1.0, {"spec": t.spec.to_json(), "ingredients": {}})
+    assert "record fields" in verify_result(t, wrong_fields, code, hashlib.sha256(code).hexdigest())
+    failed = CompileResult(t.spec.spec_id, False, 1.0, error="boom")
+    assert verify_result(t, failed, None, None) is None  # a builder failure is reported as it is
+
+
+def test_a_toolchain_mismatch_names_each_differing_ingredient():
+    from gemmar_aot.compiler.ray_executor import describe_mismatch, toolchain_identity
+    from gemmar_aot.toolchain import load_toolchain
+
+    fp = load_toolchain().fingerprint
+    theirs = json.loads(json.dumps(fp))
+    theirs["flydsl_opt_level"] = fp["flydsl_opt_level"] + 1
+    theirs["python"] = "3.12.0"
+    assert toolchain_identity(fp) == toolchain_identity(json.loads(json.dumps(fp)))
+    msg = describe_mismatch(toolchain_identity(fp), toolchain_identity(theirs))
+    assert "2 ingredient(s)" in msg
+    assert f"fingerprint.flydsl_opt_level: driver {fp['flydsl_opt_level']}, node {fp['flydsl_opt_level'] + 1}" in msg
+    assert f"fingerprint.python: driver '{fp['python']}', node '3.12.0'" in msg
+
+
+# ---------------------------------------------------------------- a real cluster
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    from raycluster import LocalRayCluster
+
+    c = LocalRayCluster()
+    try:
+        c.start_head(num_cpus=1)
+        c.add_node("w1", num_cpus=1)
+        c.wait_for_nodes(2)
+        yield c
+    finally:
+        c.stop()
+
+
+def _ray_build(cluster, manifest: Path, store: Path, *extra: str, timeout: float = 900):
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", "build", str(manifest), "--store", str(store),
+                        "--executor", "ray", "--ray-address", cluster.address, "--json", "-q", *extra],
+                       capture_output=True, text=True, cwd=ROOT, env=cluster.env, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.mark.ray
+@pytest.mark.compile
+def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_path):
+    from gemmar_aot.build import run_build
+    from gemmar_aot.store import Store, maint, read_lock_file
+
+    m = _manifest(tmp_path, "ray-same", "256")
+    rc, out, err = _ray_build(cluster, m, tmp_path / "ray")
+    assert rc == 0, err[-4000:]
+    s = json.loads(out)
+    assert s["failed"] == 0 and s["compiled"] == s["distinct_specs"] == 3
+    assert s["executor"]["name"] == "ray" and s["jobs"] == 2
+    assert sum(s["executor"]["specs_by_node"].values()) == 3
+    local = run_build(m, store=tmp_path / "local", jobs=1, progress=False)
+    assert local["failed"] == 0 and local["executor"] == {"name": "local"}
+    # Same keys, same blobs (sha256 of every code object), same launch records.
+    assert (read_lock_file(tmp_path / "ray" / "locks" / "ray-same.lock.json")
+            == read_lock_file(tmp_path / "local" / "locks" / "ray-same.lock.json"))
+    assert maint.verify(Store(tmp_path / "ray")) == []
+    # A second Ray build finds everything in the store and starts nothing on the cluster.
+    rc, out, err = _ray_build(cluster, m, tmp_path / "ray")
+    again = json.loads(out)
+    assert rc == 0 and again["compiled"] == 0 and again["hits"] == 3, err[-2000:]
+
+
+@pytest.mark.ray
+@pytest.mark.compile
+def test_a_spec_that_fails_everywhere_is_reported_like_a_local_failure(cluster, tmp_path):
+    from gemmar_aot.compiler.driver import compile_all
+    from gemmar_aot.compiler.ray_executor import RayExecutor
+    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.manifest import load_manifest
+    from gemmar_aot.plan import make_plan
+    from gemmar_aot.store import Store, maint
+    from gemmar_aot.toolchain import load_toolchain
+
+    fp = load_toolchain().fingerprint
+    plan = make_plan(load_manifest(_manifest(tmp_path, "ray-bad", "256")))
+    gemm = next(s for s in plan.specs if s.kind == "gemm")
+    p = gemm.param_dict()
+    p["builder"]["no_such_builder_argument"] = 1  # the real builder rejects it
+    bad = KernelSpec.make(gemm.recipe, gemm.kind, gemm.rank, p)
+    ingr = ingredients(bad, fp)
+    task = Task(bad, action_key(ingr), ingr)
+
+    [(spec_l, local)] = compile_all([task], str(tmp_path / "local"), jobs=1, progress=False)
+    ex = RayExecutor(cluster.address)
+    try:
+        [(spec_r, remote)] = list(ex.run([task], str(tmp_path / "ray")))
+    finally:
+        ex.close()
+    assert spec_l == spec_r == bad
+    assert not local.ok and not remote.ok
+    first = local.error.splitlines()[0]
+    assert "no_such_builder_argument" in first
+    assert remote.error.splitlines()[0] == first  # the builder's own error, not a Ray error
+    assert ex.resubmitted == 0  # a builder error is not retried
+    assert maint.ls(Store(tmp_path / "ray")) == []
+
+
+@pytest.mark.ray
+@pytest.mark.compile
+def test_a_killed_worker_node_loses_only_its_in_flight_tasks(cluster, tmp_path):
+    from gemmar_aot.store import Store, maint
+
+    victim = cluster.add_node("w2", num_cpus=1)
+    cluster.wait_for_nodes(3)
+    m = _manifest(tmp_path, "ray-kill", "[256, 512]")
+    p = subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(m), "--store", str(tmp_path / "s"),
+                          "--executor", "ray", "--ray-address", cluster.address, "--json", "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=cluster.env)
+    try:
+        deadline = time.monotonic() + 300
+        busy: list[int] = []
+        while time.monotonic() < deadline and p.poll() is None and not busy:
+            busy = victim.workers("ray::compile_on_node")
+            time.sleep(0.1)
+        assert busy, "the build never ran a compile task on w2"
+        killed = cluster.kill_node(victim)
+        assert set(busy) <= set(killed)
+        out, err = p.communicate(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err[-4000:]
+    s = json.loads(out)
+    assert s["failed"] == 0 and s["compiled"] == s["distinct_specs"] == 5
+    # w2 was killed during its first task (FlyDSL's import alone outlasts the 0.1 s poll), so
+    # it delivered nothing: that task ran again on the nodes that were left.
+    assert sum(s["executor"]["specs_by_node"].values()) == 5
+    assert not any("'w2'" in node for node in s["executor"]["specs_by_node"]), s["executor"]
+    assert maint.verify(Store(tmp_path / "s")) == []
+    assert victim.pids() == []
+
+
+@pytest.mark.ray
+@pytest.mark.compile  # no compile, but it shares the slow tier's cluster
+def test_a_node_with_a_different_toolchain_refuses_and_is_named(cluster, tmp_path):
+    from gemmar_aot.toolchain import toolchain_root
+    from gemmar_aot.toolchain.fingerprint import fingerprint_digest
+
+    # A valid toolchain that differs in one ingredient: the real one, but a different opt level.
+    real = toolchain_root()
+    other = tmp_path / "other-toolchain"
+    other.mkdir()
+    for entry in real.iterdir():
+        if entry.name != "toolchain.json":
+            (other / entry.name).symlink_to(entry)
+    fp = json.loads((real / "toolchain.json").read_text())
+    ours = fp["flydsl_opt_level"]
+    fp["flydsl_opt_level"] = theirs = 3 if ours != 3 else 2
+    fp["digest"] = fingerprint_digest(fp)
+    (other / "toolchain.json").write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
+
+    cluster.add_node("odd", num_cpus=1, env={"GEMMAR_AOT_TOOLCHAIN": str(other)})
+    alive = sum(1 for n in cluster.nodes if n.pids())
+    cluster.wait_for_nodes(alive)
+    m = _manifest(tmp_path, "ray-odd", "256")
+    rc, out, err = _ray_build(cluster, m, tmp_path / "s", timeout=600)
+    assert rc == 2, (out, err[-3000:])
+    assert "node 'odd'" in err and "refuses to compile" in err
+    assert "1 ingredient(s)" in err and f"fingerprint.flydsl_opt_level: driver {ours}, node {theirs}" in err
+    assert "node 'w1'" not in err and "node 'head'" not in err  # only the odd node refuses
+    assert not (tmp_path / "s" / "ac").exists()  # nothing was compiled or stored
