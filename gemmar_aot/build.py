@@ -71,9 +71,14 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
 def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               shard: tuple[int, int] | None = None,
+              remote: str | None = None, remote_read_only: bool = False, remote_required: bool = False,
               progress: bool = True, toolchain_root: str | None = None,
               trace_path: str | os.PathLike | None = None, executor=None) -> dict:
     """Build ``manifest_path`` into the store; returns the summary.
+
+    ``remote``: a Bazel HTTP cache URL layered behind the local store (read-through and,
+    unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.remote_cache`).
+    ``remote_required``: a failing remote is an error rather than one warning.
 
     ``executor``: where compiles run (``compiler.driver.Executor``); default: local worker
     processes, started as soon as the first store miss is seen so their start-up overlaps
@@ -98,6 +103,14 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     fp = tc.fingerprint
     root = default_store_root(str(store) if store is not None else None)
     st = Store(root)
+    session = None
+    if remote:
+        from gemmar_aot.remote_cache import RemoteSession
+        from gemmar_aot.store.remote import HttpBackend
+
+        session = RemoteSession(st, HttpBackend(remote, writable=not remote_read_only), required=remote_required)
+        with maybe_phase(trace, "remote probe"):
+            session.probe()
     costs_path = st.stats_dir / COSTS_FILE
     costs = CostModel.load(costs_path)
     local = None
@@ -119,23 +132,38 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
 
                 selected = select(selected, *shard)
             records: dict[str, dict] = {}
-            todo = []
             with maybe_phase(trace, "store look-ups", specs=len(selected)):
                 for s in selected:
                     rec = st.get_record(keys[s.spec_id], verify=True)
                     if rec is not None:
                         records[s.spec_id] = rec
-                    else:
-                        if local is not None and not todo:
-                            local.start()  # workers import while the look-ups go on
-                        todo.append(Task(s, keys[s.spec_id], ingr[s.spec_id]))
+            local_hits = len(records)
+            remote_hits = 0
+            if session is not None:
+                with maybe_phase(trace, "remote look-ups", specs=len(selected) - local_hits):
+                    found = session.lookup([keys[s.spec_id] for s in selected if s.spec_id not in records])
+                for s in selected:
+                    if keys[s.spec_id] in found:
+                        records[s.spec_id] = found[keys[s.spec_id]]
+                remote_hits = len(found)
+                session.backfill({keys[sid]: rec for sid, rec in records.items()
+                                  if keys[sid] not in found})
+            todo = [Task(s, keys[s.spec_id], ingr[s.spec_id]) for s in selected if s.spec_id not in records]
+            if todo and local is not None:
+                local.start()
             hits = len(records)
+
+            def uploaded(spec, res) -> None:
+                if res.ok and session is not None:
+                    session.upload(keys[spec.spec_id], res.record)
 
             t0 = time.perf_counter()
             with maybe_phase(trace, "compile (waiting on workers)", kernels=len(todo)):
                 results = compile_all(todo, str(root), executor=executor or local, costs=costs,
-                                      progress=progress) if todo else []
+                                      progress=progress, on_result=uploaded) if todo else []
             compile_wall = time.perf_counter() - t0
+            with maybe_phase(trace, "remote uploads"):
+                remote_summary = session.finish() if session is not None else None
     finally:
         if local is not None:
             local.close()
@@ -187,6 +215,10 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "selected_specs": len(selected),
         "shard": None if shard is None else f"{shard[0]}/{shard[1]}",
         "hits": hits + waited,
+        "local_hits": local_hits + waited,
+        "remote_hits": remote_hits,
+        "uploads": remote_summary["uploads"] if remote_summary else 0,
+        "remote": remote_summary,
         "misses": len(todo),
         "compiled": compiled,
         "failed": len(failures),
@@ -200,7 +232,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "store_optimize": optimized,
     }
     st.record_build_stats({k: summary[k] for k in (
-        "manifest", "hits", "misses", "compiled", "failed", "distinct_specs", "wall_seconds")})
+        "manifest", "hits", "local_hits", "remote_hits", "uploads", "misses", "compiled", "failed",
+        "distinct_specs", "wall_seconds", "remote")})
     if trace is not None:
         summary["trace"] = str(trace.write(trace_path, manifest=manifest.name, jobs=summary["jobs"],
                                            compiled=compiled, wall_seconds=summary["wall_seconds"]))

@@ -96,3 +96,83 @@ def test_credentials_come_from_netrc_or_env_and_never_show(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="netrc") as e:
         parse_remote_url(f"https://ci:{secret}@cache.example.com/x")
     assert secret not in str(e.value)
+
+
+# ---- the store backend on top of it (no compiler needed) ----
+
+
+def _record(key: str, code: bytes) -> dict:
+    from gemmar_aot.artifact_model import Digest
+
+    d = Digest.of(code)
+    return {"schema": 1, "key": key, "blob": {"digest": d.hash, "size": d.size}, "metadata": {"kernel": "k"}}
+
+
+def test_backend_stores_an_action_result_bazel_can_read_and_reads_it_back(nginx):
+    from test_reapi import ActionResultPB
+
+    from gemmar_aot.store import reapi
+    from gemmar_aot.store.remote import HttpBackend, record_bytes
+
+    b = HttpBackend(nginx.url)
+    key, code = "1" * 64, b"\x7fELF code object" * 100
+    rec = _record(key, code)
+    assert b.get_record(key) is None
+    b.put_blob(code)
+    b.put_record(key, rec)
+    assert b.get_record(key) == rec and b.get_blob(reapi_digest(code)) == code
+    ar = ActionResultPB.FromString((nginx.data / "ac" / key).read_bytes())  # Google's parser
+    files = {f.path: (f.digest.hash, f.digest.size_bytes) for f in ar.output_files}
+    assert files[reapi.CODE_PATH] == (hashlib.sha256(code).hexdigest(), len(code))
+    rb = record_bytes(rec)
+    assert files[reapi.RECORD_PATH] == (hashlib.sha256(rb).hexdigest(), len(rb))
+    for h, _size in files.values():  # both outputs are in /cas/ as plain bytes
+        assert hashlib.sha256((nginx.data / "cas" / h).read_bytes()).hexdigest() == h
+    assert b.find_missing_records([key, "2" * 64]) == {"2" * 64}
+
+
+def reapi_digest(code):
+    from gemmar_aot.artifact_model import Digest
+
+    return Digest.of(code)
+
+
+def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(nginx):
+    from gemmar_aot.store.backend import BadRecord
+    from gemmar_aot.store.errors import CorruptArtifactError
+    from gemmar_aot.store.remote import HttpBackend, record_bytes
+
+    b = HttpBackend(nginx.url)
+    seen = []
+    b.on_corrupt = lambda where, data, reason: seen.append((where, data, reason))
+    key, code = "3" * 64, b"code" * 300
+    d = reapi_digest(code)
+    b.put_blob(code)
+    b.put_record(key, _record(key, code))
+    (nginx.data / "cas" / d.hash).write_bytes(code[:-7])  # truncated on the server
+    with pytest.raises(CorruptArtifactError, match="sha256"):
+        b.get_blob(d)
+    assert seen and seen[0][0] == f"cas/{d.hash}" and seen[0][1] == code[:-7]
+    # the record's own blob evicted: a miss, not an error
+    rb = record_bytes(_record(key, code))
+    (nginx.data / "cas" / hashlib.sha256(rb).hexdigest()).unlink()
+    assert b.get_record(key) is None
+    # entries that do not hold together are refused, never half-used
+    from gemmar_aot.store import reapi
+
+    k2, k3 = "5" * 64, "6" * 64
+    rec2 = _record(k2, code)
+    b.put_record(k2, rec2)
+    (nginx.data / "ac" / k3).write_bytes((nginx.data / "ac" / k2).read_bytes())  # served under another key
+    with pytest.raises(BadRecord, match="for key"):
+        b.get_record(k3)
+    rb2 = record_bytes(rec2)
+    lying = reapi.ActionResult((
+        reapi.OutputFile(reapi.RECORD_PATH, reapi.Digest(hashlib.sha256(rb2).hexdigest(), len(rb2))),
+        reapi.OutputFile(reapi.CODE_PATH, reapi.Digest("7" * 64, 5))))
+    (nginx.data / "ac" / k2).write_bytes(reapi.encode_action_result(lying))
+    with pytest.raises(BadRecord, match="names code object"):
+        b.get_record(k2)
+    (nginx.data / "ac" / k2).write_bytes(b"\x12\xff garbage")
+    with pytest.raises(BadRecord, match="ActionResult"):
+        b.get_record(k2)

@@ -82,6 +82,14 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="The Ray cluster for --executor ray (default: $RAY_ADDRESS, else a cluster "
                    "running on this machine).")
+@click.option("--remote", "remote", metavar="URL", envvar="GEMMAR_AOT_REMOTE", default=None,
+              help="Shared cache speaking Bazel's HTTP protocol (bazel-remote, nginx+WebDAV), behind "
+                   "the local store: hits are fetched and verified, new kernels uploaded. Credentials "
+                   "from ~/.netrc or $GEMMAR_AOT_REMOTE_TOKEN, never in the URL. [env: GEMMAR_AOT_REMOTE]")
+@click.option("--remote-read-only", is_flag=True, help="Fetch from the remote cache, never upload "
+                                                         "(pull requests from forks).")
+@click.option("--remote-required", is_flag=True, help="A failing remote cache is an error (exit 2), "
+                                                        "not one warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -89,6 +97,7 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
                    "Chrome-trace/Perfetto JSON to this file.")
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
           only: tuple[str, ...], shard: str | None, executor: str, ray_address: str | None,
+          remote: str | None, remote_read_only: bool, remote_required: bool,
           as_json: bool, quiet: bool, trace_path: Path | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
@@ -114,8 +123,9 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
 
             ex = RayExecutor(ray_address, debug_locations=debug_locations)
         summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
-                            only=only, shard=shard_ix, progress=not quiet, trace_path=trace_path,
-                            executor=ex)
+                            only=only, shard=shard_ix, remote=(remote or "").strip() or None,
+                            remote_read_only=remote_read_only, remote_required=remote_required,
+                            progress=not quiet, trace_path=trace_path, executor=ex)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
@@ -141,12 +151,22 @@ def format_summary(s: dict) -> str:
     ex = s.get("executor") or {}
     where = (f"Ray at {ex['address']}: {s['jobs']} CPU(s)" if ex.get("name") == "ray"
              else f"{s['jobs']} worker(s)")
+    r = s.get("remote")
+    found = (f"{s['local_hits']} in the store, {s['remote_hits']} from the remote cache"
+             if r else f"{s['hits']} in the store")
     lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs{share} for "
-             f"{s['kernel_instances']} kernel instances: {s['hits']} in the store, "
+             f"{s['kernel_instances']} kernel instances: {found}, "
              f"{s['compiled']} compiled, {s['failed']} failed, in {s['wall_seconds']:.1f}s "
              f"({where}) -> {s['store']}"]
     for node, n in (ex.get("specs_by_node") or {}).items():
         lines.append(f"  {n:4d} compiled on {node}")
+    if r:
+        mode = "read-only" if r["read_only"] else f"{r['uploads']} uploaded"
+        lines.append(f"remote {r['url']}: {r['hits']} hits, {mode}, {r['bytes_down']:,d} bytes down, "
+                     f"{r['bytes_up']:,d} up, {r['requests']} requests"
+                     + (f", {r['errors']} failed (built locally; first: {r['first_problem']})" if r["errors"] else "")
+                     + (f", {r['corrupt_refused']} corrupt entries refused (see quarantine/)"
+                        if r["corrupt_refused"] else ""))
     if s["lock_file"]:
         lines.append(f"lock file: {s['lock_file']}")
     for kind, k in sorted(s["by_kind"].items()):

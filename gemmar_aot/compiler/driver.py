@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from gemmar_aot.compiler.trace import BuildTrace
 from gemmar_aot.compiler.worker import CompileResult, serve
@@ -379,11 +379,14 @@ def compile_all(
     progress: bool = True,
     executor: Executor | None = None,
     costs: CostModel | None = None,
+    on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
 
     ``executor``: where to run them (default: a LocalExecutor of ``jobs`` workers, closed
-    here). An executor passed in is used but not closed."""
+    here). An executor passed in is used but not closed. ``on_result(spec, result)`` is
+    called here as each result arrives (the build uploads finished kernels to a remote
+    cache while the rest compile)."""
     tasks = list({t.spec: t for t in tasks}.values())
     if not tasks:
         return []
@@ -400,6 +403,8 @@ def compile_all(
             for spec, res in executor.run(tasks, store_root):
                 cost_done += costs.expected(spec)
                 results.append((spec, res))
+                if on_result is not None:
+                    on_result(spec, res)
                 bar.update(res, spec.label(), cost_done, cost_total)
     finally:
         if own:

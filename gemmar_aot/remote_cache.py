@@ -1,0 +1,194 @@
+"""How a build uses a remote cache: look up in parallel, upload as kernels finish, report once.
+
+The local store stays in front: a local miss is read through from the remote -- every
+byte verified by the backend before it is kept -- and what this build compiles, or had
+locally and the remote lacks, is written through, blob before record.
+
+- :meth:`RemoteSession.lookup` resolves the local misses against the remote: requests
+  in parallel (a warm fresh checkout is ~1300 small GETs; one at a time they would
+  dominate the build), writes into the local store in this thread, one at a time
+  (the store's zstd compressors are shared and must not run concurrently).
+- :meth:`RemoteSession.upload` sends each finished kernel from a small thread pool
+  while the compiler keeps going; :meth:`backfill` uploads local hits the remote lacks
+  (one batched existence check), so a developer's warm store seeds an empty cache.
+- Failures never stop the build: the remote goes quiet after the first one (the HTTP
+  client's down state), the build prints **one** warning, and the summary counts what
+  happened. ``required=True`` (``--remote-required``) makes an unreachable remote, or
+  one that failed during the build, an error instead.
+- A blob or record the remote serves with the wrong bytes is refused (the Store treats
+  it as a miss and the build compiles it), and the bad bytes are kept in the local
+  store's ``quarantine/`` with the reason, for the operator to look at.
+
+Credentials never appear here: the backend's ``name`` is the URL without them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.store.backend import RESERVED_FIELDS, record_digest
+from gemmar_aot.store.errors import CorruptArtifactError, StoreError
+
+#: Parallel requests for lookups and uploads (the server, not our CPU, is the limit).
+REMOTE_JOBS = 8
+
+
+class RemoteRequiredError(StoreError):
+    """``--remote-required`` and the remote failed."""
+
+
+class RemoteSession:
+    """One build's traffic between the local ``store`` and ``backend`` (an
+    :class:`~gemmar_aot.store.remote.HttpBackend`)."""
+
+    def __init__(self, store, backend, *, required: bool = False, jobs: int = REMOTE_JOBS, stream=None):
+        self.store = store
+        self.backend = backend
+        #: One line per failure; the first is printed as the build's only remote warning.
+        self.problems: list[str] = []
+        self.required = required
+        self.jobs = jobs
+        self.stream = stream
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._uploads = ThreadPoolExecutor(max_workers=max(1, jobs // 2), thread_name_prefix="upload")
+        self._pending: list = []
+        self.backend.on_corrupt = self._quarantine
+
+    # ---- reporting ----
+
+    def problem(self, what: str, exc: BaseException) -> None:
+        """Count a failure; the first one of the build (here or in the Store) prints the warning."""
+        line = f"remote cache {self.backend.name}: {what} failed: {exc}"
+        with self._lock:
+            self.counts["remote_errors"] += 1
+            first = not self.problems
+            self.problems.append(line)
+        if first:
+            print(f"warning: {line}; going on with the local store", file=self.stream or sys.stderr, flush=True)
+
+    def _quarantine(self, where: str, data: bytes, reason: str) -> None:
+        """Keep bytes the remote served wrong in the local quarantine (never in the store proper)."""
+        with self._lock:
+            self.counts["remote_corrupt"] += 1
+        if self.store.readonly:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        name = f"{stamp}-{time.monotonic_ns() % 10**9:09d}-remote-{where.replace('/', '-')}"
+        q = Path(self.store.quarantine_dir)
+        try:
+            atomic_write_bytes(q / name, data, durable=False)
+            atomic_write_bytes(q / (name + ".reason"),
+                               f"{self.backend.name}/{where}\n{reason}\n".encode(), durable=False)
+        except OSError:
+            pass
+
+    # ---- phases of a build ----
+
+    def probe(self) -> bool:
+        """Whether the remote answers. With ``required`` an unreachable one raises."""
+        try:
+            self.backend.ping()
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure means: build without it
+            if self.required:
+                raise RemoteRequiredError(f"remote cache {self.backend.name} is required "
+                                          f"(--remote-required) but failed: {e}") from None
+            self.problem("the first request", e)
+            return False
+
+    def lookup(self, keys: list[str]) -> dict[str, dict]:
+        """key -> record for the ``keys`` the remote has, each verified and now in the local store."""
+        if not keys or self.backend.down:
+            return {}
+
+        def fetch(key):
+            if self.backend.down:
+                return key, None, None
+            try:
+                rec = self.backend.get_record(key)
+                if rec is None:
+                    return key, None, None
+                code = self.backend.get_blob(record_digest(rec))  # verified, or raises
+                if code is None:
+                    with self._lock:
+                        self.counts["record_without_blob"] += 1  # evicted: a miss, not an error
+                return key, rec, code
+            except CorruptArtifactError as e:
+                self.problem(f"entry {key}", e)  # refused; on_corrupt quarantined the bytes
+            except Exception as e:  # noqa: BLE001 - a remote failure is a miss, never fatal here
+                self.problem(f"lookup of {key}", e)
+            return key, None, None
+
+        found: dict[str, dict] = {}
+        with ThreadPoolExecutor(max_workers=min(self.jobs, len(keys)), thread_name_prefix="lookup") as pool:
+            for key, rec, code in pool.map(fetch, keys):
+                if code is None:
+                    continue
+                found[key] = self.store.put(key, code, {k: v for k, v in rec.items() if k not in RESERVED_FIELDS})
+        self.counts["remote_hits"] += len(found)
+        return found
+
+    def upload(self, key: str, rec: dict) -> None:
+        """Queue ``key`` (already in the local store) for upload; returns at once."""
+        if self.backend.writable and not self.backend.down:
+            self._pending.append(self._uploads.submit(self._upload, key, rec))
+
+    def _upload(self, key: str, rec: dict) -> None:
+        if self.backend.down:
+            return
+        try:
+            blob = rec["blob"]
+            code = self.store.load_blob(blob["digest"], blob["size"])
+            self.backend.put_blob(code)  # blob before record
+            self.backend.put_record(key, rec)
+            with self._lock:
+                self.counts["uploads"] += 1
+                self.counts["bytes_uploaded_code"] += len(code)
+        except Exception as e:  # noqa: BLE001 - a failed upload costs a future hit, not this build
+            self.problem(f"upload of {key}", e)
+
+    def backfill(self, records: dict[str, dict]) -> None:
+        """Upload the local hits ``records`` (key -> record) that the remote has no entry for."""
+        if not records or not self.backend.writable or self.backend.down:
+            return
+        try:
+            missing = self.backend.find_missing_records(sorted(records))
+        except Exception as e:  # noqa: BLE001
+            self.problem("the existence check", e)
+            return
+        for key in sorted(missing):
+            self.upload(key, records[key])
+
+    def finish(self) -> dict:
+        """Wait for uploads; the summary's ``remote`` section. Raises when required and it failed."""
+        for f in self._pending:
+            f.result()
+        self._uploads.shutdown(wait=True)
+        stats = self.backend.stats
+        out = {
+            "url": self.backend.name,
+            "read_only": not self.backend.writable,
+            "hits": self.counts["remote_hits"],
+            "uploads": self.counts["uploads"],
+            "errors": self.counts["remote_errors"],
+            "corrupt_refused": self.counts["remote_corrupt"],
+            "down": self.backend.down,
+            "requests": stats["requests"],
+            "retries": stats["retries"],
+            "bytes_down": stats["bytes_down"],
+            "bytes_up": stats["bytes_up"],
+            "first_problem": self.problems[0] if self.problems else None,
+        }
+        self.backend.close()
+        if self.required and (self.backend.down or self.problems):
+            raise RemoteRequiredError(f"remote cache {self.backend.name} failed during the build "
+                                      f"(--remote-required): {out['first_problem'] or self.backend.down}; "
+                                      f"every kernel that finished is in the local store")
+        return out
