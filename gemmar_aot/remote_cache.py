@@ -192,3 +192,46 @@ class RemoteSession:
                                       f"(--remote-required): {out['first_problem'] or self.backend.down}; "
                                       f"every kernel that finished is in the local store")
         return out
+
+
+def remote_stats(store, backend) -> dict:
+    """``gemmar-aot stats --remote``: is the remote reachable, how much of this store and of
+    each of its lock files it holds, and the last build's remote traffic.
+
+    Bazel's HTTP protocol has no listing, so coverage is measured from our side: one
+    HEAD ``/ac/<key>`` per local record (in parallel). Never writes to the remote.
+    """
+    from gemmar_aot.store import lock_keys, read_lock_file
+
+    t0 = time.perf_counter()
+    out: dict = {"url": backend.name}
+    try:
+        backend.ping()
+        out["reachable"] = True
+        out["latency_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        out.update(reachable=False, error=str(e))
+        return out
+    local = sorted(k for k, _ in store.local.iter_record_files())
+    locks = {}
+    if store.lock_dir.is_dir():
+        for p in sorted(store.lock_dir.glob("*.lock.json")):
+            try:
+                locks[p.name] = sorted(lock_keys(read_lock_file(p)))
+            except Exception as e:  # noqa: BLE001 - a bad lock is reported, not fatal
+                locks[p.name] = str(e)
+    wanted = sorted(set(local).union(*(v for v in locks.values() if isinstance(v, list))))
+    try:
+        missing = backend.find_missing_records(wanted)
+    except Exception as e:  # noqa: BLE001
+        out.update(reachable=False, error=str(e))
+        return out
+    out["local_entries"] = len(local)
+    out["local_entries_on_remote"] = sum(1 for k in local if k not in missing)
+    out["locks"] = {name: ({"keys": len(v), "on_remote": sum(1 for k in v if k not in missing)}
+                           if isinstance(v, list) else {"error": v}) for name, v in locks.items()}
+    last = store.last_build_stats() or {}
+    out["last_build"] = {k: last.get(k) for k in ("manifest", "local_hits", "remote_hits", "uploads", "remote")}
+    out["requests"] = backend.stats["requests"]
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    return out

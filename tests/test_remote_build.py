@@ -99,6 +99,13 @@ def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, w
     assert (s["compiled"], s["remote_hits"], s["local_hits"], s["uploads"]) == (0, 39, 0, 0)
     assert s["remote"]["bytes_down"] > 0 and s["remote"]["errors"] == 0
     assert _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", "stats", "--store", str(tmp_path / "b"), "--json",
+                        "--remote", warm_remote.url], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)["remote"]
+    assert r["reachable"] and r["local_entries_on_remote"] == 39
+    assert r["locks"]["smoke.lock.json"] == {"keys": 39, "on_remote": 39}
+    assert r["last_build"]["remote_hits"] == 39 and r["last_build"]["local_hits"] == 0
     again = _build(tmp_path / "b", warm_remote.url)  # now everything is local
     assert (again["local_hits"], again["remote_hits"], again["uploads"]) == (39, 0, 0)
 

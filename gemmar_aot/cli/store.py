@@ -119,11 +119,27 @@ def show(key, store, as_json):
 @click.command()
 @STORE_OPT
 @JSON_OPT
-def stats(store, as_json):
+@click.option("--remote", "remote", metavar="URL", is_flag=False, flag_value="", default=None,
+              help="Also report on the remote cache (URL, or $GEMMAR_AOT_REMOTE when given alone): "
+                   "reachable, latency, how many of this store's entries and of each lock's kernels it holds.")
+def stats(store, as_json, remote):
     """Entries, raw and compressed bytes, and the last build's hits and misses."""
     st = _open(store)
     data = maint.stats(st)
     data["last_build"] = st.last_build_stats()
+    if remote is not None:
+        from gemmar_aot.remote_cache import remote_stats
+        from gemmar_aot.store.remote import HttpBackend, remote_url
+
+        url = remote_url(remote or None)
+        if url is None:
+            raise click.UsageError("--remote needs a URL (or $GEMMAR_AOT_REMOTE)")
+        try:
+            backend = HttpBackend(url, writable=False)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        data["remote"] = remote_stats(st, backend)
+        backend.close()
 
     def text(d):
         for k in sorted(d):
