@@ -61,6 +61,12 @@ def scenarios_for(manifest_path: Path, ranks: list[int] | None, only_m: set[int]
     return out
 
 
+def _shown(path: str) -> str:
+    """A path as results show it: relative to the checkout when inside it (no machine paths)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", default=str(ROOT / "manifests" / "dsv4-pro-wo_b.toml"))
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                      "differing_launches": len(diffs), "oracle_seconds": oracle[sc.name]["seconds"],
                      "candidate_seconds": round(time.perf_counter() - t1, 3),
                      "explain": None if not diffs else compare.explain(o, c)})
-    result = {"manifest": args.manifest, "store": args.store, "scenarios": rows, "identical": ok,
+    result = {"manifest": _shown(args.manifest), "store": _shown(args.store), "scenarios": rows, "identical": ok,
               "oracle_wall_seconds": round(oracle_s, 1)}
     if args.json:
         print(json.dumps(result, indent=1))

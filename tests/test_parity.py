@@ -34,15 +34,18 @@ import pytest
 
 from parity import candidate, compare, shims
 from parity.runner import start_oracle
-from parity.scenario import Scenario, fused_scenarios, gemm_only_scenario, manifest_toml, negative_control
+from parity.scenario import (Scenario, fused_scenarios, gemm_only_scenario, gemv_scenario, manifest_toml,
+                             negative_control)
 
 pytestmark = [pytest.mark.parity, pytest.mark.compile]
 
 FUSED = fused_scenarios()
+#: Ops without a window, each covered once the runtime has a class for it (parity.candidate.RUNTIME_CLASSES).
+STANDALONE = [gemm_only_scenario(), gemv_scenario()]
 
 
-def _gemm_only_served() -> bool:
-    return candidate.runtime_class("gemm-only") is not None
+def _served(sc: Scenario) -> bool:
+    return candidate.runtime_class(sc.transport) is not None
 
 
 @dataclass
@@ -61,7 +64,7 @@ def parity(hipstub_lib, hip_stub, tmp_path_factory) -> ParityRun:
     """One oracle process for every scenario, side by side with one candidate build; once per session."""
     from gemmar_aot.build import run_build
 
-    scenarios = [*FUSED, negative_control(), *([gemm_only_scenario()] if _gemm_only_served() else [])]
+    scenarios = [*FUSED, negative_control(), *(sc for sc in STANDALONE if _served(sc))]
     keep = os.environ.get("GEMMAR_AOT_TEST_PARITY_DIR")
     work = Path(keep) if keep else tmp_path_factory.mktemp("parity")
     work.mkdir(parents=True, exist_ok=True)
@@ -134,12 +137,15 @@ def test_launch_parity(parity, run_candidate, sc):
     assert len(cand["self_test"]) == sum(1 for kind, _ in sc.steps if kind == "self_test")
 
 
-def test_launch_parity_gemm_only(parity, run_candidate):
-    if not _gemm_only_served():
-        pytest.skip("the runtime has no gemm-only class yet (parity.candidate.runtime_class is the hook: the "
-                    "tier covers it, oracle and build included, as soon as gemmar_aot.runtime exports one)")
-    sc = gemm_only_scenario()
-    _check_identical(parity.oracle[sc.name], run_candidate(sc))
+@pytest.mark.parametrize("sc", STANDALONE, ids=[s.name for s in STANDALONE])
+def test_launch_parity_without_a_window(parity, run_candidate, sc):
+    """mori's Mxfp8GemmOp / Mxfp8GemvOp against ours: M picks the tile or bucket, the output is the caller's."""
+    if not _served(sc):
+        pytest.skip(f"the runtime has no class for {sc.transport} (parity.candidate.RUNTIME_CLASSES is the hook: "
+                    f"the tier covers it, oracle and build included, once gemmar_aot.runtime exports one)")
+    cand = run_candidate(sc)
+    _check_identical(parity.oracle[sc.name], cand)
+    assert len(cand["launches"]) == len(sc.steps)
 
 
 def test_constructor_self_test_launches_what_mori_self_test_does(parity, run_candidate):
@@ -183,3 +189,4 @@ def test_negative_control_first_seen_slots(parity, run_candidate):
     assert all(set(fields) <= {"digest", "kernel"} for _i, fields in diffs), compare.explain(o, c)
     # and with the shim, the same op is identical (the control's control)
     _check_identical(parity.oracle[FUSED[0].name], cand)
+

@@ -24,8 +24,13 @@ def runtime_class(transport: str):
     """
     import gemmar_aot.runtime as rt
 
-    name = {"fused-sdma": "GemmAllReduceOp", "gemm-only": "Mxfp8GemmOp", "split-lsa": "SplitLsaGemmAllReduceOp"}
-    return getattr(rt, name.get(transport, ""), None)
+    return getattr(rt, RUNTIME_CLASSES.get(transport, ""), None)
+
+
+#: transport -> the runtime class serving it, for the transports mori has an op class for
+#: (the oracle needs one): mori's GemmAllReduceOp is fused-sdma only; gemm-only and gemv are
+#: its Mxfp8GemmOp and Mxfp8GemvOp.
+RUNTIME_CLASSES = {"fused-sdma": "GemmAllReduceOp", "gemm-only": "Mxfp8GemmOp", "gemv": "Mxfp8GemvOp"}
 
 
 def run(sc: Scenario, *, artifacts: Any, stub, stub_path: str, stream, construct_self_test: bool = False) -> dict:
@@ -44,10 +49,12 @@ def run(sc: Scenario, *, artifacts: Any, stub, stub_path: str, stream, construct
     cls = runtime_class(sc.transport)
     if cls is None:
         raise LookupError(f"the runtime has no class for transport {sc.transport!r} yet")
-    comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
     driver = HipDriver(stub_path)
     stub.clear()
     t0 = time.perf_counter()
+    if sc.transport in STANDALONE:
+        return _run_standalone(sc, cls, artifacts, driver, stub, stream, t0)
+    comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
     steps = list(sc.steps)
     verdicts: list[str] = []
     ops = Operands()
@@ -77,6 +84,25 @@ def run(sc: Scenario, *, artifacts: Any, stub, stub_path: str, stream, construct
     except BaseException:
         op.close()
         raise
+
+
+#: Ops without a communicator or window: the output is the caller's tensor.
+STANDALONE = ("gemm-only", "gemv")
+
+
+def _run_standalone(sc: Scenario, cls, artifacts, driver, stub, stream, t0) -> dict:
+    op = cls(n=sc.n, k=sc.k, artifacts=artifacts, driver=driver, device="cpu")
+    ops = Operands()
+    try:
+        for _kind, m in sc.steps:
+            *operands, out = ops.get(sc, m)
+            op(*operands, out=out)
+    except BaseException:
+        op.close()
+        raise
+    amap = address_map(window=(0, 0), dev_comm=0, win=0, stream=stream.cuda_stream, operands=ops)
+    return {"scenario": sc.to_json(), "launches": _launches(stub), "address_map": amap, "self_test": [],
+            "seconds": round(time.perf_counter() - t0, 3), "op": op}
 
 
 def _launches(stub) -> list[dict]:

@@ -61,8 +61,9 @@ def run(scenarios: list[dict], stub_path: str, *, fast: bool = True) -> list[dic
             classes[rule] = _op_class(rule)
         t0 = time.perf_counter()
         ops = Operands()
-        if sc.transport == "gemm-only":
-            results.append(_run_gemm_only(sc, classes[rule][1], stub, stream, ops, t0))
+        if sc.transport in ("gemm-only", "gemv"):
+            cls = classes[rule][1] if sc.transport == "gemm-only" else classes[rule][2]
+            results.append(_run_standalone(sc, cls, stub, stream, ops, t0))
             continue
         MoriOp = classes[rule][0]
         comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
@@ -91,23 +92,23 @@ def run(scenarios: list[dict], stub_path: str, *, fast: bool = True) -> list[dic
     return results
 
 
-def _run_gemm_only(sc, cls, stub, stream, ops, t0) -> dict:
-    """mori's Mxfp8GemmOp: no communicator, no window; the output is the caller's tensor."""
+def _run_standalone(sc, cls, stub, stream, ops, t0) -> dict:
+    """mori's Mxfp8GemmOp / Mxfp8GemvOp: no communicator, no window; the output is the caller's tensor."""
     from parity.compare import launch_json
     from parity.scenario import address_map
 
     stub.clear()
     op = cls(n=sc.n, k=sc.k)
     for _kind, m in sc.steps:
-        a, b, a_scale, b_scale, out = ops.get(sc, m)
-        op(a, b, a_scale, b_scale, out=out)
+        *operands, out = ops.get(sc, m)
+        op(*operands, out=out)
     amap = address_map(window=(0, 0), dev_comm=0, win=0, stream=stream.cuda_stream, operands=ops)
     return {"scenario": sc.to_json(), "launches": [launch_json(r) for r in stub.launches()], "address_map": amap,
             "self_test": [], "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def _op_class(rule_slots: bool):
-    """mori's (GemmAllReduceOp, Mxfp8GemmOp), shimmed; a fresh import of op.py per slot policy."""
+    """mori's (GemmAllReduceOp, Mxfp8GemmOp, Mxfp8GemvOp), shimmed; a fresh import of op.py per slot policy."""
     import importlib
     import sys
 
@@ -117,8 +118,9 @@ def _op_class(rule_slots: bool):
     cls = shims.install_oracle_shims(rule_slots=rule_slots)
     importlib.invalidate_caches()
     import mori.ops.gemm_ar.gemm as gemm_mod
+    import mori.ops.gemm_ar.gemv as gemv_mod
 
-    return cls, gemm_mod.Mxfp8GemmOp
+    return cls, gemm_mod.Mxfp8GemmOp, gemv_mod.Mxfp8GemvOp
 
 
 def main(argv: list[str]) -> int:

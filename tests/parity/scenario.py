@@ -76,6 +76,10 @@ def make_operands(sc: Scenario, m: int):
     import torch
 
     fp8 = torch.float8_e4m3fn
+    if sc.transport == "gemv":  # mori's Mxfp8GemvOp: row-major ue8m0 bytes, no preshuffled scales
+        return (torch.zeros(m, sc.k, dtype=fp8), torch.zeros(sc.n, sc.k, dtype=fp8),
+                torch.zeros(m, sc.k // 32, dtype=torch.uint8), torch.zeros(sc.n // 32, sc.k // 32, dtype=torch.uint8),
+                torch.empty(m, sc.n, dtype=torch.bfloat16))
     a = torch.zeros(m, sc.k, dtype=fp8)
     b = torch.zeros(sc.n, sc.k, dtype=fp8)
     if sc.quant == "mxfp8":
@@ -142,6 +146,15 @@ def gemm_only_scenario() -> Scenario:
     lo, hi = GEMM_ONLY_MS
     return Scenario(name="gemm-only-mxfp8", world=2, rank=0, n=N, k=K, m_max=hi, quant="mxfp8",
                     steps=(("call", lo), ("call", hi), ("call", lo)), transport="gemm-only")
+
+
+#: gemv (mori's Mxfp8GemvOp): M in 1..32, one kernel per bucket; 3 and 4 share bucket 4.
+GEMV_MS = (1, 8, 3, 4, 1)
+
+
+def gemv_scenario() -> Scenario:
+    return Scenario(name="gemv-mxfp8", world=2, rank=0, n=N, k=K, m_max=max(GEMV_MS), quant="mxfp8",
+                    steps=tuple(("call", m) for m in GEMV_MS), transport="gemv")
 
 
 def negative_control() -> Scenario:

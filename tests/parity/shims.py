@@ -19,8 +19,8 @@ Nothing else is changed. What is changed, and why:
 3   ``mori.cco.CCODevCommRequirements``,        mori's native cco extension cannot load without ROCm;
     ``GDA_CONNECTION_NONE`` (oracle)            a plain object with the four fields the op sets stands in.
 4   ``GemmAllReduceOp._check_operands``,        its "must be on a GPU" checks (``device.type != "cuda"``)
-    ``Mxfp8GemmOp._check_operands`` (oracle)    are widened to also accept ``cpu``; every other check (shape,
-                                                dtype, element count) runs unchanged. The change is made on
+    ``Mxfp8GemmOp._check_operands``,            are widened to also accept ``cpu``; every other check (shape,
+    ``Mxfp8GemvOp._check`` (oracle)             dtype, element count) runs unchanged. The change is made on
                                                 mori's own source text and asserted to hit exactly its
                                                 two such lines (one per loop, four tensors).
 5   ``GemmAllReduceOp._slot_for`` (oracle)      THE ONE CHANGED BEHAVIOUR: mori assigns counter sets in
@@ -112,12 +112,16 @@ def install_oracle_shims(*, rule_slots: bool = True) -> Any:
     op_mod.from_gpu_ptr = from_gpu_ptr
 
     cls = op_mod.GemmAllReduceOp
-    _accept_cpu_operands(cls, op_mod)  # shim 4
+    _accept_cpu_operands(cls, op_mod, "_check_operands")  # shim 4
     import mori.ops.gemm_ar.gemm as gemm_mod
 
-    if not getattr(gemm_mod.Mxfp8GemmOp, "_shimmed", False):
-        _accept_cpu_operands(gemm_mod.Mxfp8GemmOp, gemm_mod)
-        gemm_mod.Mxfp8GemmOp._shimmed = True
+    import mori.ops.gemm_ar.gemv as gemv_mod
+
+    for mod, other, method in ((gemm_mod, gemm_mod.Mxfp8GemmOp, "_check_operands"),
+                               (gemv_mod, gemv_mod.Mxfp8GemvOp, "_check")):
+        if not getattr(other, "_shimmed", False):
+            _accept_cpu_operands(other, mod, method)
+            other._shimmed = True
 
     if rule_slots:  # shim 5: the one changed behaviour
         def _slot_for(self, m: int) -> int:
@@ -127,17 +131,17 @@ def install_oracle_shims(*, rule_slots: bool = True) -> Any:
     return cls
 
 
-def _accept_cpu_operands(cls, module) -> None:
+def _accept_cpu_operands(cls, module, method: str) -> None:
     """Shim 4 on one class: its two ``device.type != "cuda"`` lines widened to accept ``cpu``."""
-    src = textwrap.dedent(inspect.getsource(cls._check_operands))
+    src = textwrap.dedent(inspect.getsource(getattr(cls, method)))
     hits = src.count(_GPU_CHECK)
-    if hits != 2:  # one in the (a_fp8, b_preshuffled) loop, one in the scales loop
-        raise RuntimeError(f"mori's {cls.__name__}._check_operands has {hits} GPU checks, the shim expects 2: "
+    if hits != 2:  # one in the (a, b) loop, one in the scales loop
+        raise RuntimeError(f"mori's {cls.__name__}.{method} has {hits} GPU checks, the shim expects 2: "
                            f"mori changed, re-read it before relaxing anything")
     ns: dict = {}
     exec(compile(src.replace(_GPU_CHECK, _GPU_OR_CPU_CHECK), f"<shim 4: {module.__file__}>", "exec"),
          module.__dict__, ns)
-    cls._check_operands = ns["_check_operands"]
+    setattr(cls, method, ns[method])
 
 
 #: Communicator doubles whose memory ``from_gpu_ptr`` may be asked to view.
