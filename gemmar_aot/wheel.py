@@ -187,7 +187,7 @@ def coverage(lock: Mapping[str, Any]) -> list[dict]:
     groups: dict[tuple, dict] = {}
     for t in lock.get("tuples", []):
         wire = None
-        if t["transport"] == "fused-sdma":
+        if t.get("layout") is not None:  # the collective modes: their wire is part of what they serve
             wire = t["gather_dtype"] + ("" if t["gather_dtype"] == "bf16" else f"/{t['gather_transport']}")
         lay = t.get("layout") or {}
         k = (t["transport"], t["n"], t["k"], t["world"], t["quant"], wire, t.get("block_m"),

@@ -220,7 +220,7 @@ def test_smoke_manifest():
         assert_valid_workload(w)
 
 
-@pytest.mark.parametrize("name", ["dsv4-pro-wo_b", "dsv4-pro-wo_b-fp8", "smoke"])
+@pytest.mark.parametrize("name", ["dsv4-pro-wo_b", "dsv4-pro-wo_b-fp8", "dsv4-pro-wo_b-modes", "smoke"])
 def test_shipped_manifests_parse_from_text_too(name):
     path = MANIFESTS / f"{name}.toml"
     a = load_manifest(path)

@@ -181,6 +181,19 @@ def test_plan_carries_the_manifest_warnings():
     assert plan.to_json()["warnings"] == list(plan.warnings)
 
 
+def test_mode_comparison_manifest_counts():
+    plan = make_plan(load_manifest(MANIFESTS / "dsv4-pro-wo_b-modes.toml"))
+    assert {t.workload.transport for t in plan.tuples} == {"fused-sdma", "split-sdma", "split-lsa", "fused-lsa",
+                                                           "gemv"}
+    assert plan.distinct_by_kind() == {
+        "fused-sdma:gemm": 8, "fused-lsa:gemm": 8, "gemm-only:gemm": 1, "gemv:gemv": 6,
+        "sdma-phases:drain": 8, "sdma-phases:gather": 8, "sdma-phases:scatter": 8,
+        "sdma-phases:reduce": 16,  # fused-lsa's reads its own slice from its recv slot
+        "split-lsa:lsa_ar": 8,
+    }
+    assert plan.warnings == ()
+
+
 def test_slots_do_not_depend_on_manifest_order():
     text = (MANIFESTS / "dsv4-pro-wo_b.toml").read_text()
     ms = list(range(4096, 16384 + 1, 1024))

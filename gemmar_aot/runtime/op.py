@@ -310,7 +310,7 @@ class GemmAllReduceOp:
         snippet = manifest_snippet(self.key, [self.m_max], self.m_max)
         return ArtifactMissingError(
             f"the artifacts hold no kernels for {self._describe()} (sources: "
-            f"{self.artifacts.describe_sources()}). fused-sdma tuples present (n, k, world, quant, wire): "
+            f"{self.artifacts.describe_sources()}). {self.transport} tuples present (n, k, world, quant, wire): "
             f"{others or 'none'}. Add to the manifest and rebuild:\n{snippet}",
             m=self.m_max, manifest_lines=snippet)
 
