@@ -221,9 +221,12 @@ def test_gemm_only_out_and_no_per_call_buffers(smoke_store, smoke_lock):
     op, drv = make_gemm(smoke_store, smoke_lock)
     buffers = {k: (v.args, v.args.address) for k, v in op._launches.items()}
     out = torch.empty(256, N, dtype=torch.bfloat16)
-    for m in (256, 128, 256):
+    for m in (256, 128, 256, 64, 128):  # the grid follows M on every call, cached or not
+        drv.clear()
         got = op(*mxfp8_operands(m), out=out[:m])
         assert got.data_ptr() == out.data_ptr()
+        assert drv.launches[0].grid == (math.ceil(m / 256) * (N // 128), 1, 1)
+        assert drv.launches[0].args[10] == m
     assert {k: (v.args, v.args.address) for k, v in op._launches.items()} == buffers
     with pytest.raises(ValueError, match=r"out must be \(256, 1024\) bfloat16"):
         op(*mxfp8_operands(256), out=torch.empty(256, N))

@@ -24,7 +24,7 @@ def _tasks():
 
 def test_cost_classes_separate_what_costs_differently():
     classes = {cost_class(t.spec) for t in _tasks()}
-    assert {"fused-sdma:gemm", "gemm-only:gemm:mxfp8", "fused-sdma:drain", "split-lsa:lsa_ar"} <= classes
+    assert {"fused-sdma:gemm", "gemm-only:gemm:mxfp8", "sdma-phases:drain", "split-lsa:lsa_ar"} <= classes
 
 
 def test_recorded_costs_order_batches_longest_first(tmp_path):

@@ -36,7 +36,7 @@ from gemmar_aot.launch import LaunchRecord, LaunchRecordError
 from .artifacts import load_artifacts
 from .driver import Driver, KernArgs, arch_base
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
-from .kernel import kernarg_struct, verify_code_object
+from .kernel import _dependencies, _operand_deps, _to_signed, kernarg_struct, verify_code_object
 from .manifest_lines import manifest_snippet
 from .operands import _FNUZ_REASON, check_operands
 
@@ -95,25 +95,46 @@ def _tuple_field(entry: Any, name: str, default: Any = None) -> Any:
 class _Launch:
     """One loaded kernel and its argument buffer; :meth:`launch` fills the per-call values.
 
-    The host parameters are a template list (fixed values written once); a call
-    writes its pointers, element counts and M into their slots, evaluates the
-    record's grid program and packs the explicit arguments into the op's own
-    buffer. Nothing is allocated but Python integers.
+    Resolved once: every explicit kernel argument must be a plain host parameter (the
+    record's arguments are, for both launchers), so the buffer's template holds the
+    fixed ones and a call writes only its pointers, element counts and M into their
+    argument slots. The grid depends on M: it is the record's own program, evaluated
+    once per distinct value of the parameters it reads and kept (a dict lookup after
+    that). Nothing is allocated per call but Python integers and that small key.
     """
 
-    __slots__ = ("kind", "digest", "record", "function", "args", "struct", "types", "params", "slots", "where")
+    __slots__ = ("kind", "digest", "record", "function", "args", "struct", "params", "values", "slots",
+                 "writes", "grid_params", "grids", "where")
+
+    #: Distinct grids kept per kernel (M values); past it the cache starts over.
+    MAX_GRIDS = 4096
 
     def __init__(self, *, kind: str, digest: str, record: LaunchRecord, kernel, function, fixed: dict[int, int],
                  where: str):
         self.kind, self.digest, self.record, self.function, self.where = kind, digest, record, function, where
-        self.types = record.kernel_arg_types
-        self.struct = kernarg_struct(kernel, self.types)
+        self.struct = kernarg_struct(kernel, record.kernel_arg_types)
         self.args = KernArgs(kernel.kernarg_size)
         self.params = [0] * len(record.params)
         for i, v in fixed.items():
             self.params[i] = int(v)
         #: per runtime argument (in call order, stream excluded): its host-parameter indices
         self.slots = tuple(a.params for a in record.args if a.kind != "stream")
+        source = {}
+        for i, x in enumerate(record.kernel_args):
+            if not (isinstance(x, str) and x.startswith("p") and x[1:].isdigit()):
+                raise ArtifactMismatchError(f"{where}: argument {i} of {record.kernel} is computed ({x}); this "
+                                            f"runtime packs plain launcher parameters only")
+            source.setdefault(int(x[1:]), []).append(i)
+        varying = {p for params in self.slots for p in params} - set(fixed)
+        #: (argument index, host parameter) for every argument a call changes
+        self.writes = tuple((i, p) for p in sorted(varying) for i in source.get(p, ()))
+        self.values = [_to_signed(self.params[int(x[1:])], t)
+                       for x, t in zip(record.kernel_args, record.kernel_arg_types)]
+        deps = _dependencies(record)
+        stream = record.stream_param
+        self.grid_params = tuple(sorted(set().union(*(_operand_deps(x, deps) for x in record.grid + record.block))
+                                        - {stream}))
+        self.grids: dict = {}
 
     def launch(self, driver, stream: int, values: Sequence[Any]) -> None:
         """``values``: per runtime argument, a (pointer, element count) pair or an int."""
@@ -123,11 +144,18 @@ class _Launch:
                 p[params[0]], p[params[1]] = v
             else:
                 p[params[0]] = v
-        grid, block, kargs = self.record.resolve(p)
-        self.struct.pack_into(self.args.buf, 0, *[
-            v - (1 << 64) if t == "i64" and v >= 1 << 63 else (v & 0xFFFFFFFFFFFFFFFF if t == "ptr" else v)
-            for v, t in zip(kargs, self.types)])
-        driver.launch(self.function, grid, block, self.args, stream)
+        key = tuple([p[i] for i in self.grid_params])
+        gb = self.grids.get(key)
+        if gb is None:
+            grid, block, _kargs = self.record.resolve(p)
+            if len(self.grids) >= self.MAX_GRIDS:
+                self.grids.clear()
+            gb = self.grids[key] = (tuple(grid), tuple(block))
+        vals = self.values
+        for i, src in self.writes:
+            vals[i] = p[src]
+        self.struct.pack_into(self.args.buf, 0, *vals)
+        driver.launch(self.function, gb[0], gb[1], self.args, stream)
 
 
 class _StandaloneOp:
