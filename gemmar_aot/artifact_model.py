@@ -18,8 +18,10 @@ writes one. The types, from the leaves up:
   :class:`LockTuple` -- one tuple and its ranks; :class:`Lock` -- the whole file.
 
 The JSON (schema :data:`LOCK_SCHEMA`) names each kernel once: ``kernels`` maps action keys
-to entries, ``launch_records`` holds each distinct launch record once, and every rank lists
-the action keys it launches, in order. :meth:`Lock.to_bytes` is the one canonical
+to entries (kind, blob, kernel symbol, record digest, launch record index),
+``launch_records`` holds each distinct launch record once (without the kernel symbol, which
+is all that differs between ranks), and every rank lists the action keys it launches, in
+order. :meth:`Lock.to_bytes` is the one canonical
 serialisation (the same lock always gives the same bytes); :meth:`Lock.from_json` checks
 every field and raises :class:`LockFileError` naming the file, the JSON path, the value
 and the fix. A lock of another schema is refused, never migrated: a newer one asks for a
@@ -40,20 +42,32 @@ from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
-from gemmar_aot.workload import COLLECTIVE_MODES, MODES
 
 #: Version of the lock-file schema this gemmar-aot reads and writes.
 #: 2: typed model; kernels named once by action key, launch records de-duplicated, blobs and
 #: records as Digest(hash, size), the window layout split into shared and per-M values.
 LOCK_SCHEMA = 2
 
-#: The modes (``transport``) a tuple can be built for, by the names the upstream spec uses
-#: (defined with the manifest's workload, which is where a mode is born).
-TRANSPORTS = MODES
+#: The modes (``transport``) a tuple can be built for, by the names mori's benchmark and the PR use.
+#:   fused-sdma  GemmAllReduceOp: GEMM with the scatter fused into its epilogue
+#:               (SDMA puts), then drain -> reduce -> (fp8 inserts) -> gather.
+#:   split-sdma  GEMM(fuse=False), then the SDMA all-reduce: scatter -> reduce ->
+#:               (fp8 inserts) -> gather.
+#:   split-lsa   GEMM(fuse=False), then the LSA all-reduce (one kernel).
+#:   fused-lsa   GEMM(fuse=True, transport="lsa"): the epilogue stores straight into
+#:               the peers' windows; then drain (a barrier) -> reduce -> gather.
+#:   gemm-only   Mxfp8GemmOp's GEMM, no collective.
+#:   gemv        Mxfp8GemvOp: the skinny mxfp8 matmul for M <= 32, one kernel per
+#:               M bucket, no collective.
+#: The manifest's modes (``workload.MODES``) are these.
+TRANSPORTS = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa", "gemm-only", "gemv")
+#: Modes with an all-reduce: a communicator, a window, one kernel set per rank.
+COLLECTIVE_MODES = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa")
 #: The mode the runtime's GemmAllReduceOp serves.
 FUSED_SDMA = "fused-sdma"
-#: The mode without a window (Mxfp8GemmOp's GEMM alone).
+#: The modes without a window: Mxfp8GemmOp's GEMM alone, and Mxfp8GemvOp's skinny kernel.
 GEMM_ONLY = "gemm-only"
+GEMV = "gemv"
 
 #: Entry-point group through which installed artifact packages announce their lock and store.
 ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
@@ -177,6 +191,8 @@ class TupleId:
 
 
 _TUPLE_ID_FIELDS = tuple(f.name for f in fields(TupleId))
+_TUPLE_ID_INTS = ("m", "n", "k", "world", "block_m", "block_n", "sdma_queues")
+_TUPLE_ID_STRS = ("transport", "quant", "gather_dtype", "gather_transport")
 
 
 def first_of_each(items: Sequence[Any], identity) -> tuple[list, list[tuple[Any, Any]]]:
@@ -327,11 +343,32 @@ class LaunchEntry:
 
 @dataclass(frozen=True)
 class RankLaunches:
-    """One rank's kernels for one tuple, in launch order."""
+    """One rank's kernels for one tuple, in launch order.
+
+    A lock read from JSON resolves ``launches`` and ``self_test`` from its (already
+    validated) kernel table on first access, so a runtime that serves one rank builds the
+    entries of that rank only.
+    """
 
     rank: int
     launches: tuple[LaunchEntry, ...]  # what a call runs
-    self_test: tuple[LaunchEntry, ...] = ()  # what self_test runs
+    self_test: tuple[LaunchEntry, ...]  # what self_test runs
+
+    def launch_keys(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The action keys of (launches, self_test), without building their entries."""
+        pending = self.__dict__.get("_pending")
+        if pending is not None:
+            return pending[1], pending[2]
+        return tuple(e.key for e in self.launches), tuple(e.key for e in self.self_test)
+
+    def __getattr__(self, name: str):
+        pending = self.__dict__.get("_pending")
+        if pending is None or name not in ("launches", "self_test"):
+            raise AttributeError(name)
+        table, launch_keys, self_test_keys = pending
+        self.__dict__.update(launches=table.entries(launch_keys), self_test=table.entries(self_test_keys))
+        del self.__dict__["_pending"]
+        return self.__dict__[name]
 
 
 @dataclass(frozen=True)
@@ -422,12 +459,14 @@ class Lock:
         for key in sorted(kernels):
             e = kernels[key]
             rj = e.launch.to_json()
+            del rj["kernel"]  # the entry's symbol
             rb = canonical_json_bytes(rj)
             idx = records.get(rb)
             if idx is None:
                 idx = records[rb] = len(launch_records)
                 launch_records.append(rj)
-            table[key] = {"kind": e.kind, "blob": e.blob.to_json(), "record": e.record.to_json(), "launch": idx}
+            table[key] = {"kind": e.kind, "blob": e.blob.to_json(), "symbol": e.symbol, "record": e.record.to_json(),
+                          "launch": idx}
         return {
             "schema": LOCK_SCHEMA,
             "manifest": {"name": self.manifest.name, "arch": self.manifest.arch, "sha256": self.manifest.sha256},
@@ -507,15 +546,54 @@ def _plain(v: Any) -> Any:
 
 # ---------------------------------------------------------------------------
 # Validation
+#
+# Every check has a fast path made of C-level operations (a key-set comparison, a
+# set of element types) and, only when that fails, a slow path that finds the first
+# offending value and names it. Reading the reference lock is dominated by json.loads.
 # ---------------------------------------------------------------------------
 
 _TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "kernels",
         "tuples")
 _TUPLE_KEYS = (*_TUPLE_ID_FIELDS, "source", "layout", "ranks")
-_KERNEL_KEYS = ("kind", "blob", "record", "launch")
-_RECORD_KEYS = ("kernel", "params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block",
-                "stream_param")
+_KERNEL_KEYS = ("kind", "blob", "symbol", "record", "launch")
+_RECORD_KEYS = ("params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block", "stream_param")
+_ARG_KEYS = ("name", "kind", "params", "dtype")
+_RANK_KEYS = ("rank", "launches", "self_test")
+_DIGEST_KEYS = ("hash", "size")
 _ARG_KINDS = ("tensor", "i32", "i64", "stream")
+_PARAM_TYPES = tuple(PARAM_SIZES)
+_WINDOW_KEYS = (*_WINDOW_FIELDS, "call")
+_WINDOW_INT_FIELDS = tuple(f for f in _WINDOW_FIELDS if f not in _WINDOW_STR_FIELDS + _WINDOW_TUPLE_FIELDS)
+_KEYSETS: dict[tuple, frozenset] = {}
+_INT = frozenset({int})
+_STR = frozenset({str})
+_STR_INT = frozenset({str, int})
+
+
+def _all_hex64(strs: list[str]) -> bool:
+    """Whether every string is 64 lowercase hex digits (two C passes over all of them at once)."""
+    if set(map(len, strs)) != {64}:
+        return False
+    joined = "".join(strs)
+    try:
+        return bytes.fromhex(joined).hex() == joined  # .hex() is lowercase without spaces
+    except ValueError:
+        return False
+
+
+def _validated(cls, **values):
+    """An instance of frozen dataclass ``cls`` from values the reader has already checked in bulk
+    (skips the per-instance checks of ``__post_init__``, which dominate reading a large lock)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
+
+
+def _keyset(keys: tuple) -> frozenset:
+    ks = _KEYSETS.get(keys)
+    if ks is None:
+        ks = _KEYSETS[keys] = frozenset(keys)
+    return ks
 
 
 def _show(v: Any) -> str:
@@ -528,6 +606,43 @@ def _type_name(v: Any) -> str:
             bool: "a boolean", type(None): "null"}.get(type(v), type(v).__name__)
 
 
+def _types(xs) -> frozenset:
+    return frozenset(map(type, xs))
+
+
+class _KernelTable:
+    """A lock's kernels by action key: validated JSON entries, turned into LaunchEntry on first use."""
+
+    def __init__(self, raw: dict[str, dict], records: list[LaunchRecord]):
+        self.raw = raw
+        self.records = records
+        self.entries_by_key: dict[str, LaunchEntry] = {}
+        self.by_symbol: dict[tuple[int, str], LaunchRecord] = {}
+
+    @classmethod
+    def of(cls, entries: dict[str, LaunchEntry]) -> "_KernelTable":
+        t = cls(dict.fromkeys(entries), [])
+        t.entries_by_key.update(entries)
+        return t
+
+    def entry(self, key: str) -> LaunchEntry:
+        e = self.entries_by_key.get(key)
+        if e is None:
+            k = self.raw[key]
+            idx, symbol = k["launch"], k["symbol"]
+            launch = self.by_symbol.get((idx, symbol))
+            if launch is None:
+                launch = self.by_symbol[idx, symbol] = replace(self.records[idx], kernel=symbol)
+            b, r = k["blob"], k["record"]
+            e = self.entries_by_key[key] = _validated(
+                LaunchEntry, kind=k["kind"], key=key, blob=_validated(Digest, hash=b["hash"], size=b["size"]),
+                launch=launch, record=_validated(Digest, hash=r["hash"], size=r["size"]))
+        return e
+
+    def entries(self, keys: tuple[str, ...]) -> tuple[LaunchEntry, ...]:
+        return tuple(self.entry(k) for k in keys)
+
+
 class _Reader:
     """Builds typed values from parsed lock JSON; every failure names the file, the JSON path,
     the value and the fix."""
@@ -538,20 +653,19 @@ class _Reader:
     def fail(self, path: str, msg: str, fix: str = _REBUILD) -> LockFileError:
         return LockFileError(f"{self.where}: {path} {msg}; {fix}")
 
-    # ---- scalars ----
+    # ---- shapes and scalars (each returns its value or raises naming it) ----
 
-    def obj(self, v: Any, path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> dict:
+    def obj(self, v: Any, path: str, keys: tuple) -> dict:
+        if type(v) is dict and v.keys() == _keyset(keys):
+            return v
         if type(v) is not dict:
             raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected an object")
-        missing = [k for k in keys if k not in v and k not in optional]
+        missing = [k for k in keys if k not in v]
         if missing:
             raise self.fail(path, f"has no {', '.join(repr(k) for k in missing)} (a required field)")
-        if len(v) > len(keys) or any(k not in keys for k in v):
-            extra = sorted(k for k in v if k not in keys)
-            if extra:
-                raise self.fail(path, f"has unknown field(s) {', '.join(repr(k) for k in extra)} for lock schema "
-                                      f"{LOCK_SCHEMA}", "it was edited or written by another gemmar-aot; " + _REBUILD)
-        return v
+        extra = sorted(k for k in v if k not in keys)
+        raise self.fail(path, f"has unknown field(s) {', '.join(repr(k) for k in extra)} for lock schema "
+                              f"{LOCK_SCHEMA}", "it was edited or written by another gemmar-aot; " + _REBUILD)
 
     def list(self, v: Any, path: str) -> list:
         if type(v) is not list:
@@ -559,23 +673,34 @@ class _Reader:
         return v
 
     def int(self, v: Any, path: str, lo: int = 0) -> int:
+        if type(v) is int and v >= lo:
+            return v
         if type(v) is not int:
             raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected an integer")
-        if v < lo:
-            raise self.fail(path, f"is {v}, expected an integer >= {lo}")
-        return v
+        raise self.fail(path, f"is {v}, expected an integer >= {lo}")
+
+    def ints(self, vs: Sequence[Any], paths, lo: int = 0) -> None:
+        """Every value an integer >= lo (``paths(i)`` names the i-th)."""
+        if vs and (_types(vs) != _INT or min(vs) < lo):
+            for i, v in enumerate(vs):
+                self.int(v, paths(i), lo)
 
     def opt_int(self, v: Any, path: str, lo: int = 0) -> int | None:
         return None if v is None else self.int(v, path, lo)
 
     def str(self, v: Any, path: str, choices: Sequence[str] = (), empty: bool = False) -> str:
+        if type(v) is str and (v or empty) and (not choices or v in choices):
+            return v
         if type(v) is not str:
             raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected a string")
         if not v and not empty:
             raise self.fail(path, "is an empty string")
-        if choices and v not in choices:
-            raise self.fail(path, f"is {v!r}, expected one of {', '.join(choices)}")
-        return v
+        raise self.fail(path, f"is {v!r}, expected one of {', '.join(choices)}")
+
+    def strs(self, vs: list, path: str, choices: tuple = ()) -> None:
+        if _types(vs) - _STR or (choices and not _keyset(choices).issuperset(vs)):
+            for i, v in enumerate(vs):
+                self.str(v, f"{path}[{i}]", choices, empty=True)
 
     def opt_str(self, v: Any, path: str) -> str | None:
         return None if v is None else self.str(v, path)
@@ -586,8 +711,15 @@ class _Reader:
         return v
 
     def digest(self, v: Any, path: str) -> Digest:
-        o = self.obj(v, path, ("hash", "size"))
-        return Digest(self.hex64(o["hash"], f"{path}.hash"), self.int(o["size"], f"{path}.size"))
+        if type(v) is dict and v.keys() == _keyset(_DIGEST_KEYS):
+            try:
+                return Digest(v["hash"], v["size"])  # validates
+            except ValueError:
+                pass
+        o = self.obj(v, path, _DIGEST_KEYS)
+        self.hex64(o["hash"], f"{path}.hash")
+        self.int(o["size"], f"{path}.size")
+        raise AssertionError("unreachable: an invalid digest passed every check")
 
     def json_value(self, v: Any, path: str) -> Any:
         t = type(v)
@@ -645,12 +777,8 @@ class _Reader:
         records = [self.launch_record(r, f"$.launch_records[{i}]")
                    for i, r in enumerate(self.list(v["launch_records"], "$.launch_records"))]
         kernels = self.kernels(v["kernels"], records)
-        used: set[str] = set()
-        tuples = tuple(self.tuple(t, f"$.tuples[{i}]", kernels, used)
+        tuples = tuple(self.tuple(t, f"$.tuples[{i}]", kernels)
                        for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
-        unused = sorted(set(kernels) - used)
-        if unused:
-            raise self.fail(f"$.kernels.{unused[0]}", f"is launched by no rank ({len(unused)} such kernel(s))")
         return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
                     code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
                     toolchain=toolchain, env=dict(env), tuples=tuples)
@@ -658,59 +786,165 @@ class _Reader:
     def kernels(self, v: Any, records: list[LaunchRecord]) -> dict[str, LaunchEntry]:
         if type(v) is not dict:
             raise self.fail("$.kernels", f"is {_type_name(v)}, expected an object (action key -> kernel)")
+        if self.kernels_valid(v, records):
+            return _KernelTable(v, records)
+        return _KernelTable.of(self.kernels_slow(v, records))
+
+    def kernels_valid(self, v: dict, records: list[LaunchRecord]) -> bool:
+        """Every check at once (one regex over all digests, type sets); False when any fails."""
+        ks, ds = _keyset(_KERNEL_KEYS), _keyset(_DIGEST_KEYS)
+        try:
+            entries = list(v.values())
+            if any([type(k) is not dict or k.keys() != ks for k in entries]):
+                return False
+            blobs = [k["blob"] for k in entries]
+            recs = [k["record"] for k in entries]
+            if any([type(d) is not dict or d.keys() != ds for d in blobs + recs]):
+                return False
+            hashes = [*v, *(d["hash"] for d in blobs), *(d["hash"] for d in recs)]
+            sizes = [*(d["size"] for d in blobs), *(d["size"] for d in recs)]
+            kinds = [k["kind"] for k in entries]
+            symbols = [k["symbol"] for k in entries]
+            idx = [k["launch"] for k in entries]
+            return not entries or bool(
+                _types(hashes) == _STR and _all_hex64(hashes)
+                and _types(sizes) == _INT and min(sizes) >= 0
+                and _types(kinds) == _STR and all(kinds) and _types(symbols) == _STR and all(symbols)
+                and _types(idx) == _INT and min(idx) >= 0 and max(idx) < len(records))
+        except TypeError:  # e.g. an unhashable value
+            return False
+
+    def kernels_slow(self, v: dict, records: list[LaunchRecord]) -> dict[str, LaunchEntry]:
+        """One entry at a time: finds the first bad value and names it."""
         out = {}
         n = len(records)
+        keyset = _keyset(_KERNEL_KEYS)
+        by_symbol: dict[tuple[int, str], LaunchRecord] = {}
         for key, k in v.items():
             path = f"$.kernels.{key}"
-            if not is_hex64(key):
-                raise self.fail("$.kernels", f"has key {_show(key)}, expected an action key (64 lowercase hex digits)")
-            self.obj(k, path, _KERNEL_KEYS)
+            if type(k) is not dict or k.keys() != keyset:
+                self.obj(k, path, _KERNEL_KEYS)
             idx = k["launch"]
             if type(idx) is not int or not 0 <= idx < n:
                 raise self.fail(f"{path}.launch", f"is {_show(idx)}, expected an index into $.launch_records "
                                                   f"(0..{n - 1})")
-            out[key] = LaunchEntry(kind=self.str(k["kind"], f"{path}.kind"), key=key,
-                                   blob=self.digest(k["blob"], f"{path}.blob"), launch=records[idx],
-                                   record=self.digest(k["record"], f"{path}.record"))
+            kind = self.str(k["kind"], f"{path}.kind")
+            symbol = self.str(k["symbol"], f"{path}.symbol")
+            launch = by_symbol.get((idx, symbol))
+            if launch is None:
+                launch = by_symbol[idx, symbol] = replace(records[idx], kernel=symbol)
+            blob, record = self.digest(k["blob"], f"{path}.blob"), self.digest(k["record"], f"{path}.record")
+            try:
+                entry = LaunchEntry(kind, key, blob, launch, record)
+            except ValueError:  # the action key
+                raise self.fail("$.kernels", f"has key {_show(key)}, expected an action key (64 lowercase hex "
+                                             f"digits)") from None
+            out[key] = entry
         return out
 
     def launch_record(self, v: Any, path: str) -> LaunchRecord:
         o = self.obj(v, path, _RECORD_KEYS)
-        self.str(o["kernel"], f"{path}.kernel")
-        for i, p in enumerate(self.list(o["params"], f"{path}.params")):
-            self.str(p, f"{path}.params[{i}]", tuple(PARAM_SIZES))
-        for i, t in enumerate(self.list(o["kernel_arg_types"], f"{path}.kernel_arg_types")):
-            self.str(t, f"{path}.kernel_arg_types[{i}]", tuple(PARAM_SIZES))
-        for i, a in enumerate(self.list(o["kernel_args"], f"{path}.kernel_args")):
-            self.str(a, f"{path}.kernel_args[{i}]")
+        self.strs(self.list(o["params"], f"{path}.params"), f"{path}.params", _PARAM_TYPES)
+        self.strs(self.list(o["kernel_arg_types"], f"{path}.kernel_arg_types"), f"{path}.kernel_arg_types",
+                  _PARAM_TYPES)
+        self.strs(self.list(o["kernel_args"], f"{path}.kernel_args"), f"{path}.kernel_args")
         nparams = len(o["params"])
         for i, a in enumerate(self.list(o["args"], f"{path}.args")):
             ap = f"{path}.args[{i}]"
-            self.obj(a, ap, ("name", "kind", "params", "dtype"))
+            self.obj(a, ap, _ARG_KEYS)
             self.str(a["name"], f"{ap}.name")
             self.str(a["kind"], f"{ap}.kind", _ARG_KINDS)
             self.str(a["dtype"], f"{ap}.dtype", empty=True)
-            for j, p in enumerate(self.list(a["params"], f"{ap}.params")):
-                if type(p) is not int or not 0 <= p < nparams:
-                    raise self.fail(f"{ap}.params[{j}]", f"is {_show(p)}, expected a host parameter index "
-                                                         f"(0..{nparams - 1})")
-        for i, ins in enumerate(self.list(o["program"], f"{path}.program")):
-            ip = f"{path}.program[{i}]"
-            if type(ins) is not list or len(ins) < 2 or any(type(x) not in (str, int) for x in ins):
-                raise self.fail(ip, f"is {_show(ins)}, expected [result, op, operands...] of strings and integers")
+            ps = self.list(a["params"], f"{ap}.params")
+            if ps and (_types(ps) != _INT or min(ps) < 0 or max(ps) >= nparams):
+                for j, p in enumerate(ps):
+                    if type(p) is not int or not 0 <= p < nparams:
+                        raise self.fail(f"{ap}.params[{j}]", f"is {_show(p)}, expected a host parameter index "
+                                                             f"(0..{nparams - 1})")
+        program = self.list(o["program"], f"{path}.program")
+        for i, ins in enumerate(program):
+            if type(ins) is not list or len(ins) < 2 or not _STR_INT.issuperset(map(type, ins)):
+                raise self.fail(f"{path}.program[{i}]", f"is {_show(ins)}, expected [result, op, operands...] of "
+                                                        f"strings and integers")
         for what in ("grid", "block"):
             g = self.list(o[what], f"{path}.{what}")
-            if len(g) != 3 or any(type(x) not in (str, int) for x in g):
+            if len(g) != 3 or not _STR_INT.issuperset(map(type, g)):
                 raise self.fail(f"{path}.{what}", f"is {_show(g)}, expected three integers or program values")
         sp = self.int(o["stream_param"], f"{path}.stream_param")
         if sp >= nparams:
             raise self.fail(f"{path}.stream_param", f"is {sp}, but the record has {nparams} host parameters")
         try:
-            return LaunchRecord.from_json(o)
+            return LaunchRecord.from_json({**o, "kernel": ""})  # each kernel entry gives its symbol
         except LaunchRecordError as exc:
             raise self.fail(path, f"is not a launch record ({exc})") from None
 
-    def tuple(self, v: Any, path: str, kernels: dict[str, LaunchEntry], used: set[str]) -> LockTuple:
+    def tuple(self, v: Any, path: str, kernels: "_KernelTable") -> LockTuple:
+        fast = self.tuple_fast(v, kernels)
+        return fast if fast is not None else self.tuple_slow(v, path, kernels)
+
+    def tuple_fast(self, v: Any, kernels: "_KernelTable") -> LockTuple | None:
+        """The common case checked in bulk (type sets, one subset test); None when anything is off."""
+        try:
+            if type(v) is not dict or v.keys() != _keyset(_TUPLE_KEYS):
+                return None
+            ints = [v[f] for f in _TUPLE_ID_INTS]
+            strs = [v[f] for f in _TUPLE_ID_STRS]
+            m_max = v["m_max"]
+            if (_types(ints) != _INT or min(ints) < 1 or _types(strs) != _STR or not all(strs)
+                    or v["transport"] not in TRANSPORTS or type(v["source"]) is not str
+                    or not (m_max is None or (type(m_max) is int and m_max >= 1))):
+                return None
+            tid = _validated(TupleId, **{f: v[f] for f in _TUPLE_ID_FIELDS})
+            lay = v["layout"]
+            if (lay is None) == tid.collective:
+                return None
+            layout = None if lay is None else self.window_fast(lay)
+            if lay is not None and (layout is None or layout.call is None or layout.call.m != tid.m or (
+                    layout.world, layout.n, layout.block_m, layout.gather_dtype, layout.gather_transport) != (
+                    tid.world, tid.n, tid.block_m, tid.gather_dtype, tid.gather_transport)):
+                return None
+            ranks_json = v["ranks"]
+            rks = _keyset(_RANK_KEYS)
+            if type(ranks_json) is not list or any([type(r) is not dict or r.keys() != rks for r in ranks_json]):
+                return None
+            ranks = [r["rank"] for r in ranks_json]
+            if ranks and (_types(ranks) != _INT or min(ranks) < 0 or max(ranks) >= tid.world
+                          or len(set(ranks)) != len(ranks)):
+                return None
+            seqs = [(tuple(r["launches"]), tuple(r["self_test"])) for r in ranks_json]
+            if any([type(r["launches"]) is not list or type(r["self_test"]) is not list for r in ranks_json]):
+                return None
+            named = set().union(*(a + b for a, b in seqs)) if seqs else set()
+            if not kernels.raw.keys() >= named:
+                return None
+        except TypeError:  # an unhashable value in a type or key set
+            return None
+        return _validated(LockTuple, id=tid, source=v["source"], layout=layout, ranks=tuple(
+            _validated(RankLaunches, rank=rank, _pending=(kernels, a, b)) for rank, (a, b) in zip(ranks, seqs)))
+
+    def window_fast(self, v: Any) -> WindowLayout | None:
+        if type(v) is not dict or v.keys() != _keyset(_WINDOW_KEYS):
+            return None
+        ints = [v[f] for f in _WINDOW_INT_FIELDS]
+        seqs = [v[f] for f in _WINDOW_TUPLE_FIELDS]
+        strs = [v[f] for f in _WINDOW_STR_FIELDS]
+        if (_types(ints) != _INT or min(ints) < 0 or _types(strs) != _STR or not all(strs)
+                or _types(seqs) != {list} or any([x and (_types(x) != _INT or min(x) < 0) for x in seqs])):
+            return None
+        c = v["call"]
+        call = None
+        if c is not None:
+            if type(c) is not dict or c.keys() != _keyset(_CALL_FIELDS):
+                return None
+            cv = [c[f] for f in _CALL_FIELDS]
+            if _types(cv) != _INT or min(cv) < 0:
+                return None
+            call = _validated(CallLayout, **c)
+        return _validated(WindowLayout, **{f: v[f] for f in _WINDOW_INT_FIELDS + _WINDOW_STR_FIELDS},
+                          **{f: tuple(v[f]) for f in _WINDOW_TUPLE_FIELDS}, call=call)
+
+    def tuple_slow(self, v: Any, path: str, kernels: "_KernelTable") -> LockTuple:
+        """One value at a time: finds the first bad one and names it."""
         self.obj(v, path, _TUPLE_KEYS)
         s, i = self.str, self.int
         tid = TupleId(
@@ -736,40 +970,45 @@ class _Reader:
         ranks, seen = [], set()
         for j, r in enumerate(self.list(v["ranks"], f"{path}.ranks")):
             rp = f"{path}.ranks[{j}]"
-            self.obj(r, rp, ("rank", "launches", "self_test"))
+            self.obj(r, rp, _RANK_KEYS)
             rank = i(r["rank"], f"{rp}.rank")
             if rank >= tid.world or rank in seen:
                 raise self.fail(f"{rp}.rank", f"is {rank}: " + (f"the world has {tid.world} ranks"
                                                                 if rank >= tid.world else "a repeated rank"))
             seen.add(rank)
-            ranks.append(RankLaunches(rank, self.refs(r["launches"], f"{rp}.launches", kernels, used),
-                                      self.refs(r["self_test"], f"{rp}.self_test", kernels, used)))
+            ranks.append(_validated(RankLaunches, rank=rank, _pending=(
+                kernels, self.refs(r["launches"], f"{rp}.launches", kernels),
+                self.refs(r["self_test"], f"{rp}.self_test", kernels))))
         return LockTuple(id=tid, source=self.str(v["source"], f"{path}.source", empty=True), layout=layout,
                          ranks=tuple(ranks))
 
-    def refs(self, v: Any, path: str, kernels: dict[str, LaunchEntry], used: set[str]) -> tuple[LaunchEntry, ...]:
-        out = []
-        for n, key in enumerate(self.list(v, path)):
-            e = kernels.get(key) if type(key) is str else None
-            if e is None:
+    def refs(self, v: Any, path: str, kernels: "_KernelTable") -> tuple[str, ...]:
+        """The action keys of a launch sequence, each checked to name a kernel."""
+        keys = tuple(self.list(v, path))
+        try:
+            if kernels.raw.keys() >= set(keys):
+                return keys
+        except TypeError:
+            pass
+        for n, key in enumerate(v):
+            if type(key) is not str or key not in kernels.raw:
                 raise self.fail(f"{path}[{n}]", f"is {_show(key)}, which names no kernel in $.kernels")
-            used.add(key)
-            out.append(e)
-        return tuple(out)
+        raise AssertionError("unreachable: a bad reference passed every check")
 
     def window(self, v: Any, path: str) -> WindowLayout:
-        o = self.obj(v, path, (*_WINDOW_FIELDS, "call"))
-        vals: dict[str, Any] = {}
-        for f in _WINDOW_FIELDS:
-            x = o[f]
-            if f in _WINDOW_STR_FIELDS:
-                vals[f] = self.str(x, f"{path}.{f}")
-            elif f in _WINDOW_TUPLE_FIELDS:
-                vals[f] = tuple(self.int(y, f"{path}.{f}[{n}]") for n, y in enumerate(self.list(x, f"{path}.{f}")))
-            else:
-                vals[f] = self.int(x, f"{path}.{f}")
+        o = self.obj(v, path, _WINDOW_KEYS)
+        self.ints([o[f] for f in _WINDOW_INT_FIELDS], lambda n: f"{path}.{_WINDOW_INT_FIELDS[n]}")
+        vals: dict[str, Any] = {f: o[f] for f in _WINDOW_INT_FIELDS}
+        for f in _WINDOW_STR_FIELDS:
+            vals[f] = self.str(o[f], f"{path}.{f}")
+        for f in _WINDOW_TUPLE_FIELDS:
+            xs = self.list(o[f], f"{path}.{f}")
+            self.ints(xs, lambda n, f=f: f"{path}.{f}[{n}]")
+            vals[f] = tuple(xs)
         c = o["call"]
         if c is not None:
             self.obj(c, f"{path}.call", _CALL_FIELDS)
-            vals["call"] = CallLayout(**{f: self.int(c[f], f"{path}.call.{f}") for f in _CALL_FIELDS})
+            cv = [c[f] for f in _CALL_FIELDS]
+            self.ints(cv, lambda n: f"{path}.call.{_CALL_FIELDS[n]}")
+            vals["call"] = CallLayout(*cv)
         return WindowLayout(**vals)

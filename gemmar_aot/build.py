@@ -17,55 +17,57 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from gemmar_aot.artifact_model import (
+    Digest,
+    LaunchEntry,
+    Lock,
+    LockTuple,
+    ManifestRef,
+    RankLaunches,
+    ToolchainInfo,
+    lock_file_path,
+    write_lock,
+)
+from gemmar_aot.canonical_json import canonical_json_bytes
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.launch import LaunchRecord
 
 
-def lock_path(store_root: Path, manifest_name: str) -> Path:
-    return Path(store_root) / "locks" / f"{manifest_name}.lock.json"
+def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
+    """The lock's entry for one kernel, made from its action-cache record ``rec``."""
+    return LaunchEntry(kind=kind, key=key, blob=Digest(rec["blob"]["digest"], rec["blob"]["size"]),
+                       launch=LaunchRecord.from_json(rec["launch"]), record=Digest.of(canonical_json_bytes(rec)))
 
 
-def _launch_entry(spec: KernelSpec, key: str, rec: dict) -> dict:
-    return {
-        "kind": spec.kind,
-        "key": key,
-        "blob": rec["blob"]["digest"],
-        "size": rec["blob"]["size"],
-        "kernel": rec["launch"]["kernel"],
-        "launch": rec["launch"],
-    }
-
-
-def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp: dict) -> dict:
+def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp: dict) -> Lock:
     """The runtime's entry point: every tuple and rank -> ordered launches. Deterministic."""
+    entries: dict[str, LaunchEntry] = {}
+
+    def entry(spec) -> LaunchEntry:
+        e = entries.get(spec.spec_id)
+        if e is None:
+            e = entries[spec.spec_id] = launch_entry(spec.kind, keys[spec.spec_id], records[spec.spec_id])
+        return e
+
     tuples = []
     for t in plan.tuples:
         w = t.workload
-        tuples.append({
-            "transport": w.transport, "m": w.m, "n": w.n, "k": w.k, "world": w.world,
-            "quant": w.quant, "gather_dtype": w.gather_dtype, "gather_transport": w.gather_transport,
-            "block_m": w.block_m, "block_n": w.block_n, "sdma_queues": w.sdma_queues,
-            "source": w.source.replace(str(manifest.path), Path(manifest.path).name),
-            "layout": None if t.layout is None else {
-                "m_max": t.layout.m_max, "max_shapes": t.layout.max_shapes,
-                "slot": t.layout.slot, "window": t.layout.window},
-            "ranks": [
-                {"rank": r.rank,
-                 "launches": [_launch_entry(s, keys[s.spec_id], records[s.spec_id]) for s in r.launches],
-                 "self_test": [_launch_entry(s, keys[s.spec_id], records[s.spec_id]) for s in r.self_test]}
-                for r in t.ranks
-            ],
-        })
+        tuples.append(LockTuple(
+            id=w.identity(),
+            source=w.source.replace(str(manifest.path), Path(manifest.path).name),
+            layout=None if t.layout is None else t.layout.window,
+            ranks=tuple(RankLaunches(r.rank, tuple(entry(s) for s in r.launches),
+                                     tuple(entry(s) for s in r.self_test)) for r in t.ranks),
+        ))
     text = Path(manifest.path).read_bytes()
-    return {
-        "manifest": {"name": manifest.name, "arch": manifest.arch,
-                     "sha256": hashlib.sha256(text).hexdigest()},
-        "arch": fp["target"]["arch"],
-        "code_object_version": fp["target"]["code_object_version"],
-        "toolchain": {"digest": fp["digest"], **toolchain_ingredients(fp)},
-        "env": dict(plan.env),
-        "tuples": tuples,
-    }
+    return Lock(
+        manifest=ManifestRef(manifest.name, manifest.arch, hashlib.sha256(text).hexdigest()),
+        arch=fp["target"]["arch"],
+        code_object_version=fp["target"]["code_object_version"],
+        toolchain=ToolchainInfo(fp["digest"], toolchain_ingredients(fp), fp.get("profile")),
+        env=dict(plan.env),
+        tuples=tuple(tuples),
+    )
 
 
 def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
@@ -89,7 +91,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     from gemmar_aot.compiler.trace import BuildTrace, maybe_phase
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
-    from gemmar_aot.store import Store, default_store_root, maint, write_lock_file
+    from gemmar_aot.store import Store, default_store_root, maint
     from gemmar_aot.toolchain import load_toolchain
 
     t_start = time.perf_counter()
@@ -201,8 +203,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     lock_file = None
     if not failures and not only and shard is None:
         with maybe_phase(trace, "lock file"):
-            lock_file = write_lock_file(lock_path(root, manifest.name),
-                                        make_lock(plan, manifest, keys, records, fp))
+            lock_file = write_lock(lock_file_path(root, manifest.name), make_lock(plan, manifest, keys, records, fp))
     summary = {
         "manifest": manifest.name,
         "warnings": list(manifest.warnings),

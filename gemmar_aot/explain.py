@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
+from gemmar_aot.artifact_model import LaunchEntry, Lock
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.keys import action_key, diff_ingredients, flatten, ingredients
 from gemmar_aot.spec import KernelSpec
@@ -41,25 +42,28 @@ def diff_keys(store, a: str, b: str) -> dict:
     return {"a": a, "b": b, "changed": [{"ingredient": p, "a": x, "b": y} for p, x, y in changes]}
 
 
-def _launch_index(lock: Mapping[str, Any]) -> dict[tuple, dict]:
+def _launch_index(lock: Lock) -> dict[tuple, LaunchEntry]:
     """(tuple identity, rank, role, position) -> launch entry."""
     out = {}
-    for t in lock.get("tuples", []):
-        ident = (t["transport"], t["m"], t["n"], t["k"], t["world"], t["quant"],
-                 t["gather_dtype"], t["gather_transport"], t["block_m"], t["sdma_queues"])
-        for r in t["ranks"]:
+    for t in lock.tuples:
+        ident = tuple(t.id.to_json().values())
+        for r in t.ranks:
             for role in ("launches", "self_test"):
-                for i, e in enumerate(r.get(role, [])):
-                    out[ident + (r["rank"], role, i)] = e
+                for i, e in enumerate(getattr(r, role)):
+                    out[ident + (r.rank, role, i)] = e
     return out
 
 
-def diff_locks(a: Mapping[str, Any], b: Mapping[str, Any], store=None) -> dict:
-    toolchain = diff_ingredients(a.get("toolchain", {}), b.get("toolchain", {}))
+def _toolchain(lock: Lock) -> dict:
+    return {"digest": lock.toolchain.digest, "profile": lock.toolchain.profile, **lock.toolchain.ingredients}
+
+
+def diff_locks(a: Lock, b: Lock, store=None) -> dict:
+    toolchain = diff_ingredients(_toolchain(a), _toolchain(b))
     ia, ib = _launch_index(a), _launch_index(b)
     changed, why = [], Counter()
     for ident in sorted(set(ia) & set(ib), key=str):
-        ka, kb = ia[ident]["key"], ib[ident]["key"]
+        ka, kb = ia[ident].key, ib[ident].key
         if ka == kb:
             continue
         item = {"launch": list(ident), "a": ka, "b": kb}
@@ -81,29 +85,28 @@ def diff_locks(a: Mapping[str, Any], b: Mapping[str, Any], store=None) -> dict:
     }
 
 
-def check_lock(lock: Mapping[str, Any], store, fingerprint: Mapping[str, Any]) -> dict:
+def check_lock(lock: Lock, store, fingerprint: Mapping[str, Any]) -> dict:
     """Recompute each launch's key with the current toolchain; explain every one that moved."""
     from gemmar_aot.keys import toolchain_ingredients
 
     now_tool = toolchain_ingredients(fingerprint)
-    locked_tool = {k: v for k, v in lock.get("toolchain", {}).items() if k != "digest"}
-    toolchain = diff_ingredients(locked_tool, now_tool)
+    toolchain = diff_ingredients(lock.toolchain.ingredients, now_tool)
     stale, missing, why = [], 0, Counter()
     seen = set()
     for ident, e in sorted(_launch_index(lock).items(), key=lambda kv: str(kv[0])):
-        if e["key"] in seen:
+        if e.key in seen:
             continue
-        seen.add(e["key"])
-        rec = store.read_record_file(e["key"])
+        seen.add(e.key)
+        rec = store.read_record_file(e.key)
         if rec is None:
             missing += 1
             continue
         now = ingredients(KernelSpec.from_json(rec["spec"]), fingerprint)
         new_key = action_key(now)
-        if new_key != e["key"]:
+        if new_key != e.key:
             paths = [p for p, _, _ in diff_ingredients(rec.get("ingredients", {}), now)]
             why.update(paths)
-            stale.append({"launch": list(ident), "key": e["key"], "now": new_key, "ingredients": paths})
+            stale.append({"launch": list(ident), "key": e.key, "now": new_key, "ingredients": paths})
     return {
         "toolchain_changed": [{"ingredient": p, "locked": x, "now": y} for p, x, y in toolchain],
         "distinct_keys": len(seen),

@@ -103,7 +103,7 @@ import datetime
 import difflib
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 from . import rules
 from .errors import ManifestError
-from .workload import MODES, Workload
+from .workload import MODES, Workload, dedup_workloads
 
 #: Targets a manifest may name.
 SUPPORTED_ARCHS = ("gfx950",)
@@ -668,15 +668,8 @@ def _entry_of(source: str, path: str) -> str:
 
 
 def _dedup(ck: _Checker, workloads: list[Workload]) -> list[Workload]:
-    seen: dict[Workload, Workload] = {}
-    out = []
-    for w in workloads:
-        key = replace(w, m_requested=0, source="")
-        first = seen.get(key)
-        if first is None:
-            seen[key] = w
-            out.append(w)
-            continue
+    out, repeats = dedup_workloads(workloads)
+    for first, w in repeats:
         entry = _entry_of(w.source, ck.path)
         if first.source == w.source:
             ck.warnings.append(

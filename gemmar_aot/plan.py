@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from gemmar_aot import rules
+from gemmar_aot.artifact_model import WindowLayout
 from gemmar_aot.manifest import Manifest
 from gemmar_aot.spec import KernelSpec
-from gemmar_aot.workload import Workload
+from gemmar_aot.workload import Workload, dedup_workloads
 from gemmar_aot_kernels import recipe_module
 from gemmar_aot_kernels._common import RankKernels
 
@@ -35,7 +36,7 @@ class TupleLayout:
     m_max: int  # padded capacity M of the window
     max_shapes: int  # counter sets the window holds
     slot: int  # this M's counter set
-    window: dict = field(default_factory=dict, compare=False, hash=False)  # offsets (rules.window_layout)
+    window: WindowLayout | None = field(default=None, compare=False, hash=False)  # rules.window_layout(m_pad=M)
 
 
 @dataclass(frozen=True)
@@ -78,22 +79,10 @@ class Plan:
             "env": dict(self.env),
             "tuples": [
                 {
-                    "transport": t.workload.transport,
-                    "m": t.workload.m,
+                    **t.workload.identity().to_json(),
                     "m_requested": t.workload.m_requested,
-                    "n": t.workload.n,
-                    "k": t.workload.k,
-                    "world": t.workload.world,
-                    "quant": t.workload.quant,
-                    "gather_dtype": t.workload.gather_dtype,
-                    "gather_transport": t.workload.gather_transport,
-                    "block_m": t.workload.block_m,
-                    "sdma_queues": t.workload.sdma_queues,
                     "source": t.workload.source,
-                    "layout": None
-                    if t.layout is None
-                    else {"m_max": t.layout.m_max, "max_shapes": t.layout.max_shapes,
-                          "slot": t.layout.slot, "window": t.layout.window},
+                    "layout": None if t.layout is None else t.layout.window.to_json(),
                     "ranks": [
                         {"rank": r.rank,
                          "launches": [{"kind": s.kind, "spec_id": s.spec_id} for s in r.launches],
@@ -110,20 +99,12 @@ class Plan:
         }
 
 
-def _tuple_identity(w: Workload) -> Workload:
-    """What makes two manifest tuples the same build (not where they were written)."""
-    return replace(w, m_requested=0, source="")
-
-
 def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
     env = os.environ if env is None else env
     code_env = {k: env.get(k) for k in CODE_ENV}
 
     # Deduplicate tuples (two written M that pad to the same M are one build).
-    seen: dict[Workload, Workload] = {}
-    for w in manifest.workloads:
-        seen.setdefault(_tuple_identity(w), w)
-    workloads = list(seen.values())
+    workloads, _repeats = dedup_workloads(manifest.workloads)
 
     # Groups share a window: their m_max is the largest padded M unless given.
     group_max: dict[tuple, int] = {}

@@ -26,6 +26,10 @@ All lengths are in bytes unless a name says otherwise. ``A(x)`` in comments is
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from gemmar_aot.artifact_model import CallLayout, WindowLayout
+
 # --------------------------------------------------------------------------
 # Constants
 # --------------------------------------------------------------------------
@@ -559,7 +563,7 @@ def window_layout(
     m_pad: int | None = None,
     *,
     recv_slots: int | None = None,
-) -> dict:
+) -> WindowLayout:
     """Every window offset the kernels compile in, for one op instance.
 
     Reproduces the layout ``GemmAllReduceOp`` builds: ``recv_slots = world``,
@@ -568,7 +572,7 @@ def window_layout(
     from the capacity ``m_max_pad`` so it is the same for every M.
 
     The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``.
-    Keys of the returned dict:
+    Fields of the returned :class:`~gemmar_aot.artifact_model.WindowLayout`:
 
     * configuration: ``world``, ``n``, ``m_max``, ``block_m``, ``gather_dtype``,
       ``gather_transport``, ``max_shapes``, ``counter_capacity``, ``recv_slots``,
@@ -582,8 +586,8 @@ def window_layout(
       ``recv_slot_bytes``, ``recv_slot_offs`` (one per peer),
       ``gout_scale_slice_offs`` (one per peer), ``window_bytes``.
 
-    With ``m_pad`` (a padded M this instance serves) the per-call values are
-    added: ``m``, ``slot``, ``counter_off``, ``gather_counter_off``,
+    With ``m_pad`` (a padded M this instance serves) its ``call`` holds the
+    per-call values (a :class:`~gemmar_aot.artifact_model.CallLayout`): ``m``, ``slot``, ``counter_off``, ``gather_counter_off``,
     ``counter_chunks``, ``slice_rows``, ``num_packs``, ``packs_per_rank``,
     ``largest_pack_part``, ``slice_bytes``, ``chunk_bytes``,
     ``gather_slice_bytes``, ``gather_scale_slice_bytes``, ``reduce_blocks``,
@@ -662,7 +666,7 @@ def window_layout(
     # No scatter-leg scales on a bf16 scatter, so nothing follows the slots.
     window_bytes = align_up(recv_off + recv_slots * recv_slot_bytes)
 
-    out = {
+    out = WindowLayout(**{
         "world": world,
         "n": n,
         "m_max": cm,
@@ -699,7 +703,7 @@ def window_layout(
             gout_scale_off + p * cap_slice_rows * 4 for p in range(world)
         ),
         "window_bytes": window_bytes,
-    }
+    })
     if m_pad is None:
         return out
 
@@ -719,25 +723,22 @@ def window_layout(
     nbytes = m_pad * n * BF16_BYTES
     stage = lsa_stage(world, nbytes)
     lsa_cover = packs if stage == 1 else packs_per_rank
-    out.update(
-        {
-            "m": m_pad,
-            "slot": slot,
-            "counter_off": counter_region_off + slot * counter_set_bytes,
-            "gather_counter_off": gather_counter_region_off + slot * gather_counter_set_bytes,
-            "counter_chunks": chunks,
-            "slice_rows": slice_rows,
-            "num_packs": packs,
-            "packs_per_rank": packs_per_rank,
-            "largest_pack_part": packs_per_rank + packs % world,
-            "slice_bytes": slice_bytes,
-            "chunk_bytes": slice_bytes // chunks,
-            "gather_slice_bytes": slice_rows * n * (1 if fp8 else BF16_BYTES),
-            "gather_scale_slice_bytes": slice_rows * 4 if fp8 else 0,
-            "reduce_blocks": max(1, min(SDMA_REDUCE_BLOCK_CAP, -(-packs_per_rank // THREADS))),
-            "lsa_stage": stage,
-            "lsa_blocks": max(1, min(LSA_BLOCK_CAP, -(-lsa_cover // THREADS))),
-        }
-    )
-    return out
+    return replace(out, call=CallLayout(**{
+        "m": m_pad,
+        "slot": slot,
+        "counter_off": counter_region_off + slot * counter_set_bytes,
+        "gather_counter_off": gather_counter_region_off + slot * gather_counter_set_bytes,
+        "counter_chunks": chunks,
+        "slice_rows": slice_rows,
+        "num_packs": packs,
+        "packs_per_rank": packs_per_rank,
+        "largest_pack_part": packs_per_rank + packs % world,
+        "slice_bytes": slice_bytes,
+        "chunk_bytes": slice_bytes // chunks,
+        "gather_slice_bytes": slice_rows * n * (1 if fp8 else BF16_BYTES),
+        "gather_scale_slice_bytes": slice_rows * 4 if fp8 else 0,
+        "reduce_blocks": max(1, min(SDMA_REDUCE_BLOCK_CAP, -(-packs_per_rank // THREADS))),
+        "lsa_stage": stage,
+        "lsa_blocks": max(1, min(LSA_BLOCK_CAP, -(-lsa_cover // THREADS))),
+    }))
 

@@ -68,6 +68,7 @@ from typing import Any
 import zstandard
 
 from gemmar_aot import __version__
+from gemmar_aot.artifact_model import ENTRY_POINT_GROUP, Lock
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
@@ -77,7 +78,6 @@ from gemmar_aot.store.lockfile import parse_lock
 
 #: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
 WHEEL_FORMAT = 1
-ENTRY_POINT_GROUP = "gemmar_aot.artifacts"  # == gemmar_aot.runtime.artifacts.ENTRY_POINT_GROUP
 DIST_PREFIX = "gemmar-artifacts-"
 DEFAULT_PUBLIC_VERSION = "1.0.0"
 #: zstd level of the shipped blobs (as the store's DEFAULT_LEVEL; see bench/bench_store.py).
@@ -158,46 +158,36 @@ def zip_date_time() -> tuple[int, int, int, int, int, int]:
 # ---------------------------------------------------------------------------
 
 
-def _digest_of(entry: Mapping[str, Any]) -> str:
-    b = entry["blob"]
-    return b["digest"] if isinstance(b, Mapping) else b
-
-
 def _blob_arcpath(digest: str) -> str:
     return f"store/blobs/sha256/{digest[:2]}/{digest}.zst"
 
 
-def lock_sizes(lock: Mapping[str, Any]) -> dict[str, int | None]:
-    """digest -> raw size as the lock names it (None when no entry gives one). Raises on disagreement."""
+def lock_sizes(lock: Lock) -> dict[str, int | None]:
+    """digest -> raw size as the lock names it. Raises on disagreement."""
     sizes: dict[str, int | None] = {}
     for where, e in iter_launches(lock):
-        d = _digest_of(e)
-        s = e.get("size")
-        if s is None and isinstance(e["blob"], Mapping):
-            s = e["blob"].get("size")
+        d, s = e.blob.hash, e.blob.size
         old = sizes.get(d)
-        if old is not None and s is not None and old != s:
+        if old is not None and old != s:
             raise WheelError(f"the lock names blob {d} with sizes {old} and {s} (at {where}); rebuild it")
-        sizes[d] = s if s is not None else old
+        sizes[d] = s
     return sizes
 
 
-def coverage(lock: Mapping[str, Any]) -> list[dict]:
+def coverage(lock: Lock) -> list[dict]:
     """The tuples a lock covers, grouped: transport, N, K, world, quant, wire -> M list."""
     groups: dict[tuple, dict] = {}
-    for t in lock.get("tuples", []):
-        wire = None
-        if t.get("layout") is not None:  # the collective modes: their wire is part of what they serve
-            wire = t["gather_dtype"] + ("" if t["gather_dtype"] == "bf16" else f"/{t['gather_transport']}")
-        lay = t.get("layout") or {}
-        k = (t["transport"], t["n"], t["k"], t["world"], t["quant"], wire, t.get("block_m"),
-             t.get("sdma_queues", 1), lay.get("m_max"))
+    for t in lock.tuples:
+        i = t.id
+        wire = i.key.wire if t.layout is not None else None  # the collective modes: the wire is what they serve
+        m_max = None if t.layout is None else t.layout.m_max
+        k = (i.transport, i.n, i.k, i.world, i.quant, wire, i.block_m, i.sdma_queues, m_max)
         g = groups.setdefault(k, {
-            "transport": t["transport"], "m": [], "n": t["n"], "k": t["k"], "world": t["world"],
-            "quant": t["quant"], "wire": wire, "block_m": t.get("block_m"),
-            "sdma_queues": t.get("sdma_queues", 1), "m_max": lay.get("m_max"),
-            "ranks": sorted(r["rank"] for r in t["ranks"])})
-        g["m"].append(int(t["m"]))
+            "transport": i.transport, "m": [], "n": i.n, "k": i.k, "world": i.world,
+            "quant": i.quant, "wire": wire, "block_m": i.block_m,
+            "sdma_queues": i.sdma_queues, "m_max": m_max,
+            "ranks": sorted(r.rank for r in t.ranks)})
+        g["m"].append(i.m)
     out = []
     for g in groups.values():
         g["m"] = sorted(set(g["m"]))
@@ -351,34 +341,33 @@ def _load_raws(lock: Mapping[str, Any], store_root: Path) -> dict[str, bytes]:
     return raws
 
 
-def wheel_from_lock(lock: Mapping[str, Any] | str | os.PathLike, store_root: str | os.PathLike,
+def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_root: str | os.PathLike,
                     manifest: str | os.PathLike | None, out_dir: str | os.PathLike, *,
                     version: str | None = None, manifest_text: bytes | None = None,
                     manifest_file: str | None = None) -> dict:
-    """Write the wheel of an already-built ``lock`` (a path or a dict) whose blobs are in ``store_root``.
+    """Write the wheel of an already-built ``lock`` (a Lock, its JSON data or a path) whose blobs are in
+    ``store_root``.
 
     ``manifest``: the manifest file the lock was built from (or pass ``manifest_text`` and
     ``manifest_file``, its bare file name); its sha256 must be the lock's. Returns a summary.
     """
-    if not isinstance(lock, Mapping):
+    if isinstance(lock, Mapping):
+        lock = Lock.from_json(lock, "<lock>")
+    elif not isinstance(lock, Lock):
         lock = read_lock_file(lock)
     lock_bytes = dumps_lock(lock)
-    lock = parse_lock(lock_bytes, "<lock>")
     if manifest is not None:
         manifest_text = Path(manifest).read_bytes()
         manifest_file = Path(manifest).name
     if manifest_text is None:
         raise WheelError("the manifest text is needed (the wheel records it)")
-    man = lock.get("manifest") or {}
-    mname = man.get("name")
-    if not isinstance(mname, str) or not mname:
-        raise WheelError("the lock names no manifest; rebuild it with gemmar-aot build")
+    mname = lock.manifest.name
     msha = hashlib.sha256(manifest_text).hexdigest()
-    if man.get("sha256") != msha:
+    if lock.manifest.sha256 != msha:
         raise WheelError(f"the lock for {mname} was built from another version of the manifest "
-                         f"{manifest_file or ''} (lock: sha256 {man.get('sha256')}, file: {msha}); rebuild "
+                         f"{manifest_file or ''} (lock: sha256 {lock.manifest.sha256}, file: {msha}); rebuild "
                          f"the manifest, then make the wheel")
-    arch = str(lock.get("arch") or man.get("arch") or "")
+    arch = lock.arch
     dist, pkg = names(mname)
     version = check_version(version) if version else default_version(lock_bytes)
 
@@ -396,8 +385,9 @@ def wheel_from_lock(lock: Mapping[str, Any] | str | os.PathLike, store_root: str
         "package": pkg,
         "version": version,
         "arch": arch,
-        "code_object_version": lock.get("code_object_version"),
-        "toolchain": lock.get("toolchain"),
+        "code_object_version": lock.code_object_version,
+        "toolchain": {"digest": lock.toolchain.digest, "profile": lock.toolchain.profile,
+                      **lock.toolchain.ingredients},
         "manifest": {"name": mname, "file": manifest_file, "sha256": msha,
                      "text": manifest_text.decode("utf-8", errors="replace")},
         "lock": {"sha256": hashlib.sha256(lock_bytes).hexdigest(), "bytes": len(lock_bytes)},
@@ -438,7 +428,7 @@ def wheel_from_lock(lock: Mapping[str, Any] | str | os.PathLike, store_root: str
         "version": version,
         "manifest": mname,
         "arch": arch,
-        "toolchain": (lock.get("toolchain") or {}).get("digest"),
+        "toolchain": lock.toolchain.digest,
         "wheel_bytes": len(data),
         "wheel_sha256": hashlib.sha256(data).hexdigest(),
         "kernels": build_info["kernels"],
@@ -589,7 +579,7 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
         text = man.get("text", "")
         if hashlib.sha256(text.encode()).hexdigest() != man.get("sha256"):
             problems.append("BUILD_INFO.json's manifest text does not match its sha256")
-        if lock is not None and (lock.get("manifest") or {}).get("sha256") != man.get("sha256"):
+        if lock is not None and lock.manifest.sha256 != man.get("sha256"):
             problems.append("the lock was built from another manifest than the one BUILD_INFO.json records")
 
         blob_prefix = f"{pkg}/store/blobs/sha256/"

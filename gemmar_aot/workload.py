@@ -9,20 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The modes a manifest can ask for, by the names mori's benchmark and the PR use.
-#:   fused-sdma  GemmAllReduceOp: GEMM with the scatter fused into its epilogue
-#:               (SDMA puts), then drain -> reduce -> (fp8 inserts) -> gather.
-#:   split-sdma  GEMM(fuse=False), then the SDMA all-reduce: scatter -> reduce ->
-#:               (fp8 inserts) -> gather.
-#:   split-lsa   GEMM(fuse=False), then the LSA all-reduce (one kernel).
-#:   fused-lsa   GEMM(fuse=True, transport="lsa"): the epilogue stores straight into
-#:               the peers' windows; then drain (a barrier) -> reduce -> gather.
-#:   gemm-only   Mxfp8GemmOp's GEMM, no collective.
-#:   gemv        Mxfp8GemvOp: the skinny mxfp8 matmul for M <= 32, one kernel per
-#:               M bucket, no collective.
-MODES = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa", "gemm-only", "gemv")
-#: Modes with an all-reduce: a communicator, a window, one kernel set per rank.
-COLLECTIVE_MODES = ("fused-sdma", "split-sdma", "split-lsa", "fused-lsa")
+# The modes are defined with the artifact model (a lock names a tuple's mode, and the
+# runtime reads locks without the build side); see TRANSPORTS there for what each does.
+from gemmar_aot.artifact_model import COLLECTIVE_MODES, TRANSPORTS, TupleId, first_of_each
+
+#: The modes a manifest can ask for.
+MODES = TRANSPORTS
+
+__all__ = ["COLLECTIVE_MODES", "MODES", "Workload", "dedup_workloads"]
 
 
 @dataclass(frozen=True, order=True)
@@ -49,22 +43,20 @@ class Workload:
     m_requested: int = 0  # the M the manifest wrote, before padding
     source: str = ""  # "path:entry N (line L)", for messages
 
+    def identity(self) -> TupleId:
+        """What makes this tuple one build (not where or how the manifest wrote it)."""
+        return TupleId(self.transport, self.m, self.n, self.k, self.world, self.quant, self.gather_dtype,
+                       self.gather_transport, self.block_m, self.block_n, self.sdma_queues, self.m_max)
+
     @property
     def collective(self) -> bool:
         return self.transport in COLLECTIVE_MODES
 
     def group_key(self) -> tuple:
         """Tuples with equal group keys share one window (one op instance)."""
-        return (
-            self.transport,
-            self.n,
-            self.k,
-            self.world,
-            self.quant,
-            self.gather_dtype,
-            self.gather_transport,
-            self.block_m,
-            self.block_n,
-            self.sdma_queues,
-            self.m_max,
-        )
+        return self.identity().group_key()
+
+
+def dedup_workloads(workloads) -> tuple[list[Workload], list[tuple[Workload, Workload]]]:
+    """Workloads with distinct identities (the first of each), and every (first, repeat) pair."""
+    return first_of_each(workloads, Workload.identity)

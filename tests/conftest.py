@@ -34,20 +34,22 @@ def smoke_store(request) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smoke_lock(smoke_store) -> dict:
-    from gemmar_aot.store import read_lock_file
+def smoke_lock(smoke_store):
+    """The smoke store's lock (a typed, immutable gemmar_aot.artifact_model.Lock)."""
+    from gemmar_aot.artifact_model import read_lock
 
-    return read_lock_file(smoke_store / "locks" / "smoke.lock.json")
+    return read_lock(smoke_store / "locks" / "smoke.lock.json")
 
 
 def smoke_kernels(out: Path):
     """(spec, record, verified code bytes) for every distinct kernel the smoke lock names."""
     from gemmar_aot.spec import KernelSpec
-    from gemmar_aot.store import Store, lock_keys, read_lock_file
+    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.store import Store
 
     store = Store(out, readonly=True)
-    lock = read_lock_file(out / "locks" / "smoke.lock.json")
-    for key in sorted(lock_keys(lock)):
+    lock = read_lock(out / "locks" / "smoke.lock.json")
+    for key in sorted(lock.action_keys()):
         rec, code = store.load(key)
         yield KernelSpec.from_json(rec["spec"]), rec, code
 

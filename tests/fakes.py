@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from gemmar_aot.codeobject import CodeObject, KernelMetadata, parse_code_object
+from gemmar_aot.artifact_model import Lock
 from gemmar_aot.launch import LaunchRecord
-from gemmar_aot.store.lockfile import iter_launches
 
 GFX950 = "gfx950:sramecc+:xnack-"
 
@@ -66,7 +66,7 @@ class LaunchLog:
 class FakeHipDriver:
     """A validating, non-executing :class:`gemmar_aot.runtime.Driver`.
 
-    ``locks``: the lock dicts whose launch records are the expected launches.
+    ``locks``: the locks (or their JSON data) whose launch records are the expected launches.
     """
 
     locks: list = field(default_factory=list)
@@ -83,12 +83,12 @@ class FakeHipDriver:
         #: blob digest -> [(kind, LaunchRecord)] for every lock entry naming that blob
         self.expected: dict[str, list[tuple[str, LaunchRecord]]] = {}
         for lock in self.locks:
-            for _where, e in iter_launches(lock):
-                d = e["blob"]["digest"] if isinstance(e["blob"], dict) else e["blob"]
-                rec = LaunchRecord.from_json(e["launch"])
-                lst = self.expected.setdefault(d, [])
-                if (e["kind"], rec) not in lst:
-                    lst.append((e["kind"], rec))
+            if not isinstance(lock, Lock):
+                lock = Lock.from_json(lock)
+            for _where, e in lock.iter_launches():
+                lst = self.expected.setdefault(e.blob.hash, [])
+                if (e.kind, e.launch) not in lst:
+                    lst.append((e.kind, e.launch))
 
     # ---- the driver interface ----
 

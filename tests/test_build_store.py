@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gemmar_aot.build import run_build
-from gemmar_aot.store import Store, lock_blobs, lock_keys, maint, read_lock_file
+from gemmar_aot.artifact_model import read_lock
+from gemmar_aot.store import Store, maint
 
 pytestmark = pytest.mark.compile
 
@@ -75,9 +76,9 @@ def test_concurrent_builders_compile_each_spec_once(tmp_path):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
         outs.append(json.loads(out))
-    union = lock_keys(read_lock_file(store / "locks" / "a.lock.json")) | lock_keys(
-        read_lock_file(store / "locks" / "b.lock.json"))
-    assert lock_keys(read_lock_file(store / "locks" / "b.lock.json")) <= union
+    union = read_lock(store / "locks" / "a.lock.json").action_keys() | read_lock(
+        store / "locks" / "b.lock.json").action_keys()
+    assert read_lock(store / "locks" / "b.lock.json").action_keys() <= union
     assert sum(o["compiled"] for o in outs) == len(union)  # every key compiled exactly once
     assert maint.verify(Store(store)) == []
 
@@ -85,8 +86,8 @@ def test_concurrent_builders_compile_each_spec_once(tmp_path):
 def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path):
     _, store = smoke_build
     st_root = _copy_store(store, tmp_path / "store")
-    lock = read_lock_file(st_root / "locks" / "smoke.lock.json")
-    digest = sorted(lock_blobs(lock))[0]
+    lock = read_lock(st_root / "locks" / "smoke.lock.json")
+    digest = sorted(lock.blob_digests())[0]
     blob = st_root / "blobs" / "sha256" / digest[:2] / f"{digest}.zst"
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0x40
@@ -98,8 +99,7 @@ def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path)
     assert any(digest in p["path"] for p in problems)
     assert not blob.exists()  # quarantined
     summary = run_build(SMOKE, store=st_root, jobs=1, progress=False)
-    users = {e["key"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"] + r["self_test"]
-             if e["blob"] == digest}
+    users = {e.key for _w, e in lock.iter_launches() if e.blob.hash == digest}
     assert summary["compiled"] == len(users) >= 1
     assert maint.verify(Store(st_root)) == []
     assert blob.exists()
@@ -115,7 +115,7 @@ def test_gc_keeps_what_the_lock_references(smoke_build, tmp_path):
     assert code == 0, err
     after = {r["key"] for r in maint.ls(Store(st_root))}
     assert after == before - {"e" * 64}
-    assert after == lock_keys(read_lock_file(st_root / "locks" / "smoke.lock.json"))
+    assert after == read_lock(st_root / "locks" / "smoke.lock.json").action_keys()
     assert maint.verify(Store(st_root)) == []
 
 
@@ -127,8 +127,8 @@ def test_export_import_round_trip(smoke_build, tmp_path):
     code, out, err = _cli("import", str(tmp_path / "bundle"), "--store", str(tmp_path / "other"))
     assert code == 0, err
     other = Store(tmp_path / "other")
-    lock = read_lock_file(tmp_path / "other" / "locks" / "smoke.lock.json")
-    for key in lock_keys(lock):
+    lock = read_lock(tmp_path / "other" / "locks" / "smoke.lock.json")
+    for key in lock.action_keys():
         rec, code_bytes = other.load(key)
         assert rec["key"] == key and len(code_bytes) == rec["blob"]["size"]
     # A build against the imported store compiles nothing.
@@ -141,14 +141,14 @@ def test_explain_names_the_changed_ingredient(smoke_build):
     from gemmar_aot.toolchain import load_toolchain
 
     _, store = smoke_build
-    lock = read_lock_file(store / "locks" / "smoke.lock.json")
+    lock = read_lock(store / "locks" / "smoke.lock.json")
     fp = load_toolchain().fingerprint
     assert check_lock(lock, Store(store, readonly=True), fp)["up_to_date"]
     other = json.loads(json.dumps(fp))
     other["cco_bitcode"]["sha256"] = "0" * 64
     res = check_lock(lock, Store(store, readonly=True), other)
-    assert res["stale"] == len(lock_keys(lock))
-    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": len(lock_keys(lock))}
+    assert res["stale"] == len(lock.action_keys())
+    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": len(lock.action_keys())}
     assert [c["ingredient"] for c in res["toolchain_changed"]] == ["toolchain.cco_bitcode_sha256"]
 
 

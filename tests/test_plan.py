@@ -56,11 +56,11 @@ def test_reference_layout_and_slots():
         assert t.layout.max_shapes == 16
         assert t.layout.slot == t.workload.m // 1024 - 1
         # Spec section 4, worked values at ws=8, N=7168, m_max=16384, 16 slots.
-        assert t.layout.window["counter_off"] == 5504 + 256 * t.layout.slot
-        assert t.layout.window["lock_off"] == 9600
-        assert t.layout.window["input_off"] == 10240
-        assert t.layout.window["output_off"] == 234_891_264
-        assert t.layout.window["window_bytes"] == 734_013_440
+        assert t.layout.window.call.counter_off == 5504 + 256 * t.layout.slot
+        assert t.layout.window.lock_off == 9600
+        assert t.layout.window.input_off == 10240
+        assert t.layout.window.output_off == 234_891_264
+        assert t.layout.window.window_bytes == 734_013_440
 
 
 def test_fp8_manifest_counts():

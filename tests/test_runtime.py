@@ -37,7 +37,8 @@ from gemmar_aot.runtime import (
     supports,
     window_bytes_for,
 )
-from gemmar_aot.store import CorruptArtifactError, Store, read_lock_file
+from gemmar_aot.artifact_model import read_lock
+from gemmar_aot.store import CorruptArtifactError, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 N, K, WORLD = 1024, 256, 2
@@ -47,7 +48,8 @@ FP8 = torch.float8_e4m3fn
 
 
 def _lock(smoke_lock) -> dict:
-    return copy.deepcopy(smoke_lock)
+    """A fresh, editable copy of the lock's JSON data (artifacts= validates it like a file)."""
+    return smoke_lock.to_json()
 
 
 def make_op(store, lock, *, rank=0, comm=None, driver=None, k=K, **kw):
@@ -76,10 +78,25 @@ def operands(m, k=K, *, a_scale_form="kb_m"):
 
 
 def tuple_entry(lock, *, m, k=K, gather_dtype="bf16", rank=0):
-    for t in lock["tuples"]:
-        if (t["transport"], t["m"], t["k"], t["gather_dtype"]) == ("fused-sdma", m, k, gather_dtype):
-            return t, next(r for r in t["ranks"] if r["rank"] == rank)
+    """(LockTuple, RankLaunches) of a typed lock, or (tuple, rank) dicts of its JSON data."""
+    if isinstance(lock, dict):
+        for t in lock["tuples"]:
+            if (t["transport"], t["m"], t["k"], t["gather_dtype"]) == ("fused-sdma", m, k, gather_dtype):
+                return t, next(r for r in t["ranks"] if r["rank"] == rank)
+        raise KeyError(m)
+    for t in lock.tuples:
+        if (t.id.transport, t.id.m, t.id.k, t.id.gather_dtype) == ("fused-sdma", m, k, gather_dtype):
+            return t, next(r for r in t.ranks if r.rank == rank)
     raise KeyError(m)
+
+
+def kernel_json(doc, key) -> dict:
+    """The editable kernel entry (and, under "launch", a private copy of its launch record) of ``key``."""
+    k = doc["kernels"][key]
+    if isinstance(k["launch"], int):  # give it its own launch record, so an edit reaches only this kernel
+        doc["launch_records"].append(copy.deepcopy(doc["launch_records"][k["launch"]]))
+        k["launch"] = len(doc["launch_records"]) - 1
+    return k
 
 
 # ---------------------------------------------------------------------------
@@ -117,8 +134,8 @@ def test_import_rule_holds_through_construction_and_calls(smoke_store):
         import torch
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import GemmAllReduceOp
-        from gemmar_aot.store import read_lock_file
-        lock = read_lock_file({str(smoke_store / 'locks' / 'smoke.lock.json')!r})
+        from gemmar_aot.artifact_model import read_lock
+        lock = read_lock({str(smoke_store / 'locks' / 'smoke.lock.json')!r})
         op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, artifacts={str(smoke_store)!r},
                              driver=FakeHipDriver([lock]), self_test=False)
         op(torch.zeros(256, 256, dtype=torch.float8_e4m3fn), torch.zeros(1024, 256, dtype=torch.float8_e4m3fn),
@@ -198,7 +215,8 @@ def test_artifacts_from_entry_points(smoke_store, monkeypatch, tmp_path):
 def test_conflicting_sources_name_both(smoke_store, smoke_lock):
     other = _lock(smoke_lock)
     _t, r = tuple_entry(other, m=256)
-    r["launches"][0]["key"] = "f" * 64
+    other["kernels"]["f" * 64] = other["kernels"][r["launches"][0]]
+    r["launches"][0] = "f" * 64
     with pytest.raises(ArtifactConflictError) as ei:
         load_artifacts([smoke_store / "locks" / "smoke.lock.json", (other, smoke_store)])
     msg = str(ei.value)
@@ -222,7 +240,7 @@ def test_construct_acquires_in_order_and_zeroes_the_window(smoke_store, smoke_lo
     lock_blobs = set()
     for m in (256, 512):
         _t, r = tuple_entry(smoke_lock, m=m)
-        lock_blobs |= {e["blob"] for e in r["launches"] + r["self_test"]}
+        lock_blobs |= {e.blob.hash for e in r.launches + r.self_test}
     assert drv.counters["load_module"] == len(lock_blobs) == len(drv.loaded)
     assert drv.counters["get_function"] == len(lock_blobs)
     op.close()
@@ -292,7 +310,7 @@ def test_corrupt_blob_is_refused_naming_its_path(smoke_store, smoke_lock, tmp_pa
     copy_root = tmp_path / "store"
     shutil.copytree(smoke_store, copy_root)
     _t, r = tuple_entry(smoke_lock, m=512)
-    digest = r["launches"][0]["blob"]
+    digest = r.launches[0].blob.hash
     path = Store(copy_root).blob_path(digest)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -307,7 +325,7 @@ def test_corrupt_blob_is_refused_naming_its_path(smoke_store, smoke_lock, tmp_pa
 def test_layout_differing_across_m_is_refused(smoke_store, smoke_lock):
     lock = _lock(smoke_lock)
     t, _r = tuple_entry(lock, m=512)
-    t["layout"]["window"]["output_off"] += 128
+    t["layout"]["output_off"] += 128
     comm, drv = FakeCommunicator(), FakeHipDriver([smoke_lock])
     with pytest.raises(ArtifactMismatchError, match=r"differ between M=256 .* and M=512 .*'output_off'"):
         make_op((lock, smoke_store), smoke_lock, comm=comm, driver=drv, artifacts=(lock, smoke_store))
@@ -317,7 +335,7 @@ def test_layout_differing_across_m_is_refused(smoke_store, smoke_lock):
 def test_layout_not_matching_the_rules_is_refused(smoke_store, smoke_lock):
     lock = _lock(smoke_lock)
     t, _r = tuple_entry(lock, m=512)
-    t["layout"]["window"]["counter_off"] += 64  # a per-M field: only the recomputation catches it
+    t["layout"]["call"]["counter_off"] += 64  # a per-M field: only the recomputation catches it
     comm = FakeCommunicator()
     with pytest.raises(ArtifactMismatchError, match=r"M=512 is not the one this runtime computes.*counter_off"):
         make_op(None, smoke_lock, comm=comm, artifacts=(lock, smoke_store))
@@ -331,7 +349,11 @@ def test_layout_not_matching_the_rules_is_refused(smoke_store, smoke_lock):
 def test_code_object_must_match_its_launch_record(smoke_store, smoke_lock, field, value, match):
     lock = _lock(smoke_lock)
     _t, r = tuple_entry(lock, m=256)
-    r["launches"][0]["launch"][field] = value
+    k = kernel_json(lock, r["launches"][0])
+    if field == "kernel":  # the kernel symbol travels with the entry, not in the shared launch record
+        k["symbol"] = value
+    else:
+        lock["launch_records"][k["launch"]][field] = value
     comm, drv = FakeCommunicator(), FakeHipDriver([smoke_lock])
     with pytest.raises(ArtifactMismatchError, match=match):
         make_op(None, smoke_lock, comm=comm, driver=drv, artifacts=(lock, smoke_store))
@@ -395,9 +417,9 @@ def test_no_hip_runtime_is_a_clear_error(smoke_store, smoke_lock):
 
 
 def _expected_gemm_args(op, m, a, b, a_scale, b_scale):
-    lay = op._entries[m].layout["window"]
+    lay = op._entries[m].layout
     kb = op.k // 128
-    return (a.data_ptr(), m * op.k, b.data_ptr(), N * op.k, op.mem.ptr + lay["input_off"], m * N,
+    return (a.data_ptr(), m * op.k, b.data_ptr(), N * op.k, op.mem.ptr + lay.input_off, m * N,
             a_scale.data_ptr(), m * kb, b_scale.data_ptr(), (N // 128) * kb, m, N, op.dev_comm.ptr,
             op.win.handle)
 
@@ -416,10 +438,10 @@ def test_m_sequence_uses_each_m_own_kernels_and_slot(smoke_store, smoke_lock, ra
         a, b, a_scale, b_scale = operands(m)
         out = op(a, b, a_scale, b_scale)
         t, r = tuple_entry(smoke_lock, m=m, rank=rank)
-        assert [l.digest for l in drv.launches] == [e["blob"] for e in r["launches"]]
+        assert [l.digest for l in drv.launches] == [e.blob.hash for e in r.launches]
         assert [sorted(l.kinds) for l in drv.launches] == [["gemm"], ["drain"], ["reduce"], ["gather"]]
         gemm = drv.launches[0]
-        assert gemm.kernel.endswith(f"_r{rank}") and gemm.kernel == r["launches"][0]["kernel"]
+        assert gemm.kernel.endswith(f"_r{rank}") and gemm.kernel == r.launches[0].symbol
         assert gemm.grid == ((m // 128) * (N // 256), 1, 1) and gemm.block == (512, 1, 1)
         assert gemm.args == _expected_gemm_args(op, m, a, b, a_scale, b_scale)
         assert drv.launches[2].grid == (m * N * 2 // 16 // WORLD // 512, 1, 1)  # the reduce
@@ -427,12 +449,12 @@ def test_m_sequence_uses_each_m_own_kernels_and_slot(smoke_store, smoke_lock, ra
             assert phase.args == (op.dev_comm.ptr, op.win.handle)
         assert all(l.stream == drv.stream for l in drv.launches)
         # the M's own counter slot, as compiled in (deterministic: bands - 1)
-        assert t["layout"]["slot"] == op.counter_slot(m) == rules.counter_slot(m, WORLD, 128) == m // 256 - 1
-        assert t["layout"]["window"]["counter_off"] == 5504 + op.counter_slot(m) * WORLD * 8 * 4
+        assert t.layout.call.slot == op.counter_slot(m) == rules.counter_slot(m, WORLD, 128) == m // 256 - 1
+        assert t.layout.call.counter_off == 5504 + op.counter_slot(m) * WORLD * 8 * 4
         # the output view is the window's output region
-        lay = t["layout"]["window"]
+        lay = t.layout
         assert out.shape == (m, N) and out.dtype == torch.bfloat16
-        assert out.data_ptr() == op.mem.ptr + lay["output_off"]
+        assert out.data_ptr() == op.mem.ptr + lay.output_off
         # the GEMM's argument buffer is this M's, packed in place: same buffer every call
         addresses.setdefault(m, id(op._plans[m].gemm.args))
         assert id(op._plans[m].gemm.args) == addresses[m]
@@ -648,7 +670,7 @@ def test_supports_answers_from_rules_and_artifacts(smoke_store):
     assert not supports(256, N, 200, WORLD, artifacts=s)  # rule: K % 128
     assert not supports(256, N, K, WORLD, block_n=512, artifacts=s)  # rule: permlane
     assert not supports(256, N, K, 3, artifacts=s)  # rule: world
-    lock = read_lock_file(s / "locks" / "smoke.lock.json")
+    lock = read_lock(s / "locks" / "smoke.lock.json").to_json()
     t, _r = tuple_entry(lock, m=256)
     t["ranks"] = t["ranks"][:1]
     assert not supports(256, N, K, WORLD, artifacts=(lock, s))  # built for rank 0 only
@@ -670,7 +692,7 @@ def test_self_test_launch_order_and_failure_message(smoke_store, smoke_lock):
     assert "BUILD_CCO_SDMA" in msg and "MORI_ENABLE_SDMA" in msg and "M=512" in msg and "3 was expected" in msg
     _t, r = tuple_entry(smoke_lock, m=512, rank=1)
     assert [sorted(l.kinds)[0] for l in drv.launches] == ["scatter", "reduce", "gather"]
-    assert [l.digest for l in drv.launches] == [e["blob"] for e in r["self_test"]]
+    assert [l.digest for l in drv.launches] == [e.blob.hash for e in r.self_test]
     assert drv.syncs == [drv.stream]  # synchronised once, after the sequence
     assert bool((op._plans[512].input == 2).all())  # rank 1 wrote rank + 1
     drv.clear()

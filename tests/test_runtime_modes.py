@@ -45,16 +45,15 @@ def make_ar(store, lock, *, transport="fused-sdma", rank=0, world=2, **kw):
 
 
 def lock_entries(lock, *, transport, m, rank, **fields):
-    """The lock's launch and self-test entries for one (tuple, rank): the sequence to expect."""
-    for t in lock["tuples"]:
-        if t["transport"] == transport and t["m"] == m and all(t[f] == v for f, v in fields.items()):
-            r = next(r for r in t["ranks"] if r["rank"] == rank)
-            return t, r
+    """The lock's (LockTuple, RankLaunches) for one tuple and rank: the sequence to expect."""
+    for t in lock.tuples:
+        if t.id.transport == transport and t.id.m == m and all(getattr(t.id, f) == v for f, v in fields.items()):
+            return t, next(r for r in t.ranks if r.rank == rank)
     raise KeyError((transport, m, fields))
 
 
 def _digest(e):
-    return e["blob"]["digest"] if isinstance(e["blob"], dict) else e["blob"]
+    return e.blob.hash
 
 
 # ---------------------------------------------------------------------------
@@ -83,25 +82,25 @@ def test_collective_modes_launch_their_recorded_sequence(smoke_store, smoke_lock
     for _ in range(2):
         drv.clear()
         out = op(a, b, a_scale, b_scale)
-        assert [l.digest for l in drv.launches] == [_digest(e) for e in r["launches"]]
-        assert [e["kind"] for e in r["launches"]] == CALLS[transport]
+        assert [l.digest for l in drv.launches] == [_digest(e) for e in r.launches]
+        assert [e.kind for e in r.launches] == CALLS[transport]
         gemm = drv.launches[0]
         assert gemm.grid == ((512 // 128) * (N // 256), 1, 1) and gemm.block == (512, 1, 1)
-        lay = op._entries[512].layout["window"]
+        lay = op._entries[512].layout
         kb = K // 128
-        assert gemm.args == (a.data_ptr(), 512 * K, b.data_ptr(), N * K, op.mem.ptr + lay["input_off"], 512 * N,
+        assert gemm.args == (a.data_ptr(), 512 * K, b.data_ptr(), N * K, op.mem.ptr + lay.input_off, 512 * N,
                              a_scale.data_ptr(), 512 * kb, b_scale.data_ptr(), (N // 128) * kb, 512, N,
                              op.dev_comm.ptr, op.win.handle)
         for phase in drv.launches[1:]:
             assert phase.args == (op.dev_comm.ptr, op.win.handle)
-        assert out.data_ptr() == op.mem.ptr + lay["output_off"] and tuple(out.shape) == (512, N)
+        assert out.data_ptr() == op.mem.ptr + lay.output_off and tuple(out.shape) == (512, N)
     # the fused GEMM is rank-specific; the unfused one is one kernel (built at rank 0) for every rank
     assert gemm.kernel.endswith(f"_r{rank if transport.startswith('fused') else 0}")
     drv.clear()
     with pytest.raises(Exception, match="self-test failed"):  # nothing executes: the check must fail
         op.self_test()
     assert [sorted(l.kinds) for l in drv.launches] == [[k] for k in SELF_TESTS[transport]]
-    assert [l.digest for l in drv.launches] == [_digest(e) for e in r["self_test"]]
+    assert [l.digest for l in drv.launches] == [_digest(e) for e in r.self_test]
     op.close()
 
 
@@ -110,8 +109,8 @@ def test_split_sdma_shares_fused_sdma_phases_and_split_lsa_gemm(smoke_store, smo
                             world=2)
     _, split = lock_entries(smoke_lock, transport="split-sdma", m=512, rank=1)
     _, lsa = lock_entries(smoke_lock, transport="split-lsa", m=512, rank=1)
-    assert [_digest(e) for e in split["launches"][1:]] == [_digest(e) for e in fused["self_test"]]
-    assert _digest(split["launches"][0]) == _digest(lsa["launches"][0])
+    assert [_digest(e) for e in split.launches[1:]] == [_digest(e) for e in fused.self_test]
+    assert _digest(split.launches[0]) == _digest(lsa.launches[0])
 
 
 def test_gemm_only_runs_the_split_gemm_alone(smoke_store, smoke_lock):
@@ -119,8 +118,8 @@ def test_gemm_only_runs_the_split_gemm_alone(smoke_store, smoke_lock):
     _t, r = lock_entries(smoke_lock, transport="split-lsa", m=512, rank=0)
     a, b, a_scale, b_scale = blockscale_operands(512)
     got = op.gemm_only(a, b, a_scale, b_scale)
-    assert [l.digest for l in drv.launches] == [_digest(r["launches"][0])]
-    assert got.data_ptr() == drv.launches[0].args[4] == op.mem.ptr + op._entries[512].layout["window"]["input_off"]
+    assert [l.digest for l in drv.launches] == [_digest(r.launches[0])]
+    assert got.data_ptr() == drv.launches[0].args[4] == op.mem.ptr + op._entries[512].layout.input_off
     with pytest.raises(ArtifactMissingError):
         op.gemm_only(*blockscale_operands(256))
     op.close()
@@ -186,7 +185,7 @@ def test_world_four(smoke_store, smoke_lock, rank):
     assert op.m_values == (512,)
     op(*blockscale_operands(512))
     t, r = lock_entries(smoke_lock, transport="fused-sdma", m=512, rank=rank, world=4)
-    assert [l.digest for l in drv.launches] == [_digest(e) for e in r["launches"]]
+    assert [l.digest for l in drv.launches] == [_digest(e) for e in r.launches]
     assert drv.launches[0].kernel.endswith(f"_r{rank}")
     op.close()
 
@@ -252,9 +251,7 @@ def test_gemm_only_validation_in_mori_order(smoke_store, smoke_lock):
 
 
 def test_gemm_only_missing_tile_is_a_strict_miss(smoke_store, smoke_lock):
-    import copy
-
-    lock = copy.deepcopy(smoke_lock)
+    lock = smoke_lock.to_json()  # editable JSON data; artifacts= validates it like a file
     lock["tuples"] = [t for t in lock["tuples"] if not (t["transport"] == "gemm-only" and t["m"] == 9216)]
     drv = FakeHipDriver([smoke_lock])
     op = Mxfp8GemmOp(n=N, k=K, artifacts=(lock, smoke_store), driver=drv, device="cpu")
@@ -292,8 +289,8 @@ def test_gemv_launches_its_bucket_with_m_at_run_time(smoke_store, smoke_lock, m,
     out = op(x, w, xs, ws)
     assert tuple(out.shape) == (m, N)
     (launch,) = drv.launches
-    (t,) = [t for t in smoke_lock["tuples"] if t["transport"] == "gemv" and t["m"] == bucket]
-    assert launch.digest == _digest(t["ranks"][0]["launches"][0])
+    (t,) = [t for t in smoke_lock.tuples if t.id.transport == "gemv" and t.id.m == bucket]
+    assert launch.digest == _digest(t.ranks[0].launches[0])
     kb = K // 32
     assert launch.args == (w.data_ptr(), N * K // 4, ws.data_ptr(), (N // 32) * kb // 4, x.data_ptr(), m * K // 4,
                            xs.data_ptr(), m * kb // 4, out.data_ptr(), m * N, m, N)

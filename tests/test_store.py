@@ -11,12 +11,15 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gemmar_aot.artifact_model import LaunchEntry, Lock, LockTuple, RankLaunches, TupleId
+from gemmar_aot.canonical_json import canonical_json_bytes
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import (
     Digest,
@@ -222,7 +225,9 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
         c.put(code_object(42, size=2_000_000), fields(42))
     assert store.load(k)[1] == code_object(42, size=2_000_000)
     lock_file = root / "locks" / "smoke.lock.json"  # the build keeps its lock files here
-    write_lock_file(lock_file, {"schema": LOCK_SCHEMA, "launches": []})
+    from synth_lock import synthetic_lock
+
+    write_lock_file(lock_file, synthetic_lock())
     report = maint.gc(store, keep_blobs=set(), stale_s=0)
     assert report["removed_temp_files"] == len(temps)
     assert report["removed_claim_files"] == 1 and lock_file.exists()  # the per-key build claim only
@@ -429,10 +434,16 @@ def test_corrupt_dictionary_makes_its_blobs_misses(store):
 
 # ---- export / import ----
 
-def _lock_for(recs: dict[str, dict]) -> dict:
-    return {"schema": LOCK_SCHEMA, "tuples": [{"m": 128, "ranks": [
-        {"rank": 0, "launches": [{"key": k, "blob": r["blob"]["digest"], "launch": r["launch"]}
-                                 for k, r in recs.items()]}]}]}
+def _lock_for(recs: dict[str, dict], extra: tuple = ()) -> Lock:
+    """A (gemm-only) lock launching the kernels of ``recs`` (key -> record), then ``extra`` entries."""
+    from synth_lock import launch_record, synthetic_lock
+
+    entries = tuple(LaunchEntry(kind="gemm", key=k, blob=Digest(r["blob"]["digest"], r["blob"]["size"]),
+                                launch=launch_record(), record=Digest.of(canonical_json_bytes(r)))
+                    for k, r in recs.items()) + tuple(extra)
+    t = LockTuple(TupleId("gemm-only", 128, 1024, 256, 2, "mxfp8", block_m=256), "", None,
+                  (RankLaunches(0, entries, ()),))
+    return replace(synthetic_lock(), tuples=(t,))
 
 
 @pytest.mark.parametrize("with_dictionary", [False, True])
@@ -472,8 +483,10 @@ def test_import_rejects_a_tampered_blob_and_imports_nothing(tmp_path, store):
 
 def test_export_refuses_a_lock_whose_blob_is_missing(tmp_path, store):
     recs = {key_of("m0"): store.put(key_of("m0"), code_object(0), fields(0))}
-    lock = _lock_for(recs)
-    lock["tuples"][0]["ranks"][0]["launches"].append({"key": key_of("nope"), "blob": "ab" * 32, "launch": {}})
+    from synth_lock import launch_record
+
+    lock = _lock_for(recs, extra=[LaunchEntry(kind="gemm", key=key_of("nope"), blob=Digest("ab" * 32, 4),
+                                              launch=launch_record(), record=Digest("cd" * 32, 9))])
     with pytest.raises(GemmarError, match="does not have"):
         maint.export(store, lock, tmp_path / "export")
     assert not (tmp_path / "export").exists()
@@ -561,24 +574,25 @@ def test_unknown_blob_header_is_corrupt(store):
 # ---- lock files ----
 
 def test_lock_file_is_deterministic_and_validated(tmp_path):
-    d1, d2 = "11" * 32, "22" * 32
-    a = {"schema": LOCK_SCHEMA, "tuples": {"t1": {"ranks": [{"launches": [
-        {"key": "aa" * 32, "blob": d1, "launch": {"grid": [1, 2, 3], "kernel": "g"}}]}]}}, "mode": "fused"}
-    b = {"mode": "fused", "tuples": {"t1": {"ranks": [{"launches": [
-        {"launch": {"kernel": "g", "grid": [1, 2, 3]}, "blob": d1, "key": "aa" * 32}]}]}}, "schema": LOCK_SCHEMA}
-    assert dumps_lock(a) == dumps_lock(b)
-    assert dumps_lock(a).endswith(b"\n")
-    write_lock_file(tmp_path / "x.lock.json", a)
-    write_lock_file(tmp_path / "y.lock.json", b)
+    from synth_lock import synthetic_lock
+
+    lock = synthetic_lock()
+    doc = lock.to_json()
+    reordered = json.loads(json.dumps(doc, sort_keys=True), object_pairs_hook=lambda kv: dict(reversed(kv)))
+    assert dumps_lock(Lock.from_json(reordered)) == dumps_lock(lock)
+    assert dumps_lock(lock).endswith(b"\n")
+    write_lock_file(tmp_path / "x.lock.json", lock)
+    write_lock_file(tmp_path / "y.lock.json", Lock.from_json(reordered))
     assert (tmp_path / "x.lock.json").read_bytes() == (tmp_path / "y.lock.json").read_bytes()
-    assert read_lock_file(tmp_path / "x.lock.json") == a
+    assert read_lock_file(tmp_path / "x.lock.json") == lock
     assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
-    a["tuples"]["t2"] = [{"key": "bb" * 32, "blob": {"digest": d2, "size": 3}, "launch": {"blob": "opaque"}}]
-    assert lock_blobs(a) == {d1, d2}
-    assert lock_keys(a) == {"aa" * 32, "bb" * 32}
+    assert lock_blobs(lock) == {e.blob.hash for _w, e in lock.iter_launches()} and len(lock_blobs(lock)) > 1
+    assert lock_keys(lock) == {e.key for _w, e in lock.iter_launches()}
 
 
 def test_lock_file_refusals(tmp_path):
+    from synth_lock import synthetic_lock
+
     p = tmp_path / "l.json"
     p.write_text(json.dumps({"schema": LOCK_SCHEMA + 1}))
     with pytest.raises(LockFileError, match="newer"):
@@ -586,10 +600,11 @@ def test_lock_file_refusals(tmp_path):
     p.write_text(json.dumps({"launches": []}))
     with pytest.raises(LockFileError, match="schema"):
         read_lock_file(p)
-    with pytest.raises(LockFileError, match="not a sha256"):
-        dumps_lock({"schema": LOCK_SCHEMA, "l": [{"key": "k", "blob": "nothex"}]})
-    with pytest.raises(LockFileError, match="not a string"):
-        dumps_lock({"schema": LOCK_SCHEMA, "m": {1: "x"}})
+    doc = synthetic_lock().to_json()
+    next(iter(doc["kernels"].values()))["blob"]["hash"] = "nothex"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(LockFileError, match="expected a sha256"):
+        read_lock_file(p)
     with pytest.raises(LockFileError, match="no lock file"):
         read_lock_file(tmp_path / "absent.json")
 

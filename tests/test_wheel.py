@@ -28,11 +28,22 @@ import sys
 import sysconfig
 import textwrap
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from gemmar_aot.artifact_model import (
+    Digest,
+    LaunchEntry,
+    Lock,
+    LockTuple,
+    ManifestRef,
+    RankLaunches,
+    ToolchainInfo,
+    TupleId,
+)
 from gemmar_aot.cli import main
 from gemmar_aot.store import Store
 from gemmar_aot.wheel import (
@@ -104,8 +115,10 @@ def _synth_blob(rng: random.Random, i: int) -> bytes:
     return common + rng.randbytes(600) + f"kernel-{i}".encode() * 40
 
 
-def make_synth(root: Path, *, n_blobs: int = 40, manifest: bytes = SYNTH_MANIFEST) -> dict:
+def make_synth(root: Path, *, n_blobs: int = 40, manifest: bytes = SYNTH_MANIFEST) -> Lock:
     """A store at ``root`` with ``n_blobs`` blobs and a lock naming them; returns the lock."""
+    from synth_lock import launch_record, window
+
     rng = random.Random(1234)
     st = Store(root, durable=False)
     blobs = [st.put_blob(_synth_blob(rng, i)) for i in range(n_blobs)]
@@ -115,17 +128,15 @@ def make_synth(root: Path, *, n_blobs: int = 40, manifest: bytes = SYNTH_MANIFES
         ranks = []
         for r in range(2):
             chunk = blobs[(ti * 2 + r) * per // 2:(ti * 2 + r) * per // 2 + per]
-            ranks.append({"rank": r, "self_test": [], "launches": [
-                {"kind": "gemm", "key": _sha(f"{ti}/{r}/{j}".encode()), "blob": b["digest"], "size": b["size"],
-                 "kernel": f"k{j}", "launch": {}} for j, b in enumerate(chunk)]})
-        tuples.append({"transport": "fused-sdma", "m": m, "n": 1024, "k": 256, "world": 2, "quant": "blockscale",
-                       "gather_dtype": gd, "gather_transport": "lsa", "block_m": 128, "block_n": 256,
-                       "sdma_queues": 1, "source": f"synth.toml:{ti}", "layout": {"m_max": 512},
-                       "ranks": ranks})
-    return {"schema": 1, "arch": "gfx950", "code_object_version": 6, "env": {},
-            "manifest": {"name": "synth_test.v1", "arch": "gfx950", "sha256": _sha(manifest)},
-            "toolchain": {"digest": "ab" * 32, "toolchain": {"python": "3.11.7"}},
-            "tuples": tuples}
+            ranks.append(RankLaunches(r, self_test=(), launches=tuple(
+                LaunchEntry(kind="gemm", key=_sha(f"{ti}/{r}/{j}".encode()), blob=Digest(b["digest"], b["size"]),
+                            launch=launch_record(f"k{j}"), record=Digest(_sha(f"record {ti}/{r}/{j}".encode()), 99))
+                for j, b in enumerate(chunk))))
+        tuples.append(LockTuple(TupleId("fused-sdma", m, 1024, 256, 2, "blockscale", gd, "lsa"), f"synth.toml:{ti}",
+                                window(2, 1024, 512, m, gd, "lsa"), tuple(ranks)))
+    return Lock(manifest=ManifestRef("synth_test.v1", "gfx950", _sha(manifest)), arch="gfx950",
+                code_object_version=6, toolchain=ToolchainInfo("ab" * 32, {"toolchain": {"python": "3.11.7"}}),
+                env={}, tuples=tuple(tuples))
 
 
 @pytest.fixture()
@@ -181,7 +192,7 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
             f"{di}/METADATA", f"{di}/WHEEL", f"{di}/entry_points.txt"} <= set(files)
     # exactly the lock's blobs, plus the dictionary
     blobs = {Path(n).name[:-4] for n in files if n.endswith(".zst")}
-    wanted = {e["blob"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"]}
+    wanted = lock.blob_digests()
     assert s["dictionary"] and blobs == wanted | {s["dictionary"]}
     assert not any("/ac/" in n for n in files)  # no records
     assert files[f"{pkg}/lock.json"] == read_lock_bytes(lock)
@@ -231,16 +242,15 @@ def test_same_lock_same_bytes_whatever_the_store(synth, tmp_path, monkeypatch):
     other = tmp_path / "elsewhere" / "store"
     st = Store(other, durable=False, level=3)
     src = Store(root, readonly=True)
-    for d in sorted({e["blob"] for t in lock["tuples"] for r in t["ranks"] for e in r["launches"]}):
+    for d in sorted(lock.blob_digests()):
         st.put_blob(src.load_blob(d), use_dictionary=False)
-    some = lock["tuples"][0]["ranks"][0]["launches"][0]["blob"]
+    some = lock.tuples[0].ranks[0].launches[0].blob.hash
     assert src.blob_path(some).read_bytes() != st.blob_path(some).read_bytes()  # other file bytes
     b = _synth_wheel(copy.deepcopy(lock), other, tmp_path / "b" / "c")
     assert Path(a["wheel"]).name == Path(b["wheel"]).name
     assert Path(a["wheel"]).read_bytes() == Path(b["wheel"]).read_bytes()
     # a changed lock is a new version
-    lock2 = copy.deepcopy(lock)
-    lock2["env"] = {"X": "1"}
+    lock2 = replace(lock, env={"X": "1"})
     c = _synth_wheel(lock2, root, tmp_path / "a")
     assert c["version"] != a["version"] and c["wheel"] != a["wheel"]
     # --version is taken verbatim; SOURCE_DATE_EPOCH moves every date
@@ -257,7 +267,7 @@ def test_refuses_a_lock_from_another_manifest_or_with_missing_blobs(synth, tmp_p
     with pytest.raises(WheelError, match="another version of the manifest"):
         wheel_from_lock(lock, root, None, tmp_path / "o", manifest_text=SYNTH_MANIFEST + b"# edited\n",
                         manifest_file="synth.toml")
-    gone = lock["tuples"][1]["ranks"][0]["launches"][0]["blob"]
+    gone = lock.tuples[1].ranks[0].launches[0].blob.hash
     Store(root).blob_path(gone).unlink()
     with pytest.raises(WheelError, match=f"(?s)no wheel written.*{gone}"):
         _synth_wheel(lock, root, tmp_path / "o")
@@ -275,9 +285,8 @@ def test_inspect_reports_and_verifies(synth, tmp_path):
     assert r["manifest"]["sha256"] == _sha(SYNTH_MANIFEST) and r["manifest"]["text"].encode() == SYNTH_MANIFEST
     assert [(g["transport"], g["m"], g["wire"]) for g in r["coverage"]] == [
         ("fused-sdma", [256, 512], "bf16"), ("fused-sdma", [512], "fp8/lsa")]
-    assert r["code_objects"] == len({e["blob"] for t in lock["tuples"] for rr in t["ranks"] for e in rr["launches"]})
-    assert r["kernels"] == len({e["key"] for t in lock["tuples"] for rr in t["ranks"]
-                                                           for e in rr["launches"]})
+    assert r["code_objects"] == len(lock.blob_digests())
+    assert r["kernels"] == len(lock.action_keys())
     sz = r["sizes"]
     assert sz["wheel_bytes"] == Path(s["wheel"]).stat().st_size == s["wheel_bytes"]
     assert sz["raw_bytes"] == s["raw_bytes"] and sz["blob_bytes"] == s["blob_bytes"] < sz["raw_bytes"]
@@ -297,7 +306,7 @@ def test_inspect_finds_tampering(synth, tmp_path, what):
     s = _synth_wheel(lock, root, tmp_path / "dist")
     bad = tmp_path / "bad" / Path(s["wheel"]).name
     bad.parent.mkdir()
-    target = lock["tuples"][0]["ranks"][1]["launches"][2]["blob"]
+    target = lock.tuples[0].ranks[1].launches[2].blob.hash
     if what == "blob":
         name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: _flip(d) if n.endswith(f"/{target}.zst") else None)
         expect = [f"{name}: RECORD says", f"corrupt blob {name}"]
@@ -357,7 +366,7 @@ def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatc
     assert sorted((k.gather_dtype, m) for k, by_m in arts.index.items() for m in by_m) == [
         ("bf16", 256), ("bf16", 512), ("fp8", 512)]
     assert arts.store(arts.sources[0]).readonly
-    digest = lock["tuples"][0]["ranks"][0]["launches"][0]["blob"]
+    digest = lock.tuples[0].ranks[0].launches[0].blob.hash
     assert arts.store(arts.sources[0]).load_blob(digest) == Store(root).load_blob(digest)
 
 
@@ -443,13 +452,13 @@ LOAD_EVERY_KERNEL = """
     import torch
     from fakes import FakeCommunicator, FakeHipDriver
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
-    from gemmar_aot.store import read_lock_file
+    from gemmar_aot.artifact_model import read_lock
 
-    oracle = read_lock_file(sys.argv[1])  # the build's own lock: the fake's independent expectations
+    oracle = read_lock(sys.argv[1])  # the build's own lock: the fake's independent expectations
     arts = load_artifacts()  # no artifacts=, no env var: installed entry points only
     out = {"sources": [[str(s.lock_path), str(s.store_root), s.origin] for s in arts.sources], "ops": []}
     groups = sorted({(key.n, key.k, key.world, key.gather_dtype, key.gather_transport or "lsa",
-                      next(iter(by_m.values()))[0].layout["m_max"])
+                      next(iter(by_m.values()))[0].layout.m_max)
                      for key, by_m in arts.index.items() if key.transport == "fused-sdma"})  # what is installed
     for n, k, world, gd, gt, m_max in groups:
         for rank in range(world):
@@ -473,12 +482,17 @@ LOAD_EVERY_KERNEL = """
 
 def _expected_blobs(lock, n, k, gd, rank, ms=None):
     out = set()
-    for t in lock["tuples"]:
-        if (t["transport"], t["n"], t["k"], t["gather_dtype"]) == ("fused-sdma", n, k, gd) and \
-                (ms is None or t["m"] in ms):
-            r = next(r for r in t["ranks"] if r["rank"] == rank)
-            out |= {e["blob"] for e in r["launches"] + r["self_test"]}
+    for t in lock.tuples:
+        if (t.id.transport, t.id.n, t.id.k, t.id.gather_dtype) == ("fused-sdma", n, k, gd) and \
+                (ms is None or t.id.m in ms):
+            r = next(r for r in t.ranks if r.rank == rank)
+            out |= {e.blob.hash for e in r.launches + r.self_test}
     return sorted(out)
+
+
+def _smoke_tuple(lock, m, k, wire):
+    return next(t for t in lock.tuples if (t.id.transport, t.id.m, t.id.k, t.id.gather_dtype) ==
+                ("fused-sdma", m, k, wire))
 
 
 @pytest.mark.compile
@@ -498,9 +512,8 @@ def test_installed_smoke_wheel_serves_every_fused_tuple_and_rank(smoke_wheel, sm
         assert o["loaded"] == _expected_blobs(smoke_lock, o["n"], o["k"], o["wire"], o["rank"]), o
         assert o["store"] == str(pkg_dir / "store")
         for m, digests in zip(o["m"], o["launched"]):
-            t = next(t for t in smoke_lock["tuples"] if (t["transport"], t["m"], t["k"], t["gather_dtype"]) ==
-                     ("fused-sdma", m, o["k"], o["wire"]))
-            assert digests == [e["blob"] for e in next(r for r in t["ranks"] if r["rank"] == o["rank"])["launches"]]
+            t = _smoke_tuple(smoke_lock, m, o["k"], o["wire"])
+            assert digests == [e.blob.hash for e in next(r for r in t.ranks if r.rank == o["rank"]).launches]
     # installing never writes into the package (the store is opened read-only)
     assert not (pkg_dir / "store" / "quarantine").exists() and not (pkg_dir / "store" / "stats").exists()
 
@@ -520,11 +533,10 @@ def test_smoke_wheel_is_reproducible(smoke_wheel, smoke_store, smoke_lock, tmp_p
     # a store with another history (every blob re-encoded without a dictionary, at level 3): same bytes
     store3 = tmp_path / "store3"
     src, dst = Store(smoke_store, readonly=True), Store(store3, durable=False, level=3)
-    for key in sorted({e["key"] for t in smoke_lock["tuples"] for r in t["ranks"]
-                       for e in r["launches"] + r["self_test"]}):
+    for key in sorted(smoke_lock.action_keys()):
         rec, code = src.load(key)
         dst.put(key, code, {k: v for k, v in rec.items() if k not in ("schema", "key", "blob")})
-    some = smoke_lock["tuples"][0]["ranks"][0]["launches"][0]["blob"]
+    some = smoke_lock.tuples[0].ranks[0].launches[0].blob.hash
     assert dst.blob_path(some).read_bytes() != src.blob_path(some).read_bytes()
     third = cli_wheel(SMOKE, store3, tmp_path / "out3")
     assert Path(third["wheel"]).read_bytes() == Path(smoke_wheel["wheel"]).read_bytes()
@@ -536,15 +548,15 @@ def test_smoke_wheel_inspect(smoke_wheel, smoke_lock):
     res = _run("inspect", smoke_wheel["wheel"], "--json")
     assert res.exit_code == 0, res.output
     r = json.loads(res.output)
-    assert r["ok"] and r["arch"] == "gfx950" and r["toolchain"]["digest"] == smoke_lock["toolchain"]["digest"]
-    assert r["manifest"]["text"] == SMOKE.read_text() and r["manifest"]["sha256"] == smoke_lock["manifest"]["sha256"]
+    assert r["ok"] and r["arch"] == "gfx950" and r["toolchain"]["digest"] == smoke_lock.toolchain.digest
+    assert r["manifest"]["text"] == SMOKE.read_text() and r["manifest"]["sha256"] == smoke_lock.manifest.sha256
     cov = {(g["transport"], tuple(g["m"]), g["n"], g["k"], g["world"], g["quant"], g["wire"]) for g in r["coverage"]}
     assert cov == {("fused-sdma", (256, 512), 1024, 256, 2, "blockscale", "bf16"),
                    ("fused-sdma", (256, 512), 1024, 512, 2, "blockscale", "bf16"),
                    ("fused-sdma", (512,), 1024, 256, 2, "blockscale", "fp8/lsa"),
                    ("split-lsa", (512,), 1024, 256, 2, "blockscale", None),
                    ("gemm-only", (256, 9216), 1024, 256, 2, "mxfp8", None)}
-    blobs = {e["blob"]: e["size"] for t in smoke_lock["tuples"] for rr in t["ranks"] for e in rr["launches"] + rr["self_test"]}
+    blobs = {d.hash: d.size for d in smoke_lock.blobs().values()}
     assert r["code_objects"] == len(blobs) and r["sizes"]["raw_bytes"] == sum(blobs.values())
     assert r["sizes"]["blob_bytes"] < r["sizes"]["raw_bytes"] / 3  # zstd 19 + a dictionary
 
@@ -552,9 +564,8 @@ def test_smoke_wheel_inspect(smoke_wheel, smoke_lock):
 @pytest.mark.compile
 @pytest.mark.parametrize("where", ["in the zip", "installed"])
 def test_tampered_blob_is_refused_at_load_naming_it(smoke_wheel, smoke_lock, smoke_store, tmp_path, where):
-    _t = next(t for t in smoke_lock["tuples"] if (t["transport"], t["m"], t["k"], t["gather_dtype"]) ==
-              ("fused-sdma", 256, 256, "bf16"))
-    digest = _t["ranks"][0]["launches"][0]["blob"]  # rank 0's GEMM at M=256
+    _t = _smoke_tuple(smoke_lock, 256, 256, "bf16")
+    digest = _t.ranks[0].launches[0].blob.hash  # rank 0's GEMM at M=256
     whl = Path(smoke_wheel["wheel"])
     if where == "in the zip":
         bad = tmp_path / "bad" / whl.name
@@ -632,12 +643,12 @@ def test_two_installed_wheels_merge(store_copy, smoke_lock, smoke_store, tmp_pat
 def test_conflicting_wheels_are_an_error_naming_both(smoke_wheel, smoke_lock, smoke_store, tmp_path):
     # a second wheel whose lock claims smoke's fused bf16 M=256 rank-0 kernels with another key and blob
     evil_text = SMOKE.read_bytes().replace(b'name = "smoke"', b'name = "smoke-rebuilt"')
-    lock = copy.deepcopy(smoke_lock)
-    lock["manifest"] = {**lock["manifest"], "name": "smoke-rebuilt", "sha256": _sha(evil_text)}
-    t = next(t for t in lock["tuples"] if (t["transport"], t["m"], t["k"], t["gather_dtype"]) ==
-             ("fused-sdma", 256, 256, "bf16"))
-    r0, r1 = (next(r for r in t["ranks"] if r["rank"] == i) for i in (0, 1))
-    r0["launches"][0] = {**r1["launches"][0], "key": "f" * 64}  # rank 1's GEMM blob, a made-up key
+    t = _smoke_tuple(smoke_lock, 256, 256, "bf16")
+    r0, r1 = (next(r for r in t.ranks if r.rank == i) for i in (0, 1))
+    r0 = replace(r0, launches=(replace(r1.launches[0], key="f" * 64),) + r0.launches[1:])  # rank 1's GEMM blob,
+    t = replace(t, ranks=tuple(r0 if r.rank == 0 else r for r in t.ranks))              # a made-up key
+    lock = replace(smoke_lock, manifest=replace(smoke_lock.manifest, name="smoke-rebuilt", sha256=_sha(evil_text)),
+                   tuples=tuple(t if u.id == t.id else u for u in smoke_lock.tuples))
     evil = wheel_from_lock(lock, smoke_store, None, tmp_path / "dist", manifest_text=evil_text,
                            manifest_file="smoke-rebuilt.toml")
     env = FreshEnv(tmp_path / "venv")

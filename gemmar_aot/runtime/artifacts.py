@@ -4,7 +4,7 @@ Where the runtime looks, first match wins:
 
 1. ``artifacts=`` given to the op (or to :func:`load_artifacts`): a lock-file path,
    a store directory holding ``locks/*.lock.json``, a ``(lock, store_root)`` pair
-   (the lock may be a path or an already-parsed dict), a parsed lock dict alone
+   (the lock may be a path, a :class:`~gemmar_aot.artifact_model.Lock` or its JSON data), a lock alone
    (its blobs are looked up in the default store: ``$GEMMAR_AOT_STORE`` or
    ``artifacts/``), an :class:`Artifacts`, or a list of any of these;
 2. ``$GEMMAR_AOT_ARTIFACTS``: lock paths and/or store directories, separated by
@@ -27,7 +27,8 @@ For the bf16 wire the gather transport is irrelevant (only an fp8 gather has a
 transport), so bf16 tuples are indexed with ``gather_transport=None`` and match
 whatever the caller passes.
 
-Runtime module: standard library plus ``gemmar_aot.store`` (zstandard).
+Locks are read by :mod:`gemmar_aot.artifact_model` (validated on read). Runtime module:
+standard library plus ``gemmar_aot.store`` (zstandard).
 """
 
 from __future__ import annotations
@@ -35,42 +36,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
-from gemmar_aot.store import Store, read_lock_file
-from gemmar_aot.store.lockfile import parse_lock
+from gemmar_aot.artifact_model import (
+    ENTRY_POINT_GROUP,
+    LOCK_SUFFIX,
+    LaunchEntry,
+    Lock,
+    LockTuple,
+    RankLaunches,
+    TupleKey,
+    WindowLayout,
+    read_lock,
+)
+from gemmar_aot.store import Store
 
 from .errors import ArtifactConflictError, ArtifactError, ArtifactNotFoundError
 
+__all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "LockInfo", "RankEntry", "Source", "TupleKey",
+           "load_artifacts"]
+
 ENV_VAR = "GEMMAR_AOT_ARTIFACTS"
-ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
-LOCK_GLOB = "*.lock.json"
-
-
-class TupleKey(NamedTuple):
-    """What selects a set of kernels, apart from M and rank."""
-
-    transport: str
-    n: int
-    k: int
-    world: int
-    quant: str
-    gather_dtype: str
-    gather_transport: str | None  # None on the bf16 wire, where it means nothing
-    block_m: int
-    sdma_queues: int
-
-    @classmethod
-    def make(cls, *, transport: str, n: int, k: int, world: int, quant: str, gather_dtype: str,
-             gather_transport: str | None, block_m: int, sdma_queues: int) -> "TupleKey":
-        return cls(transport, int(n), int(k), int(world), quant, gather_dtype,
-                   None if gather_dtype == "bf16" else gather_transport, int(block_m),
-                   int(sdma_queues))
-
-    def describe(self) -> str:
-        wire = self.gather_dtype + ("" if self.gather_transport is None else f"/{self.gather_transport}")
-        return (f"{self.transport} N={self.n} K={self.k} world={self.world} {self.quant} "
-                f"block_m={self.block_m} sdma_queues={self.sdma_queues} wire={wire}")
+LOCK_GLOB = "*" + LOCK_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -104,24 +91,30 @@ class RankEntry:
     key: TupleKey
     m: int
     rank: int
-    tuple: Mapping[str, Any]  # the lock's tuple (``ranks`` included; treat as read-only)
-    launches: Sequence[Mapping[str, Any]]
-    self_test: Sequence[Mapping[str, Any]]
+    tuple: LockTuple
+    kernels: RankLaunches  # resolved on first use: indexing a lock builds no launch entries
     lock: LockInfo
 
     @property
-    def layout(self) -> Mapping[str, Any] | None:
-        return self.tuple.get("layout")
+    def launches(self) -> Sequence[LaunchEntry]:
+        return self.kernels.launches
+
+    @property
+    def self_test(self) -> Sequence[LaunchEntry]:
+        return self.kernels.self_test
+
+    @property
+    def layout(self) -> WindowLayout | None:
+        return self.tuple.layout
 
     @property
     def where(self) -> str:
         """The lock and the manifest line this entry came from."""
-        return f"{self.lock.source} ({self.tuple.get('source', '?')})"
+        return f"{self.lock.source} ({self.tuple.source or '?'})"
 
     def identity(self) -> tuple:
         """What two entries must share to be the same kernels: every action key, in order."""
-        return (tuple((e.get("kind"), e.get("key"), e.get("blob")) for e in self.launches),
-                tuple((e.get("kind"), e.get("key"), e.get("blob")) for e in self.self_test))
+        return self.kernels.launch_keys()
 
 
 @dataclass
@@ -135,35 +128,18 @@ class Artifacts:
 
     # ---- building ----
 
-    def add_lock(self, lock: Mapping[str, Any], source: Source) -> None:
+    def add_lock(self, lock: Lock, source: Source) -> None:
         """Index every tuple of ``lock``; raises ArtifactConflictError on a conflicting duplicate."""
-        tuples = lock.get("tuples")
-        if not isinstance(tuples, list):
-            raise ArtifactError(f"{source}: the lock has no 'tuples' list; rebuild it with gemmar-aot build")
-        info = LockInfo(
-            source=source,
-            arch=str(lock.get("arch") or (lock.get("manifest") or {}).get("arch") or ""),
-            code_object_version=lock.get("code_object_version"),
-            manifest=str((lock.get("manifest") or {}).get("name", "")),
-            toolchain_digest=(lock.get("toolchain") or {}).get("digest"),
-        )
+        if not isinstance(lock, Lock):
+            raise TypeError(f"add_lock takes a Lock (gemmar_aot.artifact_model), got {type(lock).__name__}")
+        info = LockInfo(source=source, arch=lock.arch, code_object_version=lock.code_object_version,
+                        manifest=lock.manifest.name, toolchain_digest=lock.toolchain.digest)
         self.sources.append(source)
         self.locks.append(info)
-        for t in tuples:
-            try:
-                key = TupleKey.make(
-                    transport=t["transport"], n=t["n"], k=t["k"], world=t["world"], quant=t["quant"],
-                    gather_dtype=t["gather_dtype"], gather_transport=t["gather_transport"],
-                    block_m=t["block_m"], sdma_queues=t.get("sdma_queues", 1))
-                m = int(t["m"])
-                ranks = t["ranks"]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ArtifactError(f"{source}: malformed tuple {t.get('source', '?') if isinstance(t, dict) else t!r}: "
-                                    f"{exc!r}") from None
-            for r in ranks:
-                self.add_entry(RankEntry(key=key, m=m, rank=int(r["rank"]), tuple=t,
-                                         launches=r.get("launches", []), self_test=r.get("self_test", []),
-                                         lock=info))
+        for t in lock.tuples:
+            key, m = t.id.key, t.id.m
+            for r in t.ranks:
+                self.add_entry(RankEntry(key=key, m=m, rank=r.rank, tuple=t, kernels=r, lock=info))
 
     def add_entry(self, entry: RankEntry) -> None:
         """Index one (tuple, M, rank); a duplicate must name the same kernels."""
@@ -172,9 +148,9 @@ class Artifacts:
         if old is None:
             by_rank[entry.rank] = entry
         elif old.identity() != entry.identity():
-            lo, ln = old.layout or {}, entry.layout or {}
-            why = (f"built for window m_max {lo.get('m_max')} and {ln.get('m_max')}"
-                   if lo.get("m_max") != ln.get("m_max") else "different action keys")
+            mo = None if old.layout is None else old.layout.m_max
+            mn = None if entry.layout is None else entry.layout.m_max
+            why = f"built for window m_max {mo} and {mn}" if mo != mn else "different action keys"
             raise ArtifactConflictError(
                 f"conflicting artifacts for {entry.key.describe()} M={entry.m} rank {entry.rank}: "
                 f"{old.where} and {entry.where} name different kernels ({why}). "
@@ -201,10 +177,6 @@ class Artifacts:
 
     def entry(self, key: TupleKey, m: int, rank: int) -> RankEntry | None:
         return self.index.get(key, {}).get(m, {}).get(rank)
-
-    def keys_like(self, **fields: Any) -> list[TupleKey]:
-        """Indexed keys whose named fields equal the given values (for error messages, coverage)."""
-        return [k for k in self.index if all(getattr(k, f) == v for f, v in fields.items())]
 
     def describe_sources(self) -> str:
         return ", ".join(str(s) for s in self.sources) or "(none)"
@@ -240,13 +212,13 @@ def _add_path(arts: Artifacts, path: Path, origin: str, store_root: Path | None 
         root = Path(store_root) if store_root is not None else path
         _check_store(root, str(path))
         for lp in locks:
-            arts.add_lock(read_lock_file(lp), Source(lp, root, origin))
+            arts.add_lock(read_lock(lp), Source(lp, root, origin))
         return
     if not path.exists():
         raise ArtifactNotFoundError(f"no artifacts at {path} ({origin}): neither a lock file nor a store directory")
     root = Path(store_root).expanduser() if store_root is not None else _store_root_for_lock(path)
     _check_store(root, f"lock {path}")
-    arts.add_lock(read_lock_file(path), Source(path, root, origin))
+    arts.add_lock(read_lock(path), Source(path, root, origin))
 
 
 def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
@@ -267,14 +239,14 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
     if _is_pair(spec):
         lock, root = spec
         root = Path(root).expanduser()
-        if isinstance(lock, Mapping):
+        if isinstance(lock, (Lock, Mapping)):
             _check_store(root, "lock dict")
-            parsed = parse_lock(_json_bytes(lock), "<lock dict>")
+            parsed = lock if isinstance(lock, Lock) else Lock.from_json(lock, "<lock dict>")
             arts.add_lock(parsed, Source(None, root, origin))
         else:
             _add_path(arts, Path(lock), origin, store_root=root)
         return
-    if isinstance(spec, Mapping):  # a parsed lock alone: its blobs are in the default store
+    if isinstance(spec, (Lock, Mapping)):  # a lock alone: its blobs are in the default store
         from gemmar_aot.store import default_store_root
 
         _add_spec(arts, (spec, default_store_root()), origin)
@@ -294,13 +266,8 @@ def _is_pair(spec: Any) -> bool:
     if not Path(spec[1]).expanduser().is_dir():
         return False
     lock = spec[0]
-    return isinstance(lock, Mapping) or (isinstance(lock, (str, os.PathLike)) and not Path(lock).expanduser().is_dir())
-
-
-def _json_bytes(obj: Mapping[str, Any]) -> bytes:
-    import json
-
-    return json.dumps(obj).encode()
+    return isinstance(lock, (Lock, Mapping)) or (isinstance(lock, (str, os.PathLike))
+                                                 and not Path(lock).expanduser().is_dir())
 
 
 def _entry_point_specs() -> list[tuple[Any, str]]:

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gemmar_aot import rules
+from gemmar_aot.artifact_model import FUSED_SDMA, TupleKey
 
-from .artifacts import Artifacts, TupleKey, load_artifacts
+from .artifacts import Artifacts, load_artifacts
 from .errors import ArtifactError
 from .manifest_lines import manifest_snippet
-
-TRANSPORT = "fused-sdma"
 
 
 @dataclass
@@ -92,15 +91,15 @@ def coverage(artifacts: Any, *, tokens: tuple[int, int], world: int, n: int, k: 
     if why:
         raise ValueError(f"the op cannot serve {hi} tokens at N={n} K={k} world={world} {quant}: {why}")
     arts: Artifacts = load_artifacts(artifacts)
-    key = TupleKey.make(transport=TRANSPORT, n=n, k=k, world=world, quant=quant, gather_dtype=gather_dtype,
+    key = TupleKey.make(transport=FUSED_SDMA, n=n, k=k, world=world, quant=quant, gather_dtype=gather_dtype,
                         gather_transport=gather_transport, block_m=bm, sdma_queues=sdma_queues)
     g = world * bm
     needed = list(range(rules.padded_m(lo, world, bm), rules.padded_m(hi, world, bm) + 1, g))
     built = arts.m_values(key, rank=rank, world=world)
     present = [m for m in needed if m in set(built)]
     missing = [m for m in needed if m not in set(built)]
-    m_maxes = sorted({(e.layout or {}).get("m_max") for by_rank in arts.index.get(key, {}).values()
-                      for e in by_rank.values() if e.layout})
+    m_maxes = sorted({e.layout.m_max for by_rank in arts.index.get(key, {}).values()
+                      for e in by_rank.values() if e.layout is not None})
     if len(m_maxes) > 1:
         raise ArtifactError(f"the artifacts for {key.describe()} were built for several windows "
                             f"(m_max {m_maxes}); one op serves one window")

@@ -27,11 +27,12 @@ Runtime module: no FlyDSL, MLIR or mori import; torch lazily.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from gemmar_aot import rules
 from gemmar_aot.codeobject import CodeObjectError, parse_code_object
-from gemmar_aot.launch import LaunchRecord, LaunchRecordError
+from gemmar_aot.artifact_model import GEMM_ONLY, GEMV, TupleKey
+from gemmar_aot.launch import LaunchRecord
 
 from .artifacts import load_artifacts
 from .driver import Driver, KernArgs, arch_base
@@ -42,8 +43,6 @@ from .operands import _FNUZ_REASON, check_operands
 
 log = logging.getLogger("gemmar_aot.runtime")
 
-GEMM_ONLY = "gemm-only"
-GEMV = "gemv"
 #: Mxfp8GemmOp: rows of one packed A-scale group; M is a multiple of it.
 SCALE_GROUP_M = 64
 #: Mxfp8GemvOp: most tokens the skinny kernel serves.
@@ -55,36 +54,6 @@ _GEMM_ARGS = (("tensor", "int8"), ("tensor", "int8"), ("tensor", "bfloat16"), ("
               ("tensor", "int32"), ("i32", ""), ("i32", ""), ("i64", ""), ("i64", ""), ("stream", ""))
 _GEMV_ARGS = (("tensor", "int32"), ("tensor", "int32"), ("tensor", "int32"), ("tensor", "int32"),
               ("tensor", "bfloat16"), ("i32", ""), ("i32", ""), ("stream", ""))
-
-
-# ---------------------------------------------------------------------------
-# Lock entries, read the same way whichever form the artifacts index holds
-# ---------------------------------------------------------------------------
-
-
-def _blob(le: Any) -> tuple[str, int | None]:
-    b = le["blob"] if isinstance(le, Mapping) else le.blob
-    if hasattr(b, "hash"):
-        return b.hash, b.size
-    if isinstance(b, Mapping):
-        return b["digest"], b.get("size")
-    return b, (le.get("size") if isinstance(le, Mapping) else None)
-
-
-def _record(le: Any) -> LaunchRecord:
-    r = le["launch"] if isinstance(le, Mapping) else le.launch
-    return r if isinstance(r, LaunchRecord) else LaunchRecord.from_json(r)
-
-
-def _kind(le: Any) -> str:
-    return le["kind"] if isinstance(le, Mapping) else le.kind
-
-
-def _tuple_field(entry: Any, name: str, default: Any = None) -> Any:
-    t = entry.tuple
-    if isinstance(t, Mapping):
-        return t.get(name, default)
-    return getattr(getattr(t, "id", t), name, default)
 
 
 # ---------------------------------------------------------------------------
@@ -183,7 +152,7 @@ class _StandaloneOp:
                 if slot is None:
                     continue
                 old = found.get(slot)
-                if old is not None and _blob(old.launches[0])[0] != _blob(e.launches[0])[0]:
+                if old is not None and old.launches[0].blob != e.launches[0].blob:
                     raise ArtifactConflictError(
                         f"conflicting {self.transport} kernels for N={self.n} K={self.k} ({slot}): {old.where} and "
                         f"{e.where} name different code objects. Remove one, or point artifacts= at exactly one")
@@ -195,12 +164,9 @@ class _StandaloneOp:
         images = {}
         for slot, e in entries.items():
             le = e.launches[0]
-            digest, size = _blob(le)
-            where = f"{e.where} {_kind(le)} (blob {digest[:12]})"
-            try:
-                record = _record(le)
-            except (KeyError, LaunchRecordError) as exc:
-                raise ArtifactMismatchError(f"{where}: bad launch record: {exc}") from None
+            digest, size = le.blob.hash, le.blob.size
+            where = f"{e.where} {le.kind} (blob {digest[:12]})"
+            record = le.launch
             kinds = tuple((a.kind, a.dtype) for a in record.args)
             if tuple(k for k, _ in kinds) != tuple(k for k, _ in self._ARGS) or any(
                     d and w and d != w for (_, d), (_, w) in zip(kinds, self._ARGS)):
@@ -235,11 +201,10 @@ class _StandaloneOp:
                     functions[digest] = driver.get_function(module, kern.name)
                 for slot, e in entries.items():
                     le = e.launches[0]
-                    digest, _size = _blob(le)
-                    record = _record(le)
-                    self._launches[slot] = _Launch(kind=_kind(le), digest=digest, record=record,
+                    digest, record = le.blob.hash, le.launch
+                    self._launches[slot] = _Launch(kind=le.kind, digest=digest, record=record,
                                                    kernel=images[digest][1], function=functions[digest],
-                                                   fixed=fixed(record), where=f"{e.where} {_kind(le)}")
+                                                   fixed=fixed(record), where=f"{e.where} {le.kind}")
                 self._closed = False
             except BaseException:
                 self._closed = False
@@ -250,8 +215,6 @@ class _StandaloneOp:
                 raise
 
     def _snippet(self, ms: Sequence[int]) -> str:
-        from gemmar_aot.artifact_model import TupleKey
-
         key = TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=1, quant="mxfp8",
                             gather_dtype="bf16", gather_transport=None, block_m=rules.MXFP8_BLOCK_M, sdma_queues=1)
         return manifest_snippet(key, ms, None)
@@ -347,7 +310,7 @@ class Mxfp8GemmOp(_StandaloneOp):
         self.block_m, self.block_n = rules.MXFP8_BLOCK_M, block_n
 
         def select(m, e):
-            if int(_tuple_field(e, "block_n", rules.DEFAULT_BLOCK_N)) != block_n:
+            if e.tuple.id.block_n != block_n:
                 return None
             return "narrow" if rules.gemm_only_wants_narrow(m, n) else "wide"
 

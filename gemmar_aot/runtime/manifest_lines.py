@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from gemmar_aot import rules
-
-from .artifacts import TupleKey
+from gemmar_aot.artifact_model import TupleKey
 
 
 def m_field(ms: Sequence[int]) -> str:

@@ -49,8 +49,8 @@ import logging
 from typing import Any
 
 from gemmar_aot import rules
+from gemmar_aot.artifact_model import FUSED_SDMA, LaunchEntry
 from gemmar_aot.codeobject import CodeObjectError, parse_code_object
-from gemmar_aot.launch import LaunchRecord, LaunchRecordError
 
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver, arch_base
@@ -62,10 +62,9 @@ from .operands import check_operands
 
 log = logging.getLogger("gemmar_aot.runtime")
 
-TRANSPORT = "fused-sdma"
+#: The mode a GemmAllReduceOp serves unless told otherwise (mori's own op).
+TRANSPORT = FUSED_SDMA
 DEFAULT_BLOCK_N = rules.DEFAULT_BLOCK_N
-#: Window fields that depend on M; every other field must be the same for every M.
-_SHARED_KEYS = frozenset(rules.window_layout(2, 1024, 256).keys())
 #: The GEMM launcher's arguments, in order: (kind, dtype per quant or None).
 _GEMM_ARGS = ("tensor", "tensor", "tensor", "tensor", "tensor", "i32", "i32", "i64", "i64", "stream")
 _PHASE_ARGS = ("i64", "i64", "stream")
@@ -85,12 +84,6 @@ class _Plan:
         self.a_slot, self.b_slot, self.as_slot, self.bs_slot = gemm.slots
 
 
-def _jsonish(x: Any) -> Any:
-    if isinstance(x, (list, tuple)):
-        return [_jsonish(v) for v in x]
-    return x
-
-
 def padded_m(m: int, world_size: int, block_m: int = 128) -> int:
     """``m`` rounded up to a whole number of row bands per destination (mori's ``padded_m``)."""
     return rules.padded_m(m, world_size, block_m)
@@ -104,7 +97,7 @@ def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128,
     """
     m_pad = rules.padded_m(m_max, world_size, block_m)
     return rules.window_layout(world_size, n, m_pad, block_m, gather_dtype, gather_transport,
-                               max_shapes or rules.default_max_shapes(m_pad, world_size, block_m))["window_bytes"]
+                               max_shapes or rules.default_max_shapes(m_pad, world_size, block_m)).window_bytes
 
 
 def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = None,
@@ -137,7 +130,7 @@ def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = N
             want = rules.padded_m(m_max, world_size, bm)
             for r in range(world_size):
                 e = arts.entry(key, pm, r)
-                if e is None or (e.layout or {}).get("m_max") != want:
+                if e is None or e.layout is None or e.layout.m_max != want:
                     return False
         return True
     except (ArtifactError, ValueError, TypeError, OSError):
@@ -319,42 +312,38 @@ class GemmAllReduceOp:
         first: RankEntry | None = None
         for m, e in sorted(entries.items()):
             lay = e.layout
-            if not lay or not isinstance(lay.get("window"), dict):
+            if lay is None or lay.call is None:
                 raise ArtifactMismatchError(f"{e.where}: M={m} has no window layout in the lock; rebuild it")
-            if lay.get("m_max") != self.m_max:
+            if lay.m_max != self.m_max:
                 raise ArtifactMismatchError(
-                    f"the artifacts were built for m_max {lay.get('m_max')} (window of "
-                    f"{lay['window'].get('window_bytes')} bytes, {e.where}), but this op pads m_max to "
-                    f"{self.m_max}: the window layout is compiled into every kernel. Construct the op "
-                    f"with m_max={lay.get('m_max')}, or rebuild the manifest with m_max = {self.m_max}")
-            if lay.get("max_shapes") != self.max_shapes:
+                    f"the artifacts were built for m_max {lay.m_max} (window of {lay.window_bytes} bytes, "
+                    f"{e.where}), but this op pads m_max to {self.m_max}: the window layout is compiled into "
+                    f"every kernel. Construct the op with m_max={lay.m_max}, or rebuild the manifest with "
+                    f"m_max = {self.m_max}")
+            if lay.max_shapes != self.max_shapes:
                 raise ArtifactMismatchError(
-                    f"the artifacts were built with max_shapes {lay.get('max_shapes')} ({e.where}), this op "
-                    f"asks for {self.max_shapes}; pass max_shapes={lay.get('max_shapes')} (or leave it unset)")
-            if int(e.tuple.get("block_n", DEFAULT_BLOCK_N)) != self.block_n:
-                raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.get('block_n')}")
+                    f"the artifacts were built with max_shapes {lay.max_shapes} ({e.where}), this op "
+                    f"asks for {self.max_shapes}; pass max_shapes={lay.max_shapes} (or leave it unset)")
+            if e.tuple.id.block_n != self.block_n:
+                raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.id.block_n}")
             if first is None:
                 first = e
             else:
-                w0, w1 = first.layout["window"], lay["window"]
-                diff = sorted(k for k in _SHARED_KEYS if _jsonish(w0.get(k)) != _jsonish(w1.get(k)))
+                # Only the per-M values (lay.call) may differ between the M values of one window.
+                diff = _differing_fields(first.layout.shared().flat(), lay.shared().flat())
                 if diff:
                     raise ArtifactMismatchError(
                         f"the artifacts' window layouts differ between M={first.m} ({first.where}) and "
                         f"M={m} ({e.where}) in {diff}: one window cannot serve both. Rebuild them together "
                         f"from one manifest")
-            slot = rules.counter_slot(m, self.world_size, self.block_m)
             want = rules.window_layout(self.world_size, self.n, self.m_max, self.block_m, self.gather_dtype,
-                                       e.tuple.get("gather_transport", self.gather_transport), self.max_shapes,
-                                       m_pad=m)
-            got = lay["window"]
-            diff = sorted(k for k in set(want) | set(got) if _jsonish(want.get(k)) != _jsonish(got.get(k)))
-            if diff or lay.get("slot") != slot:
+                                       e.tuple.id.gather_transport, self.max_shapes, m_pad=m)
+            if lay != want:
                 raise ArtifactMismatchError(
                     f"{e.where}: the recorded window layout for M={m} is not the one this runtime computes "
-                    f"(differs in {diff or ['slot']}); the kernels would address the wrong bytes. Rebuild "
-                    f"with this gemmar-aot version")
-        return int(first.layout["window"]["window_bytes"])
+                    f"(differs in {_differing_fields(want.flat(), lay.flat())}); the kernels would address the "
+                    f"wrong bytes. Rebuild with this gemmar-aot version")
+        return first.layout.window_bytes
 
     def _load_code_objects(self, entries: dict[int, RankEntry]) -> dict[str, tuple[bytes, Any]]:
         """digest -> (verified bytes, kernel metadata), each blob read once; nothing acquired yet."""
@@ -362,52 +351,45 @@ class GemmAllReduceOp:
         codes: dict[str, Any] = {}
         for m, e in sorted(entries.items()):
             store = self.artifacts.store(e.lock.source)
-            for le in list(e.launches) + list(e.self_test):
-                digest = le["blob"]["digest"] if isinstance(le["blob"], dict) else le["blob"]
-                where = f"{e.where} M={m} {le.get('kind')} (blob {digest[:12]})"
-                try:
-                    record = LaunchRecord.from_json(le["launch"])
-                except (KeyError, LaunchRecordError) as exc:
-                    raise ArtifactMismatchError(f"{where}: bad launch record: {exc}") from None
+            for le in (*e.launches, *e.self_test):
+                digest = le.blob.hash
+                where = f"{e.where} M={m} {le.kind} (blob {digest[:12]})"
                 code = codes.get(digest)
                 if code is None:
-                    data = store.load_blob(digest, le.get("size"))
+                    data = store.load_blob(digest, le.blob.size)
                     try:
                         code = codes[digest] = parse_code_object(data)
                     except CodeObjectError as exc:
                         raise ArtifactMismatchError(f"{store.describe_blob(digest)}: not a loadable code object: "
                                                     f"{exc}") from None
                     images[digest] = (data, None)
-                kern = verify_code_object(code, record, arch=e.lock.arch, where=where)
+                kern = verify_code_object(code, le.launch, arch=e.lock.arch, where=where)
                 images[digest] = (images[digest][0], kern)
         return images
 
     def _make_plan(self, e: RankEntry, images, functions) -> _Plan:
         m = e.m
-        lay = e.layout["window"]
+        lay = e.layout
         launches = list(e.launches)
-        if not launches or launches[0].get("kind") != "gemm":
+        if not launches or launches[0].kind != "gemm":
             raise ArtifactMismatchError(f"{e.where}: M={m}'s launch sequence does not start with the GEMM")
-        c_ptr = self.mem.ptr + lay["input_off"]
+        c_ptr = self.mem.ptr + lay.input_off
         dev_comm, win = int(self.dev_comm.ptr), int(self.win.handle)
 
-        def digest_of(le):
-            return le["blob"]["digest"] if isinstance(le["blob"], dict) else le["blob"]
-
-        def phase(le) -> PreparedLaunch:
-            rec = LaunchRecord.from_json(le["launch"])
+        def phase(le: LaunchEntry) -> PreparedLaunch:
+            rec = le.launch
             kinds = tuple(a.kind for a in rec.args)
             if kinds != _PHASE_ARGS:
-                raise ArtifactMismatchError(f"{e.where}: phase {le.get('kind')} takes {kinds}, expected "
+                raise ArtifactMismatchError(f"{e.where}: phase {le.kind} takes {kinds}, expected "
                                             f"(dev_comm, win, stream)")
-            d = digest_of(le)
-            return prepare_launch(kind=le["kind"], digest=d, record=rec, kernel=images[d][1],
-                                  function=functions[d], where=f"{e.where} {le['kind']}",
+            d = le.blob.hash
+            return prepare_launch(kind=le.kind, digest=d, record=rec, kernel=images[d][1],
+                                  function=functions[d], where=f"{e.where} {le.kind}",
                                   fixed={rec.args[0].params[0]: dev_comm, rec.args[1].params[0]: win},
                                   per_call=())
 
         g = launches[0]
-        rec = LaunchRecord.from_json(g["launch"])
+        rec = g.launch
         kinds = tuple(a.kind for a in rec.args)
         if kinds != _GEMM_ARGS:
             raise ArtifactMismatchError(f"{e.where}: the GEMM launcher takes {kinds}, expected "
@@ -428,7 +410,7 @@ class GemmAllReduceOp:
         fixed = {a.params[1]: numel["a"], b.params[1]: numel["b"], asc.params[1]: numel["as"],
                  bsc.params[1]: numel["bs"], c.params[0]: c_ptr, c.params[1]: m * n,
                  c_m.params[0]: m, c_n.params[0]: n, dc.params[0]: dev_comm, wn.params[0]: win}
-        d = digest_of(g)
+        d = g.blob.hash
         gemm = prepare_launch(kind="gemm", digest=d, record=rec, kernel=images[d][1], function=functions[d],
                               where=f"{e.where} gemm", fixed=fixed,
                               per_call=(a.params[0], b.params[0], asc.params[0], bsc.params[0]))
@@ -439,7 +421,7 @@ class GemmAllReduceOp:
             tail=tuple(phase(le) for le in launches[1:]),
             self_test=tuple(phase(le) for le in e.self_test),
             input=tensor_at(self.comm, c_ptr, (m, n), torch.bfloat16, self.device),
-            output=tensor_at(self.comm, self.mem.ptr + lay["output_off"], (m, n), torch.bfloat16, self.device),
+            output=tensor_at(self.comm, self.mem.ptr + lay.output_off, (m, n), torch.bfloat16, self.device),
         )
 
     # ------------------------------------------------------------------
@@ -722,6 +704,10 @@ class GemmAllReduceOp:
         state = "closed" if self._closed else f"M {list(self.m_values)}"
         return (f"<gemmar_aot GemmAllReduceOp n={self.n} k={self.k} world={self.world_size} rank={self.rank} "
                 f"{self.quant} wire={self.gather_dtype} m_max={self.m_max} {self.transport}: {state}>")
+
+
+def _differing_fields(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def _mori_build_cco_sdma() -> bool | None:

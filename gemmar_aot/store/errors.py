@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from gemmar_aot.artifact_model import LockFileError  # noqa: F401 - a lock is malformed or of another schema
 from gemmar_aot.errors import GemmarError
 
 
@@ -52,7 +53,3 @@ class CorruptArtifactError(StoreError):
                       "is an installed artifact package, reinstall it (pip install --force-reinstall)")
         return cls(f"corrupt blob {path}: {reason}; {where}", path=path, digest=digest,
                    reason=reason, quarantined_to=quarantined_to)
-
-
-class LockFileError(StoreError):
-    """A lock file is malformed or written by a newer gemmar-aot."""
