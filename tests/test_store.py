@@ -522,7 +522,9 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     old_lock.parent.mkdir(parents=True)
     old_lock.write_bytes(b"")
     manifest_lock = root / "locks" / "smoke.lock.json"
-    write_lock_file(manifest_lock, {"schema": LOCK_SCHEMA, "launches": []})
+    from synth_lock import synthetic_lock
+
+    write_lock_file(manifest_lock, synthetic_lock())
     (root / "STORE_FORMAT").write_text("2\n")
     ro = Store(root, readonly=True)
     assert ro.format == 2 and ro.load(key_of("m")) == (rec, code_object(5))
