@@ -329,7 +329,7 @@ class LaunchEntry:
     key: str  # the action key (sha256 over every ingredient of the compile)
     blob: Digest  # the raw code object
     launch: LaunchRecord  # how FlyDSL's host code launches it
-    record: Digest  # the action-cache record (canonical JSON) this entry was made from
+    record: Digest  # the action-cache record this entry was made from (see record_digest)
 
     def __post_init__(self) -> None:
         if not is_hex64(self.key):
@@ -507,6 +507,17 @@ class Lock:
         except (ValueError, UnicodeDecodeError) as exc:
             raise LockFileError(f"{where} is not valid JSON ({exc}); {_REBUILD}") from None
         return cls.from_json(obj, where)
+
+
+#: Record fields that differ between two compiles of one key (timings): a record's digest leaves
+#: them out, so the same manifest and toolchain give the same lock in any store.
+RECORD_VOLATILE_FIELDS = ("compile_seconds",)
+
+
+def record_digest(record: Mapping[str, Any]) -> Digest:
+    """The digest a lock names for an action-cache record: of its canonical JSON without
+    :data:`RECORD_VOLATILE_FIELDS`."""
+    return Digest.of(canonical_json_bytes({k: v for k, v in record.items() if k not in RECORD_VOLATILE_FIELDS}))
 
 
 def read_lock(path: str | os.PathLike) -> Lock:

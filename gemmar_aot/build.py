@@ -26,9 +26,9 @@ from gemmar_aot.artifact_model import (
     RankLaunches,
     ToolchainInfo,
     lock_file_path,
+    record_digest,
     write_lock,
 )
-from gemmar_aot.canonical_json import canonical_json_bytes
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.launch import LaunchRecord
 
@@ -36,7 +36,7 @@ from gemmar_aot.launch import LaunchRecord
 def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
     """The lock's entry for one kernel, made from its action-cache record ``rec``."""
     return LaunchEntry(kind=kind, key=key, blob=Digest(rec["blob"]["digest"], rec["blob"]["size"]),
-                       launch=LaunchRecord.from_json(rec["launch"]), record=Digest.of(canonical_json_bytes(rec)))
+                       launch=LaunchRecord.from_json(rec["launch"]), record=record_digest(rec))
 
 
 def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp: dict) -> Lock:

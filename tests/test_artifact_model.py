@@ -20,6 +20,7 @@ from gemmar_aot.artifact_model import (
     Lock,
     LockFileError,
     read_lock,
+    record_digest,
     write_lock,
 )
 from synth_lock import entry, synthetic_lock
@@ -282,3 +283,25 @@ def test_bulk_validation_accepts_exactly_what_one_by_one_validation_accepts(doc)
             checked += 1
             refused += outcomes[0] is LockFileError
     assert checked >= 600 and refused > checked // 2
+
+
+def test_record_digest_leaves_out_timings():
+    rec = {"schema": 1, "key": "ab" * 32, "blob": {"digest": "cd" * 32, "size": 3}, "spec": {"kind": "gemm"},
+           "compile_seconds": 1.25}
+    assert record_digest(rec) == record_digest({**rec, "compile_seconds": 7.5}) == record_digest(
+        {k: v for k, v in rec.items() if k != "compile_seconds"})
+    assert record_digest(rec) != record_digest({**rec, "spec": {"kind": "drain"}})
+
+
+def test_a_built_lock_names_each_kernel_s_record(smoke_store, smoke_lock):
+    """Every entry's record digest is the store's record for its key (without timings)."""
+    from gemmar_aot.store import Store
+
+    st = Store(smoke_store, readonly=True)
+    kernels = smoke_lock.kernels()
+    assert len(kernels) > 20
+    for key, e in kernels.items():
+        rec = st.get_record(key)
+        assert record_digest(rec) == e.record
+        assert (rec["blob"]["digest"], rec["blob"]["size"]) == (e.blob.hash, e.blob.size)
+        assert rec["spec"]["kind"] == e.kind and rec["launch"]["kernel"] == e.symbol

@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemmar_aot.artifact_model import LaunchEntry, Lock, LockTuple, RankLaunches, TupleId
-from gemmar_aot.canonical_json import canonical_json_bytes
+from gemmar_aot.artifact_model import LaunchEntry, Lock, LockTuple, RankLaunches, TupleId, record_digest
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import (
     Digest,
@@ -439,7 +438,7 @@ def _lock_for(recs: dict[str, dict], extra: tuple = ()) -> Lock:
     from synth_lock import launch_record, synthetic_lock
 
     entries = tuple(LaunchEntry(kind="gemm", key=k, blob=Digest(r["blob"]["digest"], r["blob"]["size"]),
-                                launch=launch_record(), record=Digest.of(canonical_json_bytes(r)))
+                                launch=launch_record(), record=record_digest(r))
                     for k, r in recs.items()) + tuple(extra)
     t = LockTuple(TupleId("gemm-only", 128, 1024, 256, 2, "mxfp8", block_m=256), "", None,
                   (RankLaunches(0, entries, ()),))
