@@ -47,7 +47,7 @@ http {{
     scgi_temp_path {dir}/tmp/scgi;
     keepalive_requests 100000;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         root {data};
         client_max_body_size 64m;
         location / {{
@@ -130,7 +130,8 @@ def wait_listening(port: int, timeout: float = 15.0, proc: subprocess.Popen | No
 class Nginx:
     """One nginx serving ``data`` (the cache's files) on 127.0.0.1; ``url`` is its base URL."""
 
-    def __init__(self, workdir: Path, binary: str | None = None, *, data: Path | None = None, extra: str = ""):
+    def __init__(self, workdir: Path, binary: str | None = None, *, data: Path | None = None, extra: str = "",
+                 tls: tuple[Path, Path] | None = None):
         self.binary = binary or find_nginx()
         if self.binary is None:
             raise RuntimeError("no nginx with WebDAV found: run `make setup` (it unpacks Debian's nginx into "
@@ -138,12 +139,13 @@ class Nginx:
         self.dir = Path(workdir)
         self.data = Path(data) if data else self.dir / "data"
         self.extra = extra
+        self.tls = tls  # (certificate, key) PEM files: serve https
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, port: int | None = None) -> "Nginx":
         for d in (self.dir / "tmp", self.data):
@@ -151,7 +153,9 @@ class Nginx:
         for attempt in range(5):
             self.port = port or free_port()
             conf = self.dir / "nginx.conf"
-            conf.write_text(CONF.format(dir=self.dir, data=self.data, port=self.port, extra=self.extra))
+            tls = (f" ssl;\n        ssl_certificate {self.tls[0]};\n        ssl_certificate_key {self.tls[1]}"
+                   if self.tls else "")
+            conf.write_text(CONF.format(dir=self.dir, data=self.data, port=self.port, extra=self.extra, tls=tls))
             self.proc = subprocess.Popen([self.binary, "-p", str(self.dir), "-c", str(conf), "-e",
                                           str(self.dir / "error.log")],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

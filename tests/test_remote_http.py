@@ -176,3 +176,28 @@ def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(
     (nginx.data / "ac" / k2).write_bytes(b"\x12\xff garbage")
     with pytest.raises(BadRecord, match="ActionResult"):
         b.get_record(k2)
+
+
+def test_https_with_a_private_ca(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    server = Nginx(tmp_path / "n", tls=(cert, key)).start()
+    try:
+        assert server.url.startswith("https://")
+        h, data = _blob()
+        c = HttpCache(server.url, environ={"GEMMAR_AOT_REMOTE_CA": str(cert)})
+        c.put("cas", h, data)
+        assert c.get("cas", h) == data and c.head("cas", h)
+        untrusted = HttpCache(server.url, environ={}, retries=2, backoff=0.01)
+        with pytest.raises(RemoteRefused, match="not trusted.*GEMMAR_AOT_REMOTE_CA"):
+            untrusted.get("cas", h)
+        assert untrusted.stats["requests"] == 1  # not retried: it would fail the same way
+    finally:
+        server.stop()

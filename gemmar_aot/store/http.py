@@ -68,6 +68,10 @@ class _Transient(Exception):
     """Internal: one attempt failed in a way worth retrying."""
 
 
+class _Fatal(Exception):
+    """Internal: one attempt failed in a way retrying cannot fix (an untrusted certificate)."""
+
+
 @dataclass
 class Response:
     status: int
@@ -236,6 +240,9 @@ class HttpCache:
             except _Transient as e:
                 last = str(e)
                 continue
+            except _Fatal as e:
+                self.mark_down(str(e))
+                raise RemoteRefused(f"remote cache {self.name}: {e}") from None
             if r.status in _RETRY_STATUS:
                 last = f"HTTP {r.status} on {method} {kind}/"
                 continue
@@ -295,6 +302,11 @@ class HttpCache:
             conn.close()
             self._local.conn = None
             raise
+        except ssl.SSLCertVerificationError as e:
+            conn.close()
+            self._local.conn = None
+            raise _Fatal(f"TLS certificate not trusted ({e.verify_message}); for a private CA set "
+                         f"${ENV_CA} to its PEM bundle") from None
         except (OSError, http.client.HTTPException, socket.timeout) as e:
             conn.close()
             self._local.conn = None
