@@ -7,7 +7,11 @@ locally and the remote lacks, is written through, blob before record.
 - :meth:`RemoteSession.lookup` resolves the local misses against the remote: requests
   in parallel (a warm fresh checkout is ~1300 small GETs; one at a time they would
   dominate the build), writes into the local store in this thread, one at a time
-  (the store's zstd compressors are shared and must not run concurrently).
+  (the store's zstd compressors are shared and must not run concurrently). Fetched
+  entries are written at zstd level 3 and without fsync: two fsyncs and a level-19
+  compress per entry were ~40 ms, 17 s for the reference manifest, and buy nothing
+  here -- every local read verifies (a torn file is quarantined, not used) and the
+  entry can be fetched again. ``gemmar-aot gc``/``optimize`` recompress later.
 - :meth:`RemoteSession.upload` sends each finished kernel from a small thread pool
   while the compiler keeps going; :meth:`backfill` uploads local hits the remote lacks
   (one batched existence check), so a developer's warm store seeds an empty cache.
@@ -32,11 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.store.backend import RESERVED_FIELDS, record_digest
+from gemmar_aot.store.backend import record_digest
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError
 
 #: Parallel requests for lookups and uploads (the server, not our CPU, is the limit).
 REMOTE_JOBS = 8
+#: zstd level for entries fetched from the remote (the store's default, 19, is for compiles).
+FETCH_LEVEL = 3
 
 
 class RemoteRequiredError(StoreError):
@@ -48,8 +54,12 @@ class RemoteSession:
     :class:`~gemmar_aot.store.remote.HttpBackend`)."""
 
     def __init__(self, store, backend, *, required: bool = False, jobs: int = REMOTE_JOBS, stream=None):
+        from gemmar_aot.store import Store
+
         self.store = store
         self.backend = backend
+        #: Writes what the remote served (see the module docstring for level and durability).
+        self.writer = Store(store.root, level=FETCH_LEVEL, durable=False, touch=False)
         #: One line per failure; the first is printed as the build's only remote warning.
         self.problems: list[str] = []
         self.required = required
@@ -112,14 +122,14 @@ class RemoteSession:
             if self.backend.down:
                 return key, None, None
             try:
-                rec = self.backend.get_record(key)
-                if rec is None:
+                got = self.backend.get_record_json(key)
+                if got is None:
                     return key, None, None
-                code = self.backend.get_blob(record_digest(rec))  # verified, or raises
+                code = self.backend.get_blob(record_digest(got[0]))  # verified, or raises
                 if code is None:
                     with self._lock:
                         self.counts["record_without_blob"] += 1  # evicted: a miss, not an error
-                return key, rec, code
+                return key, got, code
             except CorruptArtifactError as e:
                 self.problem(f"entry {key}", e)  # refused; on_corrupt quarantined the bytes
             except Exception as e:  # noqa: BLE001 - a remote failure is a miss, never fatal here
@@ -128,10 +138,13 @@ class RemoteSession:
 
         found: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=min(self.jobs, len(keys)), thread_name_prefix="lookup") as pool:
-            for key, rec, code in pool.map(fetch, keys):
+            for key, got, code in pool.map(fetch, keys):
                 if code is None:
                     continue
-                found[key] = self.store.put(key, code, {k: v for k, v in rec.items() if k not in RESERVED_FIELDS})
+                rec, text = got
+                local = self.writer.local
+                local.put_blob(code)  # blob before record
+                found[key] = local.put_record_json(key, text)
         self.counts["remote_hits"] += len(found)
         return found
 

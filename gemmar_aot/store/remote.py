@@ -106,6 +106,11 @@ class HttpBackend(CacheBackend):
         return ar
 
     def get_record(self, key: str) -> dict | None:
+        got = self.get_record_json(key)
+        return None if got is None else got[0]
+
+    def get_record_json(self, key: str) -> tuple[dict, bytes] | None:
+        """(record, its JSON text as served and verified) for ``key``, or None."""
         ar = self._entry(key)
         if ar is None:
             return None
@@ -127,7 +132,7 @@ class HttpBackend(CacheBackend):
         if record_digest(rec) != Digest(cd.hash, cd.size_bytes):  # _entry checked the hash's form
             raise BadRecord(f"/ac/{key} names code object {cd.hash}/{cd.size_bytes} but its record names "
                             f"{rec['blob']['digest']}/{rec['blob']['size']}")
-        return rec
+        return rec, raw
 
     def put_record(self, key: str, record: Mapping[str, Any]) -> None:
         rec = check_record(dict(record), key)
