@@ -255,3 +255,17 @@ def test_plan_cli_prints_the_warnings(tmp_path):
     import json
 
     assert len(json.loads(as_json.stdout)["warnings"]) == 2
+
+
+def test_build_cli_prints_the_warnings_before_it_starts(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gemmar_aot.cli import main
+
+    path = tmp_path / "w.toml"
+    path.write_text(COMPARISON.format(mode="fused-sdma", m="[300, 512]", quant="blockscale"))
+    # No toolchain: the build stops at its first step, after the warnings were shown.
+    monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN", str(tmp_path / "no-toolchain"))
+    result = CliRunner().invoke(main, ["build", str(path), "--store", str(tmp_path / "store"), "-q"])
+    assert result.exit_code != 0
+    assert result.stderr.startswith(f"warning: {path}: tuple[0] (line 2): m = 300 and m = 512 both pad to 512")
