@@ -343,3 +343,22 @@ def test_import_rule_holds_for_every_class(smoke_store):
     mods = _fresh_modules(code)
     assert _forbidden(mods) == []
     assert not any(m == "mori" or m.startswith("mori.") for m in mods)
+
+
+def test_coverage_per_transport(smoke_store):
+    from click.testing import CliRunner
+
+    from gemmar_aot.cli import main
+
+    res = CliRunner().invoke(main, ["coverage", "--store", str(smoke_store), "--tokens", "1..512", "--world", "2",
+                                    "--n", "1024", "--k", "256", "--transport", "fused-lsa", "--json"])
+    assert res.exit_code == 1, res.output
+    import json
+
+    rep = json.loads(res.stdout)
+    assert rep["tuple"]["transport"] == "fused-lsa" and rep["present"] == [512] and rep["missing"] == [256]
+    fix = parse_manifest('[manifest]\nname = "x"\n\n' + rep["manifest_lines"], "x.toml")
+    assert [(w.transport, w.m, w.m_max) for w in fix.workloads] == [("fused-lsa", 256, 512)]
+    res = CliRunner().invoke(main, ["coverage", "--store", str(smoke_store), "--tokens", "1..512", "--world", "2",
+                                    "--n", "1024", "--k", "256", "--transport", "split-lsa", "--gather-dtype", "fp8"])
+    assert res.exit_code == 2 and "no fp8 path" in res.output

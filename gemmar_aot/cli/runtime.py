@@ -43,9 +43,11 @@ def _token_range(value: str | None, lo: int | None, hi: int | None) -> tuple[int
 @click.option("--block-m", type=click.IntRange(min=1), default=None)
 @click.option("--sdma-queues", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="Check one rank (default: every rank).")
+@click.option("--transport", type=click.Choice(["fused-sdma", "split-sdma", "split-lsa", "fused-lsa"]),
+              default="fused-sdma", show_default=True, help="The collective mode the server runs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, gather_dtype, gather_transport,
-             block_m, sdma_queues, rank, as_json):
+             block_m, sdma_queues, rank, transport, as_json):
     """List the padded M values a server could request that the artifacts lack. Exit 1 if any.
 
     Every token count in the range pads to some M (a multiple of world*block_m);
@@ -72,7 +74,7 @@ def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, ga
     try:
         report = run_coverage(spec, tokens=(lo, hi), world=world, n=n, k=k, quant=quant,
                               gather_dtype=gather_dtype, gather_transport=gather_transport, block_m=block_m,
-                              sdma_queues=sdma_queues, rank=rank)
+                              sdma_queues=sdma_queues, rank=rank, transport=transport)
     except ValueError as exc:
         raise GemmarError(str(exc)) from None
     if as_json:

@@ -80,18 +80,22 @@ def _compact(ms: list[int], limit: int = 24) -> str:
 
 def coverage(artifacts: Any, *, tokens: tuple[int, int], world: int, n: int, k: int, quant: str = "blockscale",
              gather_dtype: str = "bf16", gather_transport: str = "lsa", block_m: int | None = None,
-             sdma_queues: int = 1, rank: int | None = None) -> CoverageReport:
+             sdma_queues: int = 1, rank: int | None = None, transport: str = FUSED_SDMA) -> CoverageReport:
     """The coverage of ``tokens`` (inclusive range) by the artifacts. Raises ValueError on bad arguments."""
     lo, hi = int(tokens[0]), int(tokens[1])
     if lo < 1 or hi < lo:
         raise ValueError(f"the token range must be 1 <= min <= max, got {lo}..{hi}")
     bm = rules.default_block_m(quant) if block_m is None else block_m
+    if transport not in rules.COLLECTIVE_TRANSPORTS:
+        raise ValueError(f"coverage is about the collective modes ({', '.join(rules.COLLECTIVE_TRANSPORTS)}), "
+                         f"not {transport!r}")
     why = rules.check_gemm_ar(hi, n, k, world, block_m=bm, gather_dtype=gather_dtype,
-                              gather_transport=gather_transport, quant=quant, sdma_queues=sdma_queues)
+                              gather_transport=gather_transport, quant=quant, sdma_queues=sdma_queues,
+                              transport=transport)
     if why:
         raise ValueError(f"the op cannot serve {hi} tokens at N={n} K={k} world={world} {quant}: {why}")
     arts: Artifacts = load_artifacts(artifacts)
-    key = TupleKey.make(transport=FUSED_SDMA, n=n, k=k, world=world, quant=quant, gather_dtype=gather_dtype,
+    key = TupleKey.make(transport=transport, n=n, k=k, world=world, quant=quant, gather_dtype=gather_dtype,
                         gather_transport=gather_transport, block_m=bm, sdma_queues=sdma_queues)
     g = world * bm
     needed = list(range(rules.padded_m(lo, world, bm), rules.padded_m(hi, world, bm) + 1, g))
