@@ -168,6 +168,7 @@ class GemmAllReduceOp:
         self.mem = self.win = self.dev_comm = None
         self._modules: list[Any] = []
         self._plans: dict[int, _Plan] = {}
+        self._phases: dict[str, PreparedLaunch] = {}
         self._entries: dict[int, RankEntry] = {}
         self._pad_in = None
         self._fallback = None
@@ -349,9 +350,13 @@ class GemmAllReduceOp:
         """digest -> (verified bytes, kernel metadata), each blob read once; nothing acquired yet."""
         images: dict[str, tuple[bytes, Any]] = {}
         codes: dict[str, Any] = {}
+        verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
         for m, e in sorted(entries.items()):
             store = self.artifacts.store(e.lock.source)
             for le in (*e.launches, *e.self_test):
+                if le.key in verified:
+                    continue
+                verified.add(le.key)
                 digest = le.blob.hash
                 where = f"{e.where} M={m} {le.kind} (blob {digest[:12]})"
                 code = codes.get(digest)
@@ -375,8 +380,15 @@ class GemmAllReduceOp:
             raise ArtifactMismatchError(f"{e.where}: M={m}'s launch sequence does not start with the GEMM")
         c_ptr = self.mem.ptr + lay.input_off
         dev_comm, win = int(self.dev_comm.ptr), int(self.win.handle)
+        phases = self._phases  # action key -> prepared phase: its arguments are the same for every M
 
         def phase(le: LaunchEntry) -> PreparedLaunch:
+            p = phases.get(le.key)
+            if p is None:
+                p = phases[le.key] = prepare_phase(le)
+            return p
+
+        def prepare_phase(le: LaunchEntry) -> PreparedLaunch:
             rec = le.launch
             kinds = tuple(a.kind for a in rec.args)
             if kinds != _PHASE_ARGS:
@@ -649,6 +661,7 @@ class GemmAllReduceOp:
             return
         self._closed = True
         self._plans.clear()
+        self._phases.clear()
         self._pad_in = None
         errors = []
         if self._fallback is not None:
