@@ -66,7 +66,11 @@ class BlobCodec:
         self.level = level
         self._lock = threading.Lock()
         self._dicts: dict[str, zstandard.ZstdCompressionDict] = {}
-        self._cctx: dict[tuple[int, str | None], zstandard.ZstdCompressor] = {}
+        # Compressors per thread: a ZstdCompressor must not run in two threads at once
+        # (it corrupts frames or crashes). ``_generation`` moves on every ``forget`` so no
+        # thread keeps compressing with a dictionary that was dropped.
+        self._tls = threading.local()
+        self._generation = 0
 
     # ---- dictionaries ----
 
@@ -94,7 +98,7 @@ class BlobCodec:
     def forget(self, digest: str) -> None:
         with self._lock:
             self._dicts.pop(digest, None)
-            self._cctx = {k: v for k, v in self._cctx.items() if k[1] != digest}
+            self._generation += 1
 
     def decode_dictionary(self, data: bytes, digest: str) -> bytes:
         """Verified raw bytes of a stored dictionary (a plain zstd blob); raises BadBlob."""
@@ -142,12 +146,12 @@ class BlobCodec:
 
     def compressor(self, dict_digest: str | None, level: int | None = None) -> zstandard.ZstdCompressor:
         k = (self.level if level is None else level, dict_digest)
-        with self._lock:
-            c = self._cctx.get(k)
+        tls = self._tls
+        if getattr(tls, "generation", None) != self._generation:
+            tls.generation, tls.cctx = self._generation, {}
+        c = tls.cctx.get(k)
         if c is None:
-            c = blobfmt.compressor(k[0], self.dictionary(dict_digest) if dict_digest else None)
-            with self._lock:
-                self._cctx[k] = c
+            c = tls.cctx[k] = blobfmt.compressor(k[0], self.dictionary(dict_digest) if dict_digest else None)
         return c
 
     def encode(self, raw: bytes, dict_digest: str | None, *, level: int | None = None,
