@@ -70,6 +70,40 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
     )
 
 
+class _EarlyOptimize:
+    """``maint.optimize`` (train the zstd dictionary, repack) in a thread of the main process,
+    started while the last, short kernels compile. After the last kernel only the blobs
+    written since are repacked, instead of the whole store: that step grows with the number
+    of kernels and would otherwise sit on the critical path after the compile."""
+
+    def __init__(self, store, trace):
+        self.store, self.trace = store, trace
+        self.thread = None
+        self.info: dict | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        import threading
+
+        self.thread = threading.Thread(target=self._run, name="gemmar-early-optimize", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from gemmar_aot.compiler.trace import maybe_phase
+        from gemmar_aot.store import maint
+
+        try:
+            with maybe_phase(self.trace, "store optimize (during the last kernels)"):
+                self.info = maint.optimize(self.store)
+        except BaseException as exc:  # noqa: BLE001 - the final optimize runs anyway and reports
+            self.error = exc
+
+    def join(self) -> dict | None:
+        if self.thread is not None:
+            self.thread.join()
+        return self.info
+
+
 def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               shard: tuple[int, int] | None = None,
@@ -160,15 +194,18 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                     session.upload(keys[spec.spec_id], res.record)
 
             t0 = time.perf_counter()
+            early = _EarlyOptimize(st, trace)
             with maybe_phase(trace, "compile (waiting on workers)", kernels=len(todo)):
                 results = compile_all(todo, str(root), executor=executor or local, costs=costs,
-                                      progress=progress, on_result=uploaded) if todo else []
+                                      progress=progress, on_result=uploaded,
+                                      on_tail=early.start) if todo else []
             compile_wall = time.perf_counter() - t0
             with maybe_phase(trace, "remote uploads"):
                 remote_summary = session.finish() if session is not None else None
     finally:
         if local is not None:
             local.close()
+        early_info = early.join() if "early" in locals() else None
 
     by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "bytes": 0})
     failures = []
@@ -198,8 +235,11 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         except OSError:
             pass  # a read-only stats dir only costs the next build its ordering
     # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
+    # Most of it ran during the last kernels (_EarlyOptimize); this repacks what came after.
     with maybe_phase(trace, "store optimize"):
         optimized = maint.optimize(st) if compiled else None
+    if optimized is not None and early_info and early_info.get("trained") and not optimized.get("trained"):
+        optimized = {**optimized, "trained": early_info["trained"], "early": early_info}
     lock_file = None
     if not failures and not only and shard is None:
         with maybe_phase(trace, "lock file"):

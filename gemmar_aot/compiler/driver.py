@@ -304,15 +304,20 @@ class LocalExecutor:
                     if msg[0] == "ready":
                         w.ready = True
                         if self.trace is not None:
-                            self.trace.span("import", msg[2][0], msg[2][1], pid=msg[1],
-                                            args={"what": "FlyDSL, torch, mori device modules, toolchain"})
+                            self.trace.span("import", min(w.started, msg[2][0]), msg[2][1], pid=msg[1],
+                                            args={"what": "interpreter start, FlyDSL, torch, mori device "
+                                                          "modules, toolchain (from spawn)",
+                                                  "cpu_s": round(msg[2][2], 4)})
                     elif msg[0] == "done":
                         batch, w.batch = w.batch, None
                         for t, res in zip(batch, msg[1]):
                             remaining -= 1
                             if self.trace is not None:
                                 for name, t0, t1 in res.phases:
-                                    self.trace.span(name, t0, t1, pid=res.pid, args={"spec": t.spec.label()})
+                                    self.trace.span(name, t0, t1, pid=res.pid,
+                                                    args={"spec": t.spec.label(), "spec_id": t.spec.spec_id,
+                                                          "cost_class": cost_class(t.spec),
+                                                          "spec_cpu_s": round(res.cpu_seconds, 4)})
                             yield t.spec, res
                     else:
                         gone = True
@@ -380,13 +385,18 @@ def compile_all(
     executor: Executor | None = None,
     costs: CostModel | None = None,
     on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
+    on_tail: Callable[[], None] | None = None,
+    tail_fraction: float = 0.9,
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
 
     ``executor``: where to run them (default: a LocalExecutor of ``jobs`` workers, closed
     here). An executor passed in is used but not closed. ``on_result(spec, result)`` is
     called here as each result arrives (the build uploads finished kernels to a remote
-    cache while the rest compile)."""
+    cache while the rest compile). ``on_tail`` is called once, when
+    ``tail_fraction`` of the expected cost is done (the short kernels at the end of a
+    longest-first schedule), so the caller can start serial work that would otherwise
+    follow the last kernel."""
     tasks = list({t.spec: t for t in tasks}.values())
     if not tasks:
         return []
@@ -406,6 +416,9 @@ def compile_all(
                 if on_result is not None:
                     on_result(spec, res)
                 bar.update(res, spec.label(), cost_done, cost_total)
+                if on_tail is not None and cost_done >= tail_fraction * cost_total:
+                    on_tail()
+                    on_tail = None
     finally:
         if own:
             executor.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,11 +27,19 @@ class BuildTrace:
         self.origin = time.monotonic() if origin is None else origin
         self.events: list[dict] = []
         self.names: dict[int, str] = {os.getpid(): "gemmar-aot build (main)"}
+        self.threads: dict[tuple[int, int], str] = {}
 
     def span(self, name: str, t0: float, t1: float, *, pid: int | None = None, args: dict | None = None) -> None:
-        pid = os.getpid() if pid is None else pid
+        """A span of worker ``pid``, or (pid None) of the calling thread of this process."""
+        if pid is None:
+            pid = os.getpid()
+            th = threading.current_thread()
+            tid = pid if th is threading.main_thread() else threading.get_native_id()
+            self.threads.setdefault((pid, tid), "main" if tid == pid else th.name)
+        else:
+            tid = pid
         self.names.setdefault(pid, f"compile worker {pid}")
-        ev = {"name": name, "cat": "build", "ph": "X", "pid": pid, "tid": pid,
+        ev = {"name": name, "cat": "build", "ph": "X", "pid": pid, "tid": tid,
               "ts": round((t0 - self.origin) * 1e6, 1), "dur": round(max(0.0, t1 - t0) * 1e6, 1)}
         if args:
             ev["args"] = args
@@ -52,6 +61,9 @@ class BuildTrace:
             md.append({"name": "process_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": self.names[pid]}})
             md.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": pid, "args": {"sort_index": i}})
             md.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": pid, "args": {"name": self.names[pid]}})
+        for (pid, tid), name in self.threads.items():
+            if tid != pid:
+                md.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         return {"traceEvents": md + sorted(self.events, key=lambda e: (e["ts"], e["pid"])),
                 "displayTimeUnit": "ms", "otherData": {"tool": "gemmar-aot build", **meta}}
 

@@ -383,18 +383,18 @@ def serve(conn, parent_pid: int, toolchain_root: str | None, debug_locations: bo
     """A pool worker's life: die with the parent, initialise, then compile what arrives.
 
     Messages in: (store_root, [(spec_json, key, ingredients), ...]) or None (exit).
-    Messages out: ("ready", pid, (t0, t1)) once, then ("done", [CompileResult, ...]) per batch,
+    Messages out: ("ready", pid, (t0, t1, cpu_seconds)) once, then ("done", [CompileResult, ...]) per batch,
     or ("init-failed", pid, error). The parent owns interruption: SIGINT is ignored here
     (Ctrl-C reaches the whole process group) and the parent ends workers when it stops."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     try:
         init(toolchain_root, debug_locations)
     except BaseException as exc:  # noqa: BLE001
         conn.send(("init-failed", os.getpid(), "".join(traceback.format_exception_only(type(exc), exc)).strip()))
         return
-    conn.send(("ready", os.getpid(), (t0, time.monotonic())))
+    conn.send(("ready", os.getpid(), (t0, time.monotonic(), time.process_time() - c0)))
     while True:
         try:
             msg = conn.recv()
