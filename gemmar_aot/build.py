@@ -173,6 +173,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                     rec = st.get_record(keys[s.spec_id], verify=True)
                     if rec is not None:
                         records[s.spec_id] = rec
+                    elif local is not None and session is None:
+                        local.start()  # at the first miss: workers import while the look-ups go on
             local_hits = len(records)
             remote_hits = 0
             if session is not None:
