@@ -7,7 +7,7 @@ Input: one or more ``gemmar-aot build --trace FILE`` timelines. From each it tak
 * worker start-up (the ``import`` span: wall, and CPU),
 * the main process's serial time before the first worker starts (manifest, plan,
   toolchain, keys; the look-ups after the first miss overlap start-up) and after the last
-  kernel (dictionary, lock file).
+  kernel (dictionary repack, lock file): wall, and the main thread's CPU.
 
 and predicts, for N workers, what the build does: every worker starts at once and takes
 ``startup``; then list scheduling in the executor's order (batches by expected cost,
@@ -16,8 +16,8 @@ frees first; then the serial tail:
 
     T(N) = pre + startup + makespan_LPT(tasks, N) + post
 
-``--basis wall`` uses the recorded wall times (what this machine did, load included),
-``--basis cpu`` the CPU seconds (what an idle core would take; the right basis on a shared
+The ``wall`` basis uses the recorded wall times (what this machine did, load included),
+the ``cpu`` basis the CPU seconds (what an idle core would take; the right basis on a shared
 machine, and for predicting other worker counts). Efficiency at N is speedup over one
 worker divided by N: T(1) / (N * T(N)). Each input trace's own measured wall time is
 printed next to the prediction for its worker count, and every trace predicts the others'.
@@ -54,7 +54,14 @@ def load_trace(path: str) -> dict:
     worker_spans = [e for e in spans if e["pid"] != main_pid]
     first_worker = min(e["ts"] for e in imports) / 1e6
     last_worker = max(e["ts"] + e["dur"] for e in worker_spans) / 1e6
-    main_end = max(e["ts"] + e["dur"] for e in spans if e["pid"] == main_pid) / 1e6
+    main_spans = [e for e in spans if e["pid"] == main_pid and e["tid"] == main_pid]
+    main_end = max(e["ts"] + e["dur"] for e in main_spans) / 1e6
+
+    def cpu(e):  # the main thread's CPU in a phase (older traces: its wall time)
+        return e.get("args", {}).get("cpu_s", e["dur"] / 1e6)
+
+    pre_cpu = sum(cpu(e) for e in main_spans if (e["ts"] + e["dur"]) / 1e6 <= first_worker + 1e-6)
+    post_cpu = sum(cpu(e) for e in main_spans if e["ts"] / 1e6 >= last_worker - 1e-6)
     return {
         "path": path,
         "jobs": doc["otherData"].get("jobs"),
@@ -64,6 +71,8 @@ def load_trace(path: str) -> dict:
         "startup_cpu": sum(e["args"].get("cpu_s", 0.0) for e in imports) / len(imports),
         "pre": first_worker,
         "post": max(0.0, main_end - last_worker),
+        "pre_cpu": pre_cpu,
+        "post_cpu": post_cpu,
         "workers_seen": len(imports),
     }
 
@@ -87,9 +96,10 @@ def predict(tr: dict, n: int, basis: str) -> dict:
     mean = {c: sum(v) / len(v) for c, v in by_cls.items()}
     tasks = [(mean[s["cls"]], s[basis]) for s in tr["tasks"].values()]
     startup = tr["startup_cpu"] if basis == "cpu" else tr["startup_wall"]
+    pre, post = (tr["pre_cpu"], tr["post_cpu"]) if basis == "cpu" else (tr["pre"], tr["post"])
     span = makespan(tasks, n)
     work = sum(d for _, d in tasks)
-    total = tr["pre"] + startup + span + tr["post"]
+    total = pre + startup + span + post
     return {"workers": n, "predicted_wall": round(total, 2), "makespan": round(span, 2),
             "startup": round(startup, 2), "work": round(work, 2),
             "utilisation": round(work / (n * (startup + span)), 3)}
@@ -99,14 +109,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="append", required=True, help="a build --trace file; repeatable")
     ap.add_argument("--workers", default="1,2,8,16,64")
+    ap.add_argument("--post-cpu", type=float, default=None,
+                    help="what-if: the main process's serial CPU seconds after the last kernel "
+                         "(e.g. for a trace recorded before that tail was shortened)")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     ns = sorted({int(x) for x in a.workers.split(",")})
     out = {"traces": []}
     for path in a.trace:
         tr = load_trace(path)
+        if a.post_cpu is not None:
+            tr["post_cpu"] = a.post_cpu
         row = {"trace": path, "jobs": tr["jobs"], "measured_wall": tr["measured_wall"],
                "tasks": len(tr["tasks"]), "pre": round(tr["pre"], 2), "post": round(tr["post"], 2),
+               "pre_cpu": round(tr["pre_cpu"], 2), "post_cpu": round(tr["post_cpu"], 2),
                "startup_wall": round(tr["startup_wall"], 2), "startup_cpu": round(tr["startup_cpu"], 2),
                "work_wall": round(sum(s["wall"] for s in tr["tasks"].values()), 2),
                "work_cpu": round(sum(s["cpu"] for s in tr["tasks"].values()), 2)}

@@ -72,9 +72,13 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
 
 class _EarlyOptimize:
     """``maint.optimize`` (train the zstd dictionary, repack) in a thread of the main process,
-    started while the last, short kernels compile. After the last kernel only the blobs
-    written since are repacked, instead of the whole store: that step grows with the number
-    of kernels and would otherwise sit on the critical path after the compile."""
+    started when 60% of the kernels are done, while the last, short ones compile.
+
+    Workers read the dictionary pointer on every put, so kernels finished after the
+    training are written with the dictionary and need no repack; after the last kernel only
+    the few written while the training ran are repacked (60% > 1/2, so the final optimize
+    does not retrain: see ``maint.optimize``'s retrain factor). Otherwise the whole repack,
+    which grows with the number of kernels, sits on the critical path after the compile."""
 
     def __init__(self, store, trace):
         self.store, self.trace = store, trace
@@ -237,7 +241,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         except OSError:
             pass  # a read-only stats dir only costs the next build its ordering
     # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
-    # Most of it ran during the last kernels (_EarlyOptimize); this repacks what came after.
+    # Most of it ran during the last kernels (_EarlyOptimize); this repacks what it missed.
     with maybe_phase(trace, "store optimize"):
         optimized = maint.optimize(st) if compiled else None
     if optimized is not None and early_info and early_info.get("trained") and not optimized.get("trained"):

@@ -386,7 +386,7 @@ def compile_all(
     costs: CostModel | None = None,
     on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
     on_tail: Callable[[], None] | None = None,
-    tail_fraction: float = 0.9,
+    tail_fraction: float = 0.6,
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
 
@@ -394,9 +394,9 @@ def compile_all(
     here). An executor passed in is used but not closed. ``on_result(spec, result)`` is
     called here as each result arrives (the build uploads finished kernels to a remote
     cache while the rest compile). ``on_tail`` is called once, when
-    ``tail_fraction`` of the expected cost is done (the short kernels at the end of a
-    longest-first schedule), so the caller can start serial work that would otherwise
-    follow the last kernel."""
+    ``tail_fraction`` of the tasks are done (in a longest-first schedule, what is left is
+    short kernels), so the caller can start serial work that would otherwise follow the
+    last kernel."""
     tasks = list({t.spec: t for t in tasks}.values())
     if not tasks:
         return []
@@ -416,7 +416,7 @@ def compile_all(
                 if on_result is not None:
                     on_result(spec, res)
                 bar.update(res, spec.label(), cost_done, cost_total)
-                if on_tail is not None and cost_done >= tail_fraction * cost_total:
+                if on_tail is not None and len(results) >= tail_fraction * len(tasks):
                     on_tail()
                     on_tail = None
     finally:
