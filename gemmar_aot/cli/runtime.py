@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from gemmar_aot.artifact_model import COLLECTIVE_MODES, FUSED_SDMA
+
 
 
 def _token_range(value: str | None, lo: int | None, hi: int | None) -> tuple[int, int]:
@@ -43,8 +45,8 @@ def _token_range(value: str | None, lo: int | None, hi: int | None) -> tuple[int
 @click.option("--block-m", type=click.IntRange(min=1), default=None)
 @click.option("--sdma-queues", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="Check one rank (default: every rank).")
-@click.option("--transport", type=click.Choice(["fused-sdma", "split-sdma", "split-lsa", "fused-lsa"]),
-              default="fused-sdma", show_default=True, help="The collective mode the server runs.")
+@click.option("--transport", type=click.Choice(COLLECTIVE_MODES), default=FUSED_SDMA, show_default=True,
+              help="The collective mode the server runs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, gather_dtype, gather_transport,
              block_m, sdma_queues, rank, transport, as_json):
