@@ -715,7 +715,7 @@ def test_fuzz_toml_like_text(text):
 
 
 field_values = {
-    "transport": st.sampled_from(["fused-sdma", "split-lsa", "gemm-only", "split-sdma", "x", 3]),
+    "transport": st.sampled_from(["fused-sdma", "split-lsa", "gemm-only", "split-sdma", "fused-lsa", "gemv", "x", 3]),
     "m": st.one_of(
         st.integers(-2, 70000),
         st.lists(st.one_of(st.integers(-2, 70000), st.booleans()), max_size=5),
@@ -740,8 +740,11 @@ field_values = {
 @st.composite
 def near_valid_tuple(draw):
     base = dict(REF)
-    if draw(st.booleans()):
+    start = draw(st.integers(0, 2))
+    if start == 1:
         base.update(transport="gemm-only", quant="mxfp8", n=1024, k=256, world=2)
+    elif start == 2:
+        base.update(transport="gemv", quant="mxfp8", n=1024, k=256, world=2, m=draw(st.integers(1, 40)))
     for key in draw(st.lists(st.sampled_from(sorted(field_values)), max_size=4, unique=True)):
         if draw(st.integers(0, 5)) == 0:
             base.pop(key, None)
