@@ -376,6 +376,8 @@ def test_dictionary_training_repack_and_verified_loads(store):
         assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
         data = fresh.blob_path(r["blob"]["digest"]).read_bytes()
         assert blobfmt.split(data)[0] == report["trained"]  # each blob names its dictionary
+    assert st["total_bytes"] == (st["compressed_bytes"] + st["dictionary_bytes"] + st["dictionary_spare_bytes"]
+                                 + st["record_bytes"])
     # New blobs use the dictionary; gc keeps it even with nothing else referenced.
     new = store.put(key_of("d-new"), code_object(99), fields(99))
     assert blobfmt.split(store.blob_path(new["blob"]["digest"]).read_bytes())[0] == report["trained"]
@@ -383,6 +385,35 @@ def test_dictionary_training_repack_and_verified_loads(store):
     assert Store(store.root).load_blob(new["blob"]["digest"]) == code_object(99)
     assert maint.verify(store) == []
     assert maint.optimize(store)["repacked"] == 0  # nothing to do the second time
+
+
+def _big_fields(i: int) -> dict:
+    """Record fields shaped like a build's: a large shared part (toolchain ingredients, launch
+    record layout) and a few values that differ per kernel."""
+    shared = {f"ingredient_{j:03d}": hashlib.sha256(f"tool{j}".encode()).hexdigest() for j in range(60)}
+    return {"ingredients": {**shared, "spec": key_of(f"spec{i}")},
+            "metadata": {"name": f"kernel_{i}", "sgpr": 40 + i % 7, "vgpr": 128, "lds": 65536},
+            "launch": {"kernel": f"kernel_{i}", "args": [{"kind": "tensor", "index": j} for j in range(12)]},
+            "compile_seconds": 0.5 + i / 100}
+
+
+def test_records_get_a_dictionary_of_their_own(store):
+    recs = [store.put(key_of(f"rd{i}"), code_object(i), _big_fields(i)) for i in range(40)]
+    before = maint.stats(store)["record_bytes"]
+    report = maint.optimize(store)
+    assert report["trained_records"] and report["records_repacked"] == 40
+    st = maint.stats(store)
+    assert st["record_bytes"] < before / 3 and st["current_record_dictionary"] == report["trained_records"]
+    fresh = Store(store.root)
+    for i, r in enumerate(recs):
+        assert fresh.get_record(key_of(f"rd{i}")) == r
+        assert blobfmt.split(fresh.record_path(key_of(f"rd{i}")).read_bytes())[0] == report["trained_records"]
+    # new records use it; gc keeps it (records name it); verify finds nothing wrong
+    new = fresh.put(key_of("rd-new"), code_object(77), _big_fields(77))
+    assert blobfmt.split(fresh.record_path(key_of("rd-new")).read_bytes())[0] == report["trained_records"]
+    maint.gc(fresh, keep_blobs={new["blob"]["digest"]}, keep_keys={key_of("rd-new")})
+    assert Store(store.root).get_record(key_of("rd-new")) == new and maint.verify(Store(store.root)) == []
+    assert maint.optimize(Store(store.root))["records_repacked"] == 0
 
 
 def test_one_damaged_dictionary_copy_costs_nothing(store):

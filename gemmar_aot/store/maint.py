@@ -128,6 +128,12 @@ def stats(store: Store) -> dict:
     if store.quarantine_dir.is_dir():
         quarantined = sum(1 for p in store.quarantine_dir.iterdir() if not p.name.endswith(".reason"))
     info = store.dictionary_info()
+    rec_info = store.dictionary_info("records")
+    spare_bytes = 0
+    for d in dicts:
+        with contextlib.suppress(OSError):
+            spare_bytes += store.local.spare_path(d).stat().st_size
+    dict_bytes = sum(blobs[d].file_bytes for d in dicts if d in blobs)
     return {
         "root": str(store.root),
         "format": store.format,
@@ -137,10 +143,12 @@ def stats(store: Store) -> dict:
         "compressed_bytes": comp,
         "ratio": round(raw / comp, 3) if comp else None,
         "dictionaries": len([d for d in dicts if d in blobs]),
-        "dictionary_bytes": sum(blobs[d].file_bytes for d in dicts if d in blobs),
+        "dictionary_bytes": dict_bytes,
+        "dictionary_spare_bytes": spare_bytes,
         "current_dictionary": info["digest"] if info else None,
+        "current_record_dictionary": rec_info["digest"] if rec_info else None,
         "record_bytes": record_bytes,
-        "total_bytes": comp + record_bytes + sum(blobs[d].file_bytes for d in dicts if d in blobs),
+        "total_bytes": comp + record_bytes + dict_bytes + spare_bytes,
         "quarantined": quarantined,
         "last_build": store.last_build_stats(),
     }

@@ -1,18 +1,20 @@
 """A pack: many blob files in one file with an index (what an artifact wheel ships).
 
 One zip entry per blob cost a wheel ~300 bytes of zip and RECORD overhead per code object;
-a pack costs 40 bytes of index per blob. Layout (all integers little-endian)::
+a pack costs 16 bytes of index per blob. Layout (all integers little-endian)::
 
     b"GAPACK01"                          magic + version
     u32 count                            index entries
-    count x (32-byte sha256, u32 offset, u32 length)   sorted by (sha256, offset)
+    count x (8-byte sha256 prefix, u32 offset, u32 length)   sorted by (prefix, offset)
     payload                              the blob files (:mod:`.blobfmt`), back to back
 
-``offset`` counts from the start of the payload. A digest may appear more than once: the
-writer stores every zstd dictionary twice, and a reader takes the first copy that verifies,
-so one flipped byte in a dictionary costs nothing. Every blob is decoded and verified
-through :class:`~gemmar_aot.store.codec.BlobCodec` on load, exactly as in a store
-directory. Deterministic: the same blobs give the same bytes.
+``offset`` counts from the start of the payload. The index only *locates*: every load
+decodes the entry and checks the full sha256 (and size) the caller names, so a prefix
+names a blob no better than a hint, and two blobs sharing a prefix are simply both tried.
+A prefix may appear more than once: the writer stores every zstd dictionary twice, and a
+reader takes the first copy that verifies, so one flipped byte in a dictionary costs
+nothing. Decoding goes through :class:`~gemmar_aot.store.codec.BlobCodec`, exactly as in
+a store directory. Deterministic: the same blobs give the same bytes.
 
 A store root holding :data:`PACK_FILE` opens (read-only) as a :class:`PackBackend`.
 
@@ -34,7 +36,8 @@ from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFo
 
 PACK_FILE = "blobs.pack"
 MAGIC = b"GAPACK01"
-_ENTRY = struct.Struct("<32sII")
+_ENTRY = struct.Struct("<8sII")
+PREFIX_HEX = 16
 _HEAD = struct.Struct("<8sI")
 
 
@@ -50,14 +53,15 @@ def write_pack(blobs: Mapping[str, Sequence[bytes]]) -> bytes:
     for digest in sorted(blobs):
         check_hex64(digest, "blob digest")
         for data in blobs[digest]:
-            entries.append((bytes.fromhex(digest), len(payload), len(data)))
+            entries.append((bytes.fromhex(digest[:PREFIX_HEX]), len(payload), len(data)))
             payload += data
     head = _HEAD.pack(MAGIC, len(entries)) + b"".join(_ENTRY.pack(*e) for e in entries)
     return head + bytes(payload)
 
 
 def read_index(data: bytes, where: str) -> tuple[dict[str, list[tuple[int, int]]], int]:
-    """({digest: [(offset, length), ...]}, payload start) of pack bytes; raises PackFormatError."""
+    """({digest prefix (16 hex): [(offset, length), ...]}, payload start) of pack bytes; raises
+    PackFormatError."""
     if len(data) < _HEAD.size:
         raise PackFormatError(f"{where}: too short to be a pack file")
     magic, count = _HEAD.unpack_from(data, 0)
@@ -77,20 +81,25 @@ def read_index(data: bytes, where: str) -> tuple[dict[str, list[tuple[int, int]]
 
 
 class PackBackend(CacheBackend):
-    """A read-only backend over ``root/blobs.pack``: blobs only, no action cache."""
+    """A read-only backend over ``root/blobs.pack`` (or over pack bytes, ``data``, read from
+    ``where``): blobs only, no action cache."""
 
     name = "pack"
     writable = False
     readonly = True
     durable = False
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, data: bytes | None = None, where: str | None = None):
         self.root = Path(root)
-        self.path = self.root / PACK_FILE
-        from .local import read_store_format
+        self.path = Path(where) if where is not None else self.root / PACK_FILE
+        if data is None:
+            from .local import read_store_format
 
-        self.format = read_store_format(self.root)
-        self._data = self.path.read_bytes()
+            self.format = read_store_format(self.root)
+            data = self.path.read_bytes()
+        else:
+            self.format = None
+        self._data = data
         self.index, self._start = read_index(self._data, str(self.path))
         self.codec = BlobCodec(self._load_dictionary)
         self.counters: Counter[str] = Counter()
@@ -107,7 +116,8 @@ class PackBackend(CacheBackend):
         return self.path
 
     def _copies(self, digest: str) -> Iterator[bytes]:
-        for off, n in self.index.get(digest, ()):
+        """Every entry whose prefix is ``digest``'s (the caller verifies which is which)."""
+        for off, n in self.index.get(digest[:PREFIX_HEX], ()):
             yield self._data[self._start + off:self._start + off + n]
 
     def _load_dictionary(self, digest: str) -> bytes:
@@ -124,32 +134,33 @@ class PackBackend(CacheBackend):
                                     + (f"corrupt in every copy ({'; '.join(problems)})" if problems
                                        else "not in the pack"))
 
-    def iter_digests(self) -> list[str]:
+    def prefixes(self) -> list[str]:
+        """The index's digest prefixes (16 hex), sorted."""
         return sorted(self.index)
 
     def stored_bytes(self, digest: str) -> int:
-        return sum(n for _off, n in self.index.get(digest, ()))
+        """Bytes of every entry under ``digest``'s prefix (both copies of a dictionary)."""
+        return sum(n for _off, n in self.index.get(digest[:PREFIX_HEX], ()))
 
     def dictionary_refs(self) -> set[str]:
         """Digests of the dictionaries the pack's blobs name."""
         from . import blobfmt
 
         out = set()
-        for d in self.index:
-            for data in self._copies(d):
+        for entries in self.index.values():
+            for off, n in entries:
                 try:
-                    ref = blobfmt.split(data)[0]
+                    ref = blobfmt.split(self._data[self._start + off:self._start + off + n])[0]
                 except blobfmt.BlobFormatError:
                     continue
                 if ref:
                     out.add(ref)
-                break
         return out
 
     # ---- blobs ----
 
     def contains_blob(self, digest: Digest | str) -> bool:
-        return (digest.hash if isinstance(digest, Digest) else digest) in self.index
+        return (digest.hash if isinstance(digest, Digest) else digest)[:PREFIX_HEX] in self.index
 
     def load_blob(self, digest: str, size: int | None = None) -> bytes:
         """Verified bytes of blob ``digest``; BlobNotFoundError or CorruptArtifactError naming the pack."""
