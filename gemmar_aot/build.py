@@ -240,10 +240,11 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             costs.save(costs_path)
         except OSError:
             pass  # a read-only stats dir only costs the next build its ordering
-    # Train/refresh the shared zstd dictionary once there are enough blobs (ms when nothing changed).
+    # Train/refresh the zstd dictionaries (blobs, records) after compiles, or once for a store
+    # that has no record dictionary yet (e.g. just migrated): a no-op one still reads every file head.
     # Most of it ran during the last kernels (_EarlyOptimize); this repacks what it missed.
     with maybe_phase(trace, "store optimize"):
-        optimized = maint.optimize(st) if compiled else None
+        optimized = maint.optimize(st) if compiled or st.current_dictionary("records") is None else None
     if optimized is not None and early_info and early_info.get("trained") and not optimized.get("trained"):
         optimized = {**optimized, "trained": early_info["trained"], "early": early_info}
     lock_file = None

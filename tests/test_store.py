@@ -670,3 +670,42 @@ def test_default_store_root(monkeypatch, tmp_path):
 def test_build_stats_are_reported(store):
     store.record_build_stats({"hits": 3, "misses": 1})
     assert maint.stats(store)["last_build"] == {"hits": 3, "misses": 1}
+
+
+# ---- gemmar-aot cat / show ----
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from gemmar_aot.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cat_writes_the_verified_code_object_by_key_or_digest(store, tmp_path):
+    recs = {key_of(f"cat{i}"): store.put(key_of(f"cat{i}"), code_object(i), fields(i)) for i in range(3)}
+    k, rec = next(iter(recs.items()))
+    digest = rec["blob"]["digest"]
+    out = tmp_path / "k0.co"
+    r = _cli("cat", k[:10], "-o", out, "--store", store.root)
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes() == code_object(0) and f"sha256 {digest}" in r.stderr
+    r = _cli("cat", digest, "--store", store.root)  # the full digest, to standard output
+    assert r.exit_code == 0 and r.stdout_bytes == code_object(0)
+    # show names the digest and the symbol to use with it
+    r = _cli("show", k[:12], "--store", store.root)
+    assert r.exit_code == 0 and f"gemmar-aot cat {digest} -o k0.co" in r.output and "symbol k0" in r.output
+    # refusals: not hex, unknown, too short
+    for bad, msg in (("xyz!", "not a key or blob digest"), ("ffff" * 4, "starts with"), ("ab", "at least 4")):
+        r = _cli("cat", bad, "--store", store.root)
+        assert r.exit_code == 2 and msg in r.stderr, (bad, r.output)
+
+
+def test_cat_refuses_a_corrupt_blob_and_writes_nothing(store, tmp_path):
+    k = key_of("catbad")
+    rec = store.put(k, code_object(5), fields(5))
+    flip_byte(store.blob_path(rec["blob"]["digest"]))
+    out = tmp_path / "bad.co"
+    r = _cli("cat", k, "-o", out, "--store", store.root)
+    assert r.exit_code == 2 and "corrupt blob" in r.stderr and not out.exists()
+    assert not store.has_blob(rec["blob"]["digest"])  # quarantined: the next build recompiles it

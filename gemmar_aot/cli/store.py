@@ -112,8 +112,66 @@ def show(key, store, as_json):
         click.echo(f"launch   grid {ln.get('grid')} block {ln.get('block')} args "
                    f"{[(a['name'], a['kind']) for a in ln.get('args', [])]}")
         click.echo("params   " + json.dumps(r.get("spec", {}).get("params", {}), sort_keys=True))
+        click.echo(f"get it   gemmar-aot cat {s['blob']} -o {s['kernel'] or 'kernel'}.co"
+                   f"   (symbol {s['kernel']})")
 
     _emit(rec, as_json, text)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _resolve_blob(st, ref: str) -> tuple[str, int | None, str]:
+    """(blob digest, size or None, what matched) for a unique prefix of an action key or a blob digest."""
+    from gemmar_aot.errors import GemmarError
+
+    if not (4 <= len(ref) <= 64 and set(ref) <= _HEX):
+        raise GemmarError(f"{ref!r} is not a key or blob digest: give at least 4 of its lowercase hex "
+                          f"digits (gemmar-aot ls and show print them)")
+    found: dict[str, tuple[int | None, str]] = {}
+    for key, _p in st.local.iter_record_files():
+        if key.startswith(ref):
+            rec = st.read_record_file(key)
+            if rec is not None:
+                found.setdefault(rec["blob"]["digest"], (rec["blob"]["size"], f"key {key}"))
+    dicts = None
+    for digest, _p in st.local.iter_blob_files():
+        if digest.startswith(ref) and digest not in found:
+            dicts = maint.dictionary_digests(st) if dicts is None else dicts
+            if digest not in dicts:  # a zstd dictionary is not a code object
+                found[digest] = (None, f"blob {digest}")
+    if not found:
+        raise GemmarError(f"no action key or blob digest in {st.root} starts with {ref!r} (see gemmar-aot ls)")
+    if len(found) > 1:
+        raise GemmarError(f"{ref!r} is ambiguous: " + "; ".join(w for _s, w in found.values())
+                          + "; give more digits")
+    digest, (size, what) = next(iter(found.items()))
+    return digest, size, what
+
+
+@click.command("cat")
+@click.argument("ref", metavar="KEY-or-DIGEST")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the code object to this file (default: standard output).")
+@STORE_OPT
+def cat_cmd(ref, output, store):
+    """Write the raw, verified code object of an action KEY or a blob DIGEST (a unique prefix of
+    either), e.g. for llvm-objdump, rocprofv3 or roc-obj. `gemmar-aot show KEY` prints both."""
+    from gemmar_aot.atomic_write import atomic_write_bytes
+    from gemmar_aot.errors import GemmarError
+
+    st = _open(store)
+    digest, size, what = _resolve_blob(st, ref)
+    data = st.load_blob(digest, size)  # decoded and verified; a corrupt blob raises, nothing is written
+    if output is not None:
+        atomic_write_bytes(output, data, mode=0o644)
+        click.echo(f"wrote {len(data):,d} bytes ({what}, sha256 {digest}) to {output}", err=True)
+        return
+    out = sys.stdout.buffer
+    if out.isatty():
+        raise GemmarError("a code object is binary: give -o FILE or redirect standard output")
+    out.write(data)
+    out.flush()
 
 
 @click.command()
@@ -144,6 +202,28 @@ def stats(store, as_json, remote):
     def text(d):
         for k in sorted(d):
             click.echo(f"{k:<22} {json.dumps(d[k], sort_keys=True)}")
+
+    _emit(data, as_json, text)
+
+
+@click.command()
+@STORE_OPT
+@JSON_OPT
+def optimize(store, as_json):
+    """Train the zstd dictionaries (code objects, records) and re-encode what does not use them.
+
+    Every build does this after compiling; run it by hand on an imported or migrated store.
+    Digests and keys do not change."""
+    st = _open(store)
+    data = maint.optimize(st)
+
+    def text(d):
+        click.echo(f"{d['blobs']} code objects: dictionary {d['dictionary'] or 'none'}"
+                   f"{' (trained now)' if d['trained'] else ''}, {d['repacked']} re-encoded "
+                   f"({d['bytes_before']:,} -> {d['bytes_after']:,} bytes)")
+        click.echo(f"{d['records']} records: dictionary {d['record_dictionary'] or 'none'}"
+                   f"{' (trained now)' if d['trained_records'] else ''}, {d['records_repacked']} re-encoded "
+                   f"({d['record_bytes_before']:,} -> {d['record_bytes_after']:,} bytes)")
 
     _emit(data, as_json, text)
 
@@ -295,4 +375,4 @@ def _full_key(st, prefix: str) -> str:
     return keys[0]
 
 
-COMMANDS = (ls_cmd, show, stats, verify, gc, export_cmd, import_cmd, explain,)
+COMMANDS = (ls_cmd, show, cat_cmd, stats, optimize, verify, gc, export_cmd, import_cmd, explain,)

@@ -85,6 +85,11 @@ def _record_dict_refs(store: Store) -> Counter[str]:
     return refs
 
 
+def dictionary_digests(store: Store) -> set[str]:
+    """The digests of every zstd dictionary in the store (blobs that are not code objects)."""
+    return _dictionary_digests(store, _scan_blobs(store))
+
+
 def _dictionary_digests(store: Store, blobs: Mapping[str, _BlobInfo]) -> set[str]:
     """Every dictionary: named by a blob or a record, or current for blobs or records."""
     ds = {b.dict_ref for b in blobs.values() if b.dict_ref} | set(_record_dict_refs(store))
