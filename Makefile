@@ -1,7 +1,8 @@
 # gemmar-aot: setup / build / test / clean.
 #
 #   make setup   .venv with the pinned build+test deps, then the build toolchain in
-#                .toolchain (mori sources, HIP headers, cco bitcode, ld.lld). Idempotent:
+#                .toolchain (mori sources, HIP headers, cco bitcode, ld.lld) for every
+#                toolchain profile (TOOLCHAIN=default or TOOLCHAIN=nightly for one). Idempotent:
 #                a re-run verifies digests and redoes only what is missing or changed.
 #                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
 #                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).
@@ -16,6 +17,8 @@ MANIFEST    ?= manifests/dsv4-pro-wo_b.toml
 OUT         ?= artifacts
 JOBS        ?=
 PYTEST_ARGS ?=
+# Toolchain profiles to install: all, or a comma-separated list (default, nightly).
+TOOLCHAIN   ?= all
 
 # pip install runs again when pyproject.toml changes.
 DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
@@ -23,7 +26,7 @@ DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
 .PHONY: setup build test lint clean
 
 setup: $(DEPS_STAMP)
-	$(VPY) -m gemmar_aot.toolchain setup
+	$(VPY) -m gemmar_aot.toolchain setup --profile $(TOOLCHAIN)
 	$(VPY) tests/nginx_server.py install
 
 $(VPY):

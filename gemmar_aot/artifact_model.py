@@ -542,9 +542,12 @@ def write_lock(path: str | os.PathLike, lock: Lock) -> Path:
     return path
 
 
-def lock_file_path(store_root: str | os.PathLike, manifest_name: str) -> Path:
-    """Where the build of ``manifest_name`` into ``store_root`` writes its lock file."""
-    return Path(store_root) / "locks" / f"{manifest_name}{LOCK_SUFFIX}"
+def lock_file_path(store_root: str | os.PathLike, manifest_name: str, profile: str | None = None) -> Path:
+    """Where the build of ``manifest_name`` into ``store_root`` writes its lock file:
+    ``locks/<manifest>.lock.json``, or ``locks/<manifest>.<profile>.lock.json`` for a toolchain
+    profile other than the default, so one store holds several profiles' locks side by side."""
+    suffix = "" if profile in (None, "default") else f".{profile}"
+    return Path(store_root) / "locks" / f"{manifest_name}{suffix}{LOCK_SUFFIX}"
 
 
 def _plain(v: Any) -> Any:

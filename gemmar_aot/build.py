@@ -15,6 +15,7 @@ import hashlib
 import os
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from gemmar_aot.artifact_model import (
@@ -108,12 +109,26 @@ class _EarlyOptimize:
         return self.info
 
 
+@contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               shard: tuple[int, int] | None = None,
               remote: str | None = None, remote_read_only: bool = False, remote_required: bool = False,
               progress: bool = True, toolchain_root: str | None = None,
-              trace_path: str | os.PathLike | None = None, executor=None) -> dict:
+              trace_path: str | os.PathLike | None = None, executor=None,
+              toolchain_profile: str | None = None) -> dict:
     """Build ``manifest_path`` into the store; returns the summary.
 
     ``remote``: a Bazel HTTP cache URL layered behind the local store (read-through and,
@@ -130,7 +145,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
     from gemmar_aot.store import Store, default_store_root, maint
-    from gemmar_aot.toolchain import load_toolchain
+    from gemmar_aot.toolchain import PROFILE_ENV, load_toolchain
 
     t_start = time.perf_counter()
     trace = BuildTrace() if trace_path is not None else None
@@ -139,7 +154,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     with maybe_phase(trace, "plan"):
         plan = make_plan(manifest)
     with maybe_phase(trace, "toolchain"):
-        tc = load_toolchain(toolchain_root)
+        tc = load_toolchain(toolchain_root, toolchain_profile)
     fp = tc.fingerprint
     root = default_store_root(str(store) if store is not None else None)
     st = Store(root)
@@ -158,7 +173,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         local = LocalExecutor(jobs, toolchain_root=toolchain_root, debug_locations=debug_locations,
                               costs=costs, trace=trace)
     try:
-        with terminate_as_interrupt():
+        # The (spawned) local workers load the same profile: they inherit it from the environment.
+        with terminate_as_interrupt(), _env(PROFILE_ENV, tc.profile.name):
             keys: dict[str, str] = {}
             ingr: dict[str, dict] = {}
             with maybe_phase(trace, "keys", specs=len(plan.specs)):
@@ -250,7 +266,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     lock_file = None
     if not failures and not only and shard is None:
         with maybe_phase(trace, "lock file"):
-            lock_file = write_lock(lock_file_path(root, manifest.name), make_lock(plan, manifest, keys, records, fp))
+            lock_file = write_lock(lock_file_path(root, manifest.name, tc.profile.name),
+                                   make_lock(plan, manifest, keys, records, fp))
     summary = {
         "manifest": manifest.name,
         "warnings": list(manifest.warnings),
@@ -277,6 +294,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "by_kind": dict(by_kind),
         "failures": sorted(failures, key=lambda f: f["label"]),
         "toolchain": fp["digest"],
+        "toolchain_profile": tc.profile.name,
         "store_optimize": optimized,
     }
     st.record_build_stats({k: summary[k] for k in (

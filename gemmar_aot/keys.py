@@ -109,6 +109,10 @@ def toolchain_ingredients(fp: Mapping[str, Any]) -> dict:
             "mori_version": fp["mori"]["version"],
             "mori_sources_digest": fp["mori"]["sources_digest"],
             "mori_wheel_sha256": fp["mori"]["wheel_sha256"],
+            # What the pod's installed mori must match (the runtime checks both); implied by the
+            # wheel, so they never split a key the wheel does not, but the lock carries them.
+            "mori_distribution": fp["mori"]["distribution"],
+            "mori_device_abi_digest": fp["mori"]["device_abi_digest"],
         },
         "toolchain": {
             "flydsl": flydsl_build(fp),

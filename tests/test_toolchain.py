@@ -239,7 +239,7 @@ def test_fingerprint_records_every_input(real_tc):
     bc = fp["cco_bitcode"]
     assert bc["sha256"] == sha256_file(real_tc.cco_bc)
     if bc["source"] == "built":
-        assert bc["build"]["flags"] == ccobc.clang_args()
+        assert bc["build"]["flags"] == ccobc.clang_args(Layout(real_tc.root, real_tc.profile))
         assert f"-cuid={pins.CCO_CUID}" in bc["build"]["flags"]
 
 
@@ -310,8 +310,8 @@ def test_load_toolchain_fingerprint_edited(tmp_toolchain):
 def test_cco_bitcode_build_is_reproducible(real_tc, tmp_path):
     """Two builds from the installed inputs give identical bytes (and, unless the
     bitcode came from $MORI_CCO_BC, the installed one)."""
-    a = ccobc.build_cco_bitcode(real_tc.root, tmp_path / "a" / "libmori_cco_device.bc")
-    b = ccobc.build_cco_bitcode(real_tc.root, tmp_path / "b" / "x.bc")
+    a = ccobc.build_cco_bitcode(Layout(real_tc.root, real_tc.profile), tmp_path / "a" / "libmori_cco_device.bc")
+    b = ccobc.build_cco_bitcode(Layout(real_tc.root, real_tc.profile), tmp_path / "b" / "x.bc")
     assert a == b == sha256_file(tmp_path / "b" / "x.bc")
     if real_tc.fingerprint["cco_bitcode"]["source"] == "built":
         assert a == real_tc.fingerprint["cco_bitcode"]["sha256"]
@@ -320,7 +320,7 @@ def test_cco_bitcode_build_is_reproducible(real_tc, tmp_path):
 
 def test_cco_bitcode_build_names_missing_inputs(tmp_path):
     with pytest.raises(ToolchainError, match="inputs are missing") as e:
-        ccobc.build_cco_bitcode(tmp_path, tmp_path / "out.bc")
+        ccobc.build_cco_bitcode(Layout(tmp_path), tmp_path / "out.bc")
     assert "cco_device_wrapper.cpp" in str(e.value)
     _assert_names_fix(e.value)
 

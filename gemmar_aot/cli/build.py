@@ -92,17 +92,21 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
                                                         "not one warning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--toolchain", "toolchain", default=None, metavar="PROFILE",
+              help="Toolchain profile (default: $GEMMAR_AOT_TOOLCHAIN_PROFILE, else 'default'); "
+                   "`python -m gemmar_aot.toolchain profiles` lists them.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the build's timeline (per worker: import, trace, compile, store) as "
                    "Chrome-trace/Perfetto JSON to this file.")
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
           only: tuple[str, ...], shard: str | None, executor: str, ray_address: str | None,
           remote: str | None, remote_read_only: bool, remote_required: bool,
-          as_json: bool, quiet: bool, trace_path: Path | None) -> None:
+          as_json: bool, quiet: bool, trace_path: Path | None, toolchain: str | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
-    compiled again. Writes the lock file <store>/locks/<manifest>.lock.json.
+    compiled again. Writes the lock file <store>/locks/<manifest>.lock.json
+    (<manifest>.<profile>.lock.json for a toolchain profile other than the default).
     With --executor ray, the kernels compile on the Ray cluster's nodes and this
     process alone writes the store.
     """
@@ -121,11 +125,12 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
         if executor == "ray":
             from gemmar_aot.compiler.ray_executor import RayExecutor
 
-            ex = RayExecutor(ray_address, debug_locations=debug_locations)
+            ex = RayExecutor(ray_address, debug_locations=debug_locations, toolchain_profile=toolchain)
         summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
                             only=only, shard=shard_ix, remote=(remote or "").strip() or None,
                             remote_read_only=remote_read_only, remote_required=remote_required,
-                            progress=not quiet, trace_path=trace_path, executor=ex)
+                            progress=not quiet, trace_path=trace_path, executor=ex,
+                            toolchain_profile=toolchain)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
@@ -154,7 +159,8 @@ def format_summary(s: dict) -> str:
     r = s.get("remote")
     found = (f"{s['local_hits']} in the store, {s['remote_hits']} from the remote cache"
              if r else f"{s['hits']} in the store")
-    lines = [f"built {s['manifest']}: {s['distinct_specs']} distinct specs{share} for "
+    lines = [f"built {s['manifest']} with toolchain {s.get('toolchain_profile', 'default')}: "
+             f"{s['distinct_specs']} distinct specs{share} for "
              f"{s['kernel_instances']} kernel instances: {found}, "
              f"{s['compiled']} compiled, {s['failed']} failed, in {s['wall_seconds']:.1f}s "
              f"({where}) -> {s['store']}"]

@@ -102,13 +102,17 @@ def _node_refusal(expected: dict) -> str | None:
     if ck not in _NODE:
         from gemmar_aot.toolchain import load_toolchain
 
-        try:
-            mine = toolchain_identity(load_toolchain().fingerprint)
+        try:  # the driver's toolchain profile (a fingerprint from before profiles is the default's)
+            mine = toolchain_identity(load_toolchain(profile=_profile_of(expected)).fingerprint)
         except GemmarError as e:
             _NODE[ck] = f"its toolchain does not load:\n{e}"
         else:
             _NODE[ck] = None if mine == expected else describe_mismatch(expected, mine)
     return _NODE[ck]
+
+
+def _profile_of(expected: dict) -> str:
+    return expected["fingerprint"].get("profile", "default")
 
 
 def probe_node(expected: dict) -> dict:
@@ -129,9 +133,18 @@ def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_l
     refused = _node_refusal(expected)
     if refused:
         return {"node_id": node_id, "refused": refused, "results": []}
-    from gemmar_aot.compiler.worker import compile_detached, init
+    import os
 
+    from gemmar_aot.compiler import worker
+    from gemmar_aot.compiler.worker import compile_detached, init
+    from gemmar_aot.toolchain import PROFILE_ENV
+
+    os.environ[PROFILE_ENV] = _profile_of(expected)
     init(None, debug_locations)  # this node's own toolchain, verified equal above
+    if toolchain_identity(worker._STATE["toolchain"].fingerprint) != expected:
+        # init() is once per process: a Ray worker that compiled for another profile keeps it.
+        return {"node_id": node_id, "refused": f"this Ray worker process compiles with toolchain profile "
+                f"{worker._STATE['toolchain'].profile.name!r}, not {_profile_of(expected)!r}", "results": []}
     out = []
     for spec_json, _key, ingr in items:
         res, code = compile_detached(spec_json, ingr)
@@ -176,12 +189,13 @@ class RayExecutor:
     """
 
     def __init__(self, address: str | None = None, *, toolchain_root: str | None = None,
-                 debug_locations: bool = False):
+                 debug_locations: bool = False, toolchain_profile: str | None = None):
         from gemmar_aot.toolchain import load_toolchain
 
         self.address = address
         self.debug_locations = debug_locations
-        self.fingerprint = load_toolchain(toolchain_root).fingerprint  # the driver's: every node must match
+        # the driver's (profile's) toolchain: every node must match
+        self.fingerprint = load_toolchain(toolchain_root, toolchain_profile).fingerprint
         self.jobs = 0  # the cluster's CPUs, once connected
         self.specs_by_node: dict[str, int] = {}
         self.resubmitted = 0

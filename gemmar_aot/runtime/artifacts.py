@@ -52,11 +52,14 @@ from gemmar_aot.artifact_model import (
 from gemmar_aot.store import Store
 
 from .errors import ArtifactConflictError, ArtifactError, ArtifactNotFoundError
+from .provenance import MoriIdentity
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "LockInfo", "RankEntry", "Source", "TupleKey",
            "load_artifacts"]
 
 ENV_VAR = "GEMMAR_AOT_ARTIFACTS"
+#: Which toolchain profile's locks to serve from a store that holds several (as the build side names it).
+PROFILE_ENV = "GEMMAR_AOT_TOOLCHAIN_PROFILE"
 LOCK_GLOB = "*" + LOCK_SUFFIX
 
 
@@ -82,6 +85,7 @@ class LockInfo:
     code_object_version: int | None
     manifest: str
     toolchain_digest: str | None
+    mori: MoriIdentity | None = None  # the mori (and toolchain profile) the lock was built with
 
 
 @dataclass
@@ -133,7 +137,8 @@ class Artifacts:
         if not isinstance(lock, Lock):
             raise TypeError(f"add_lock takes a Lock (gemmar_aot.artifact_model), got {type(lock).__name__}")
         info = LockInfo(source=source, arch=lock.arch, code_object_version=lock.code_object_version,
-                        manifest=lock.manifest.name, toolchain_digest=lock.toolchain.digest)
+                        manifest=lock.manifest.name, toolchain_digest=lock.toolchain.digest,
+                        mori=MoriIdentity.from_toolchain(lock.toolchain))
         self.sources.append(source)
         self.locks.append(info)
         for t in lock.tuples:
@@ -211,14 +216,46 @@ def _add_path(arts: Artifacts, path: Path, origin: str, store_root: Path | None 
                 f"manifest into it (gemmar-aot build MANIFEST --store {path}) or name a lock file")
         root = Path(store_root) if store_root is not None else path
         _check_store(root, str(path))
-        for lp in locks:
-            arts.add_lock(read_lock(lp), Source(lp, root, origin))
+        for lp, lock in select_profile([(lp, read_lock(lp)) for lp in locks], str(path)):
+            arts.add_lock(lock, Source(lp, root, origin))
         return
     if not path.exists():
         raise ArtifactNotFoundError(f"no artifacts at {path} ({origin}): neither a lock file nor a store directory")
     root = Path(store_root).expanduser() if store_root is not None else _store_root_for_lock(path)
     _check_store(root, f"lock {path}")
     arts.add_lock(read_lock(path), Source(path, root, origin))
+
+
+def select_profile(locks: list[tuple[Path, Lock]], where: str) -> list[tuple[Path, Lock]]:
+    """One store may hold the locks of several toolchain profiles (``<manifest>.lock.json``,
+    ``<manifest>.<profile>.lock.json``); a pod serves one. Chosen, in order, by
+    ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``, else by the installed mori (the profile built with it),
+    else refused naming the profiles. A store of one profile is taken whole."""
+    from .provenance import installed_mori
+
+    groups: dict[str, list[tuple[Path, Lock]]] = {}
+    for lp, lock in locks:
+        groups.setdefault(lock.toolchain.profile or "default", []).append((lp, lock))
+    if len(groups) <= 1:
+        return locks
+    wanted = os.environ.get(PROFILE_ENV, "").strip()
+    if wanted:
+        if wanted not in groups:
+            raise ArtifactNotFoundError(
+                f"{where} holds locks of toolchain profiles {sorted(groups)}, none of profile {wanted!r} "
+                f"(${PROFILE_ENV}); build the manifest with --toolchain {wanted} or unset it")
+        return groups[wanted]
+    inst = installed_mori()
+    if inst is not None:
+        match = [name for name, g in groups.items()
+                 if all((MoriIdentity.from_toolchain(lk.toolchain) or inst.identity).abi_key()
+                        == inst.identity.abi_key() for _, lk in g)]
+        if len(match) == 1:
+            return groups[match[0]]
+    have = f" the installed {inst.identity.describe()} matches none of them;" if inst is not None else ""
+    raise ArtifactNotFoundError(
+        f"{where} holds locks of several toolchain profiles ({', '.join(sorted(groups))});{have} a pod serves "
+        f"one: set ${PROFILE_ENV}=<profile> (or point artifacts= at one lock file)")
 
 
 def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:

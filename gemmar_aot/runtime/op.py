@@ -59,6 +59,7 @@ from .kernel import PreparedLaunch, prepare_launch, verify_code_object
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
+from .provenance import COMMUNICATORS, check_installed_mori, one_profile
 
 log = logging.getLogger("gemmar_aot.runtime")
 
@@ -173,6 +174,8 @@ class GemmAllReduceOp:
         self._pad_in = None
         self._fallback = None
         self._driver: Any = None
+        self._mori = None  # the artifacts' mori / toolchain profile, counted on the communicator
+        self._mori_held = False
 
         # ---- 1. arguments, in mori's order ----
         why = rules.check_quant(quant)
@@ -238,6 +241,11 @@ class GemmAllReduceOp:
             raise self._nothing_built_error()
         self._entries = entries
         self.window_bytes = self._check_layouts(entries)
+        # One toolchain profile per op and per communicator; the pod's mori must be the artifacts'.
+        built = [(e.lock.mori, e.where) for _, e in sorted(entries.items())]
+        self._mori = one_profile(built)
+        check_installed_mori(built)
+        COMMUNICATORS.acquire(comm, self._mori, built[0][1], check_only=True)
 
         # ---- 3. the device ----
         if driver is None:
@@ -260,6 +268,8 @@ class GemmAllReduceOp:
         # ---- 5. acquire (on the op's device); roll everything back if any step fails ----
         with device_context(self.device):
             try:
+                COMMUNICATORS.acquire(comm, self._mori, self._entries[min(self._entries)].where)
+                self._mori_held = True
                 functions = {}
                 for digest, (data, kern) in images.items():
                     module = driver.load_module(data)
@@ -663,6 +673,9 @@ class GemmAllReduceOp:
         self._plans.clear()
         self._phases.clear()
         self._pad_in = None
+        if self._mori_held:
+            self._mori_held = False
+            COMMUNICATORS.release(self.comm, self._mori)
         errors = []
         if self._fallback is not None:
             try:

@@ -24,17 +24,19 @@ from .paths import Layout
 from .pins import CCO_CUID, CODE_OBJECT_VERSION, TARGET_ARCH
 from .tools import run, zig_tool
 
-JIT_SOURCES_REL = f"{Layout.MORI_REL}/mori/_jit-sources"
-SOURCE_REL = f"{JIT_SOURCES_REL}/src/cco/device/cco_device_wrapper.cpp"
+#: The wrapper source, relative to the directory that holds ``mori/``.
+SOURCE_IN_MORI = "mori/_jit-sources/src/cco/device/cco_device_wrapper.cpp"
+SOURCE_NAME = SOURCE_IN_MORI.rsplit("/", 1)[-1]
 
 #: Host packages whose headers the build reads (libstdc++ for <type_traits>, glibc).
 HOST_HEADER_PACKAGES = ("libstdc++-*-dev", "libc6-dev")
 
 
-def clang_args() -> list[str]:
-    """The clang arguments (after ``clang``), relative to the toolchain root.
-    Deterministic, free of absolute paths: recorded verbatim in the fingerprint."""
-    j = JIT_SOURCES_REL
+def clang_args(layout: Layout) -> list[str]:
+    """The clang arguments (after ``clang``) for ``layout``'s profile, relative to the
+    toolchain root. Deterministic, free of absolute paths: recorded verbatim in the
+    fingerprint. The same recipe for every profile: only the mori sources differ."""
+    j = f"{layout.mori_rel}/mori/_jit-sources"
     return [
         "--target=x86_64-linux-gnu",
         "-x",
@@ -65,7 +67,7 @@ def clang_args() -> list[str]:
         f"-I{j}/src",
         f"-I{j}/3rdparty/spdlog/include",
         f"-I{j}/3rdparty/msgpack-c/include",
-        SOURCE_REL,
+        f"{layout.mori_rel}/{SOURCE_IN_MORI}",
     ]
 
 
@@ -85,11 +87,10 @@ def host_header_pins() -> list[str]:
     return pins
 
 
-def check_inputs(root: Path) -> None:
+def check_inputs(lay: Layout) -> None:
     """Validate the inputs exist before running clang; name what is missing."""
-    lay = Layout(root)
     need = [
-        root / SOURCE_REL,
+        lay.mori_dir / SOURCE_IN_MORI,
         lay.resource_dir / "include" / "__clang_hip_runtime_wrapper.h",
         lay.hip_dir / "include" / "hip" / "hip_runtime.h",
         lay.devicelib_dir / "ocml.bc",
@@ -103,18 +104,19 @@ def check_inputs(root: Path) -> None:
         )
 
 
-def build_cco_bitcode(root: Path, out: Path) -> str:
-    """Compile the bitcode from the toolchain at ``root`` into ``out``; return its sha256."""
-    root = Path(root).resolve()
-    check_inputs(root)
+def build_cco_bitcode(layout: Layout, out: Path) -> str:
+    """Compile ``layout``'s profile's bitcode into ``out``; return its sha256."""
+    root = layout.root.resolve()
+    layout = Layout(root, layout.profile)
+    check_inputs(layout)
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".cco-", dir=out.parent) as td:
         tmp = Path(td) / out.name
         run(
-            zig_tool("clang") + clang_args() + ["-o", str(tmp)],
+            zig_tool("clang") + clang_args(layout) + ["-o", str(tmp)],
             cwd=root,
-            what="clang: build libmori_cco_device.bc",
+            what=f"clang: build libmori_cco_device.bc ({layout.profile.describe()})",
             fix="the toolchain's headers or mori's sources may be damaged: delete .toolchain and run `make setup`; "
             "on a ROCm host you can instead set MORI_CCO_BC=/path/to/libmori_cco_device.bc",
         )

@@ -13,7 +13,8 @@ from ..errors import ToolchainError
 from .digest import sha256_file
 from .fingerprint import dist_version, mori_sources_digest, read_fingerprint
 from .paths import FIX, Layout, toolchain_root
-from .pins import FLYDSL_VERSION, MORI, TORCH_VERSION, ZIGLANG_VERSION
+from .pins import TORCH_VERSION, ZIGLANG_VERSION
+from .profiles import get_profile
 from .tools import clang_version, lld_identity
 
 _PIP_FIX = "run `make setup` (or `.venv/bin/pip install -e '.[build,test]'`)"
@@ -43,8 +44,9 @@ def _fail(msg: str) -> None:
     raise ToolchainError(msg)
 
 
-def doctor(root: Path | None = None) -> list[Check]:
-    layout = Layout(Path(root).resolve() if root is not None else toolchain_root())
+def doctor(root: Path | None = None, profile: str | None = None) -> list[Check]:
+    prof = get_profile(profile)
+    layout = Layout(Path(root).resolve() if root is not None else toolchain_root(), prof)
     fp: dict | None = None
     fp_error = ""
     try:
@@ -85,7 +87,7 @@ def doctor(root: Path | None = None) -> list[Check]:
         digest = mori_sources_digest(layout.mori_dir)
         if fp is not None and digest != fp["mori"]["sources_digest"]:
             _fail(f"generator sources digest {digest[:16]} != toolchain.json's {fp['mori']['sources_digest'][:16]}")
-        return f"{MORI.version} sources {digest[:16]}"
+        return f"{prof.mori.project} {prof.mori.version} sources {digest[:16]}"
 
     def cco() -> str:
         if not layout.cco_bc.is_file():
@@ -107,11 +109,12 @@ def doctor(root: Path | None = None) -> list[Check]:
     def fingerprint() -> str:
         if fp is None:
             _fail(fp_error)
-        return f"digest {fp['digest'][:16]} (FlyDSL {fp['flydsl']['version']}, {fp['target']['arch']})"
+        return (f"digest {fp['digest'][:16]} (profile {fp.get('profile', 'default')}, "
+                f"FlyDSL {fp['flydsl']['version']}, {fp['target']['arch']})")
 
     return [
         _check("python", "use Python >= 3.10 (the venv is made by `make setup`)", python),
-        _check("flydsl", _PIP_FIX, versioned("flydsl", FLYDSL_VERSION)),
+        _check("flydsl", _PIP_FIX, versioned("flydsl", prof.flydsl_version)),
         _check("torch", _PIP_FIX, lambda: (versioned("torch", TORCH_VERSION)(), torch())[1]),
         _check("clang", _PIP_FIX, clang),
         _check("mori sources", FIX, mori_sources),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import ToolchainError
 from . import ccobc, clangres, devicelibs
+from ..device_abi import device_abi_digest
 from .digest import sha256_file, tree_digest
 from .fetch import fetch_deb, fetch_wheel
 from .fingerprint import (
@@ -37,14 +38,13 @@ from .linker import install_ld_lld, wrapper_text
 from .paths import Layout, toolchain_root
 from .pins import (
     CODE_OBJECT_VERSION,
-    FLYDSL_VERSION,
     LIBCLANG_COMMON,
-    MORI,
     TARGET_ARCH,
     TORCH_VERSION,
     TRITON,
     ZIGLANG_VERSION,
 )
+from .profiles import resolve_profiles
 from .tools import canonical_python, clang_version, lld_identity, zig_include_dir
 
 #: Environment variable: use this bitcode (e.g. built by hipcc on a ROCm host) instead of building one.
@@ -62,8 +62,12 @@ class Step:
     run: Callable[[], object]
 
 
+#: Steps whose output belongs to one profile (stamped in the profile's directory).
+PROFILE_STEPS = frozenset({"mori", "cco-bitcode"})
+
+
 def _stamp_path(layout: Layout, name: str) -> Path:
-    return layout.stamps / f"{name}.json"
+    return (layout.profile_stamps if name in PROFILE_STEPS else layout.stamps) / f"{name}.json"
 
 
 def _read_stamp(layout: Layout, name: str) -> dict | None:
@@ -93,6 +97,7 @@ def run_step(layout: Layout, step: Step, log: Log) -> str:
     current = step.output()
     if current is None:
         raise ToolchainError(f"setup step {step.name!r} finished but its output is missing")
+    _stamp_path(layout, step.name).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(
         _stamp_path(layout, step.name),
         json.dumps({"step": step.name, "inputs": step.inputs, "output": current}, indent=1, sort_keys=True) + "\n",
@@ -117,7 +122,8 @@ def preflight(layout: Layout) -> None:
     problems = []
     if sys.version_info < (3, 10):
         problems.append(f"Python {python_version()} is too old (needs >= 3.10)")
-    for dist, want in (("flydsl", FLYDSL_VERSION), ("torch", TORCH_VERSION), ("ziglang", ZIGLANG_VERSION)):
+    flydsl = layout.profile.flydsl_version
+    for dist, want in (("flydsl", flydsl), ("torch", TORCH_VERSION), ("ziglang", ZIGLANG_VERSION)):
         have = dist_version(dist)
         if have is None:
             problems.append(f"{dist}=={want} is not installed in {sys.executable}")
@@ -152,32 +158,30 @@ def _check_bitcode_file(p: Path) -> None:
 # ---------------------------------------------------------------- setup
 
 
-def setup(root: Path | None = None, log: Log = print) -> dict:
-    """Install (or verify) the toolchain under ``root``; return the fingerprint."""
-    layout = Layout(Path(root).resolve() if root else toolchain_root())
-    preflight(layout)
-    layout.root.mkdir(parents=True, exist_ok=True)
+def setup(root: Path | None = None, log: Log = print, profiles: str | None = None) -> dict[str, dict]:
+    """Install (or verify) the toolchain under ``root`` for ``profiles`` (a name, a
+    comma-separated list or ``all``; default ``$GEMMAR_AOT_TOOLCHAIN_PROFILE`` or
+    ``default``). The shared pieces are installed once. Returns {profile: fingerprint}."""
+    chosen = resolve_profiles(profiles)
+    base = Path(root).resolve() if root else toolchain_root()
+    layouts = [Layout(base, p) for p in chosen]
+    for layout in layouts:
+        preflight(layout)
+    base.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    log(f"toolchain: {layout.root}")
-    with file_lock(layout.lock):
-        fp = _setup_locked(layout, log)
-    log(f"toolchain: ready in {time.monotonic() - t_start:.2f}s, fingerprint {fp['digest'][:16]}")
-    return fp
+    log(f"toolchain: {base} (profiles: {', '.join(p.name for p in chosen)})")
+    out = {}
+    with file_lock(layouts[0].lock):
+        shared = _setup_shared(layouts[0], log)
+        for layout in layouts:
+            out[layout.profile.name] = _setup_profile(layout, shared, log)
+    log(f"toolchain: ready in {time.monotonic() - t_start:.2f}s; "
+        + ", ".join(f"{name} {fp['digest'][:16]}" for name, fp in out.items()))
+    return out
 
 
-def _setup_locked(layout: Layout, log: Log) -> dict:
-    mori = run_step(
-        layout,
-        Step(
-            name="mori",
-            what=f"amd-mori {MORI.version} sources -> {layout.mori_dir.name}/mori",
-            inputs={"wheel": MORI.filename, "sha256": MORI.sha256},
-            output=lambda: _tree_or_none(layout.mori_dir, "mori/ops/gemm_ar/op.py"),
-            run=lambda: _install_mori(layout),
-        ),
-        log,
-    )
-
+def _setup_shared(layout: Layout, log: Log) -> dict:
+    """What every profile uses: HIP headers, clang resource dir, device libraries, ld.lld."""
     hip = run_step(
         layout,
         Step(
@@ -224,8 +228,6 @@ def _setup_locked(layout: Layout, log: Log) -> dict:
         log,
     )
 
-    cco_record = _cco_step(layout, log, mori=mori, hip=hip, resource=resource, devlibs=devlibs, clang=clang)
-
     python = canonical_python()  # the venv's python: ziglang lives in the venv
     run_step(
         layout,
@@ -238,12 +240,33 @@ def _setup_locked(layout: Layout, log: Log) -> dict:
         ),
         log,
     )
-    t0 = time.monotonic()
-    identity = lld_identity([str(layout.ld_lld)])
+    return {"hip": hip, "resource": resource, "devlibs": devlibs, "clang": clang,
+            "linker": lld_identity([str(layout.ld_lld)])}
 
+
+def _setup_profile(layout: Layout, shared: dict, log: Log) -> dict:
+    """One profile's steps (mori's sources, its cco bitcode) and its ``toolchain.json``."""
+    prof = layout.profile
+    log(f" profile {prof.describe()}" + (f" ({layout.profile_rel}/)" if layout.profile_rel else ""))
+    mori = run_step(
+        layout,
+        Step(
+            name="mori",
+            what=f"{prof.mori.project} {prof.mori.version} sources -> {layout.mori_rel}/mori",
+            inputs={"wheel": prof.mori.filename, "sha256": prof.mori.sha256},
+            output=lambda: _tree_or_none(layout.mori_dir, "mori/ops/gemm_ar/op.py"),
+            run=lambda: _install_mori(layout),
+        ),
+        log,
+    )
+    cco_record = _cco_step(layout, log, mori=mori, hip=shared["hip"], resource=shared["resource"],
+                           devlibs=shared["devlibs"], clang=shared["clang"])
+    t0 = time.monotonic()
+    identity = shared["linker"]
     fp = finalize(
         {
             "schema": SCHEMA,
+            "profile": prof.name,
             "target": {"arch": TARGET_ARCH, "code_object_version": CODE_OBJECT_VERSION},
             "python": python_version(),
             "flydsl": {
@@ -253,10 +276,12 @@ def _setup_locked(layout: Layout, log: Log) -> dict:
             "flydsl_opt_level": flydsl_opt_level(),
             "torch": {"version": dist_version("torch")},
             "mori": {
-                "version": MORI.version,
-                "wheel": MORI.filename,
-                "wheel_sha256": MORI.sha256,
+                "distribution": prof.mori.project,
+                "version": prof.mori.version,
+                "wheel": prof.mori.filename,
+                "wheel_sha256": prof.mori.sha256,
                 "sources_digest": mori_sources_digest(layout.mori_dir),
+                "device_abi_digest": device_abi_digest(layout.mori_dir),
             },
             "cco_bitcode": cco_record,
             "linker": {"identity": identity, "via": f"ziglang {ZIGLANG_VERSION}"},
@@ -265,7 +290,8 @@ def _setup_locked(layout: Layout, log: Log) -> dict:
     wrote = write_fingerprint(layout.toolchain_json, fp)
     log(
         f"  {'toolchain.json':<15} {'done' if wrote else 'ok':<6} {time.monotonic() - t0:6.2f}s  "
-        f"fingerprint (FlyDSL {fp['flydsl']['version']}, {identity}) [{fp['digest'][:12]}]"
+        f"{prof.name}: FlyDSL {fp['flydsl']['version']}, {prof.mori.project} {prof.mori.version}, "
+        f"{identity} [{fp['digest'][:12]}]"
     )
     return fp
 
@@ -273,7 +299,7 @@ def _setup_locked(layout: Layout, log: Log) -> dict:
 def _install_mori(layout: Layout) -> None:
     from .unpack import install_mori
 
-    install_mori(layout, fetch_wheel(MORI, layout.downloads))
+    install_mori(layout, fetch_wheel(layout.profile.mori, layout.downloads))
 
 
 def _install_hip(layout: Layout) -> None:
@@ -308,7 +334,7 @@ def _cco_step(layout: Layout, log: Log, *, mori: str, hip: str, resource: str, d
         build = {
             "compiler": clang,
             "cwd": "<toolchain root>",
-            "flags": ccobc.clang_args(),
+            "flags": ccobc.clang_args(layout),
             "headers": {
                 "hip": f"triton {TRITON.version} ({TRITON.filename} sha256 {TRITON.sha256})",
                 "clang_wrappers": f"{LIBCLANG_COMMON.package} {LIBCLANG_COMMON.version} (sha256 {LIBCLANG_COMMON.sha256})",
@@ -321,7 +347,7 @@ def _cco_step(layout: Layout, log: Log, *, mori: str, hip: str, resource: str, d
         record = {"source": "built", "build": build}
         # The digests of the earlier steps' outputs are inputs too: any change there rebuilds.
         inputs = {**record, "mori": mori, "hip": hip, "resource": resource, "devicelibs": devlibs}
-        what = f"cco bitcode: {clang}, {ccobc.SOURCE_REL.rsplit('/', 1)[-1]}, built twice"
+        what = f"cco bitcode: {clang}, {ccobc.SOURCE_NAME} of {layout.profile.mori.project} {layout.profile.mori.version}, built twice"
 
         def run() -> None:
             _build_reproducibly(layout)
@@ -352,10 +378,10 @@ def _install_env_bitcode(src: Path, dest: Path, expected: str) -> None:
 
 def _build_reproducibly(layout: Layout) -> None:
     """Build the bitcode, then build it again into a scratch file: the two must be equal."""
-    first = ccobc.build_cco_bitcode(layout.root, layout.cco_bc)
+    first = ccobc.build_cco_bitcode(layout, layout.cco_bc)
     scratch = layout.cco_bc.with_name(f".{layout.cco_bc.name}.repro")
     try:
-        second = ccobc.build_cco_bitcode(layout.root, scratch)
+        second = ccobc.build_cco_bitcode(layout, scratch)
     finally:
         scratch.unlink(missing_ok=True)
     if first != second:

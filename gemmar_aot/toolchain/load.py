@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ToolchainError
+from ..device_abi import DeviceAbiUnknown, device_abi_digest
 from .digest import sha256_file
 from .fingerprint import dist_version, mori_sources_digest, python_version, read_fingerprint
 from .paths import FIX, Layout, toolchain_root
+from .profiles import DEFAULT_PROFILE, Profile, get_profile
 
 
 @dataclass(frozen=True)
@@ -22,32 +24,49 @@ class Toolchain:
     cco_bc: Path
     rocm_path: Path  # holds llvm/bin/ld.lld
     fingerprint: dict = field(hash=False, repr=False)
+    profile: Profile = field(default_factory=lambda: get_profile(DEFAULT_PROFILE))
 
     @property
     def digest(self) -> str:
         return self.fingerprint["digest"]
+
+    def mori_identity(self) -> dict:
+        """What a pod's installed mori must match: distribution, version, device-ABI digest."""
+        m = self.fingerprint["mori"]
+        return {"distribution": m["distribution"], "version": m["version"],
+                "device_abi_digest": m["device_abi_digest"]}
 
     @property
     def arch(self) -> str:
         return self.fingerprint["target"]["arch"]
 
 
-def load_toolchain(root: Path | None = None) -> Toolchain:
-    """Read ``toolchain.json`` and verify (cheaply) that what it describes is in place:
-    the cco bitcode's digest, the mori generator sources' digest, the ld.lld
-    wrapper, and the installed FlyDSL/torch/Python versions.
+def load_toolchain(root: Path | None = None, profile: str | None = None) -> Toolchain:
+    """Read the profile's ``toolchain.json`` and verify (cheaply) that what it
+    describes is in place: the profile's pins, the cco bitcode's digest, the mori
+    generator sources' digest, the ld.lld wrapper, and the installed
+    FlyDSL/torch/Python versions. ``profile`` None means
+    ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``, else ``default``.
 
     Raises ToolchainError naming what is missing or wrong and the fix.
     """
-    layout = Layout(Path(root).resolve() if root is not None else toolchain_root())
+    prof = get_profile(profile)
+    layout = Layout(Path(root).resolve() if root is not None else toolchain_root(), prof)
+    fix = FIX if prof.is_default else f"run `make setup TOOLCHAIN={prof.name}` (or `python -m gemmar_aot.toolchain setup --profile {prof.name}`)"
     if not layout.toolchain_json.is_file():
-        raise ToolchainError(f"no toolchain at {layout.root} ({layout.toolchain_json.name} is missing)\n  fix: {FIX}")
+        raise ToolchainError(f"no toolchain for profile {prof.name!r} at {layout.profile_dir} "
+                             f"({layout.toolchain_json.name} is missing)\n  fix: {fix}")
     try:
         fp = read_fingerprint(layout.toolchain_json)
     except ToolchainError as e:
-        raise ToolchainError(f"{e}\n  fix: {FIX}") from e
+        raise ToolchainError(f"{e}\n  fix: {fix}") from e
 
     problems: list[str] = []
+    # A fingerprint written before profiles existed has no "profile": it is the default's.
+    if fp.get("profile", DEFAULT_PROFILE) != prof.name or fp["mori"].get("wheel_sha256") != prof.mori.sha256:
+        problems.append(f"{layout.toolchain_json} describes profile {fp.get('profile', DEFAULT_PROFILE)!r} with "
+                        f"{fp['mori'].get('wheel')} (sha256 {fp['mori'].get('wheel_sha256')}), not profile "
+                        f"{prof.name!r} with {prof.mori.filename} (sha256 {prof.mori.sha256})")
     want_bc = fp["cco_bitcode"]["sha256"]
     if not layout.cco_bc.is_file():
         problems.append(f"the cco bitcode {layout.cco_bc} is missing")
@@ -79,16 +98,25 @@ def load_toolchain(root: Path | None = None) -> Toolchain:
 
     if problems:
         raise ToolchainError(
-            f"the toolchain at {layout.root} is not usable:\n"
+            f"the toolchain at {layout.profile_dir} (profile {prof.name!r}) is not usable:\n"
             + "\n".join(f"  - {p}" for p in problems)
-            + f"\n  fix: {FIX}"
+            + f"\n  fix: {fix}"
         )
+    if "device_abi_digest" not in fp["mori"] or "distribution" not in fp["mori"]:
+        # Written by a gemmar-aot from before profiles (its mori is the default's): fill in, in
+        # memory, what this one records, so keys do not depend on which version ran setup.
+        try:
+            abi = device_abi_digest(layout.mori_dir)
+        except DeviceAbiUnknown as e:
+            raise ToolchainError(f"{e}\n  fix: {fix}") from None
+        fp = {**fp, "mori": {**fp["mori"], "distribution": prof.mori.project, "device_abi_digest": abi}}
     return Toolchain(
         root=layout.root,
         mori_dir=layout.mori_dir,
         cco_bc=layout.cco_bc,
         rocm_path=layout.rocm_path,
         fingerprint=fp,
+        profile=prof,
     )
 
 
@@ -97,7 +125,9 @@ def compile_env(tc: Toolchain) -> dict[str, str]:
     return {
         "COMPILE_ONLY": "1",  # FlyDSL: compile, never launch (no GPU here)
         "ARCH": tc.arch,  # FlyDSL's target override (not FLYDSL_-prefixed)
-        "FLYDSL_RUNTIME_ENABLE_CACHE": "0",  # keep FlyDSL's own disk cache out of the way
+        # FlyDSL's own disk cache stays off: 0.5.0 caches even extern-linked kernels, and a
+        # worker must compile what its key says, never reuse an entry keyed by FlyDSL's rules.
+        "FLYDSL_RUNTIME_ENABLE_CACHE": "0",
         "FLYDSL_COMPILE_OPT_LEVEL": str(tc.fingerprint["flydsl_opt_level"]),  # as fingerprinted
         "ROCM_PATH": str(tc.rocm_path),  # the ROCDL serializer runs $ROCM_PATH/llvm/bin/ld.lld
         "MORI_CCO_BC": str(tc.cco_bc),  # mori links this bitcode ...

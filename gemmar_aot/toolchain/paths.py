@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gemmar_aot.checkout import checkout_dir
 
-from .pins import MORI
+from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 #: Environment variable that moves the toolchain away from ``<checkout>/.toolchain``.
 ROOT_ENV = "GEMMAR_AOT_TOOLCHAIN"
@@ -27,17 +27,37 @@ def toolchain_root() -> Path:
 
 @dataclass(frozen=True)
 class Layout:
-    """Every path inside a toolchain root. All relative names are fixed, so the
-    cco bitcode (built with the root as working directory and relative paths)
-    is the same wherever the root is."""
+    """Every path inside a toolchain root, for one profile. All relative names are
+    fixed, so the cco bitcode (built with the root as working directory and
+    relative paths) is the same wherever the root is.
+
+    Shared by every profile: ``downloads``, ``hip``, ``clang-resource``,
+    ``devicelibs``, ``rocm`` and the shared steps' stamps. Per profile: mori's
+    sources, the cco bitcode, the profile's stamps and ``toolchain.json``, under
+    ``profile_dir`` (the root itself for the default profile, as before profiles
+    existed; ``profiles/<name>`` for the others)."""
 
     root: Path
+    profile: Profile = PROFILES[DEFAULT_PROFILE]
 
     # Relative names, used verbatim on the clang command line.
-    MORI_REL = f"mori-{MORI.version}"
     HIP_REL = "hip"
     RESOURCE_REL = "clang-resource"
     DEVICELIB_REL = "devicelibs"
+
+    @property
+    def profile_rel(self) -> str:
+        return self.profile.rel_dir
+
+    @property
+    def profile_dir(self) -> Path:
+        return self.root / self.profile_rel if self.profile_rel else self.root
+
+    @property
+    def mori_rel(self) -> str:
+        """The directory holding ``mori/``, relative to the root (on clang's command line)."""
+        name = f"mori-{self.profile.mori.version}"
+        return f"{self.profile_rel}/{name}" if self.profile_rel else name
 
     @property
     def downloads(self) -> Path:
@@ -45,7 +65,13 @@ class Layout:
 
     @property
     def stamps(self) -> Path:
+        """Stamps of the shared steps."""
         return self.root / "stamps"
+
+    @property
+    def profile_stamps(self) -> Path:
+        """Stamps of this profile's steps (mori, cco-bitcode)."""
+        return self.profile_dir / "stamps"
 
     @property
     def lock(self) -> Path:
@@ -54,7 +80,7 @@ class Layout:
     @property
     def mori_dir(self) -> Path:
         """The directory that contains the ``mori/`` package (goes on sys.path)."""
-        return self.root / self.MORI_REL
+        return self.root / self.mori_rel
 
     @property
     def mori_pkg(self) -> Path:
@@ -76,7 +102,7 @@ class Layout:
 
     @property
     def cco_bc(self) -> Path:
-        return self.root / "cco" / "libmori_cco_device.bc"
+        return self.profile_dir / "cco" / "libmori_cco_device.bc"
 
     @property
     def rocm_path(self) -> Path:
@@ -89,4 +115,4 @@ class Layout:
 
     @property
     def toolchain_json(self) -> Path:
-        return self.root / "toolchain.json"
+        return self.profile_dir / "toolchain.json"

@@ -74,12 +74,26 @@ class DebPin:
 
 
 #: mori's pure-Python kernel generators and the cco device-wrapper sources.
-#: Only unpacked: its native libraries need ROCm.
+#: Only unpacked: its native libraries need ROCm. The default profile's mori.
 MORI = WheelPin(
     project="amd-mori",
     version="1.2.4",
     filename="amd_mori-1.2.4-cp310-cp310-manylinux_2_35_x86_64.whl",
     sha256="ba60848d9f10fe2de1848d4d4cd5edbae1f7bb3421c3200b66a3c91f52886e02",
+    python_version="3.10",
+    abi="cp310",
+    platform="manylinux_2_35_x86_64",
+)
+
+#: mori's nightly: the GEMM main-loop read-done barrier fix (matters at K = 256, where the
+#: main loop runs zero times) and a changed cco device API (``put_ptr``, ``cco_local_ptr``,
+#: a new SDMA doorbell protocol). The ``nightly`` profile's mori. The _jit-sources and the
+#: Python generators are identical in the cp310 and cp312 wheels; cp310 is the one pinned.
+MORI_NIGHTLY = WheelPin(
+    project="amd-mori-nightly",
+    version="1.2.5.dev20261026",
+    filename="amd_mori_nightly-1.2.5.dev20261026-cp310-cp310-manylinux_2_35_x86_64.whl",
+    sha256="dc9760eedff617558ab402652d0a7fb6bcde9968c22479b74797c44e17d0d2b5",
     python_version="3.10",
     abi="cp310",
     platform="manylinux_2_35_x86_64",

@@ -1,0 +1,327 @@
+"""Toolchain profiles (build side) and the runtime's provenance rules (pod side).
+
+Build side: the registry, the side-by-side layout (the default profile keeps the
+layout of a toolchain set up before profiles existed), per-profile fingerprints,
+keys that differ between profiles, FlyDSL's cache off in every profile.
+
+Pod side: the installed mori must be the artifacts' mori (checked in a fresh
+interpreter against a test double of an *installed* mori package: its
+distribution metadata plus the device-ABI files, copied from the toolchain's
+real unpacked wheel -- never mori's code), and one communicator never serves
+two profiles.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gemmar_aot.device_abi import REQUIRED, DeviceAbiUnknown, device_abi_digest, device_abi_files
+from gemmar_aot.errors import ToolchainError
+from gemmar_aot.toolchain import compile_env, load_toolchain, toolchain_root
+from gemmar_aot.toolchain.paths import Layout
+from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE, PROFILES, get_profile, resolve_profiles
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _installed(profile: str) -> Layout:
+    lay = Layout(toolchain_root(), PROFILES[profile])
+    if not lay.toolchain_json.is_file():
+        pytest.skip(f"toolchain profile {profile!r} is not installed: run `make setup TOOLCHAIN={profile}`")
+    return lay
+
+
+# ---------------------------------------------------------------- registry and layout
+
+
+def test_unknown_profile_names_the_profiles_and_the_fix():
+    with pytest.raises(ToolchainError) as e:
+        get_profile("bleeding")
+    msg = str(e.value)
+    assert "'bleeding'" in msg and all(name in msg for name in PROFILES) and "--toolchain" in msg
+
+
+def test_profile_from_env_and_lists(monkeypatch):
+    monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", "nightly")
+    assert get_profile().name == "nightly"
+    monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE")
+    assert get_profile().name == DEFAULT_PROFILE
+    assert [p.name for p in resolve_profiles("all")] == list(PROFILES)
+    assert [p.name for p in resolve_profiles("nightly,default,nightly")] == ["nightly", "default"]
+
+
+def test_profiles_pin_different_moris_with_their_digests():
+    default, nightly = PROFILES["default"], PROFILES["nightly"]
+    assert (default.mori.project, default.mori.version) == ("amd-mori", "1.2.4")
+    assert (nightly.mori.project, nightly.mori.version) == ("amd-mori-nightly", "1.2.5.dev20261026")
+    for p in (default, nightly):
+        assert len(p.mori.sha256) == 64 and p.mori.filename.startswith(
+            f"{p.mori.project.replace('-', '_')}-{p.mori.version}-")
+
+
+def test_default_profile_keeps_the_pre_profile_layout(tmp_path):
+    """A toolchain set up before profiles existed is the default profile, path for path."""
+    d = Layout(tmp_path)
+    assert d.profile.name == DEFAULT_PROFILE
+    assert d.toolchain_json == tmp_path / "toolchain.json"
+    assert d.mori_dir == tmp_path / "mori-1.2.4"
+    assert d.cco_bc == tmp_path / "cco" / "libmori_cco_device.bc"
+    assert d.profile_stamps == d.stamps == tmp_path / "stamps"
+    n = Layout(tmp_path, PROFILES["nightly"])
+    assert n.toolchain_json == tmp_path / "profiles" / "nightly" / "toolchain.json"
+    assert n.mori_dir == tmp_path / "profiles" / "nightly" / "mori-1.2.5.dev20261026"
+    assert n.cco_bc.parent.parent == n.profile_dir != d.profile_dir
+    # shared pieces are shared
+    for attr in ("hip_dir", "resource_dir", "devicelib_dir", "ld_lld", "downloads", "stamps"):
+        assert getattr(n, attr) == getattr(d, attr)
+
+
+def test_flydsl_disk_cache_is_off_in_workers_of_every_profile():
+    for name in PROFILES:
+        lay = Layout(toolchain_root(), PROFILES[name])
+        if not lay.toolchain_json.is_file():
+            continue
+        env = compile_env(load_toolchain(profile=name))
+        assert env["FLYDSL_RUNTIME_ENABLE_CACHE"] == "0"
+        assert env["MORI_CCO_BC"] == str(lay.cco_bc)
+
+
+# ---------------------------------------------------------------- installed profiles
+
+
+def test_nightly_profile_is_installed_side_by_side_with_its_own_bitcode():
+    n, d = _installed("nightly"), _installed("default")
+    tn, td = load_toolchain(profile="nightly"), load_toolchain(profile="default")
+    assert tn.profile.name == "nightly" and tn.fingerprint["profile"] == "nightly"
+    assert tn.fingerprint["mori"]["distribution"] == "amd-mori-nightly"
+    assert tn.cco_bc == n.cco_bc and td.cco_bc == d.cco_bc
+    assert tn.fingerprint["cco_bitcode"]["sha256"] != td.fingerprint["cco_bitcode"]["sha256"]
+    # The nightly's device API adds symbols: its bitcode defines cco_local_ptr, 1.2.4's does not.
+    assert b"cco_local_ptr" in n.cco_bc.read_bytes() and b"cco_local_ptr" not in d.cco_bc.read_bytes()
+    assert tn.mori_identity()["device_abi_digest"] != td.mori_identity()["device_abi_digest"]
+
+
+def test_keys_of_the_two_profiles_differ_in_the_mori_ingredients():
+    _installed("nightly")
+    from gemmar_aot.keys import diff_ingredients, flatten, toolchain_ingredients
+
+    a = toolchain_ingredients(load_toolchain(profile="default").fingerprint)
+    b = toolchain_ingredients(load_toolchain(profile="nightly").fingerprint)
+    changed = {p for p, _, _ in diff_ingredients(a, b)}
+    assert {"generator.mori_version", "generator.mori_sources_digest", "generator.mori_wheel_sha256",
+            "generator.mori_distribution", "generator.mori_device_abi_digest",
+            "toolchain.cco_bitcode_sha256"} <= changed
+    assert not any(p.startswith("compiler.") for p in changed)
+    assert not any("profile" in k for k in flatten(b))  # the name is a label, never an ingredient
+
+
+def test_a_profile_directory_holding_another_profiles_fingerprint_is_refused(tmp_path):
+    d = _installed("default")
+    fake = Layout(tmp_path, PROFILES["nightly"])
+    fake.profile_dir.mkdir(parents=True)
+    shutil.copy2(d.toolchain_json, fake.toolchain_json)
+    with pytest.raises(ToolchainError) as e:
+        load_toolchain(tmp_path, profile="nightly")
+    msg = str(e.value)
+    assert "not profile 'nightly'" in msg and "make setup TOOLCHAIN=nightly" in msg
+
+
+def test_missing_profile_says_how_to_install_it(tmp_path):
+    with pytest.raises(ToolchainError, match=r"make setup TOOLCHAIN=nightly"):
+        load_toolchain(tmp_path, profile="nightly")
+
+
+# ---------------------------------------------------------------- device ABI
+
+
+def test_device_abi_digest_covers_the_cco_sources_and_is_location_free(tmp_path):
+    d = _installed("default")
+    files = device_abi_files(d.mori_dir)
+    assert set(REQUIRED) <= set(files)
+    assert any(f.startswith("mori/cco/device/flydsl/") for f in files)
+    for rel in files:
+        (tmp_path / "copy" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(d.mori_dir / rel, tmp_path / "copy" / rel)
+    assert device_abi_digest(tmp_path / "copy") == device_abi_digest(d.mori_dir)
+    hdr = tmp_path / "copy" / "mori" / "_jit-sources" / "include" / "mori" / "cco" / "cco.hpp"
+    hdr.write_bytes(hdr.read_bytes() + b"\n// one more line\n")
+    assert device_abi_digest(tmp_path / "copy") != device_abi_digest(d.mori_dir)
+    hdr.unlink()
+    with pytest.raises(DeviceAbiUnknown, match="cco.hpp"):
+        device_abi_digest(tmp_path / "copy")
+
+
+# ---------------------------------------------------------------- the pod's mori (fresh interpreter)
+
+
+def _fake_installed_mori(site: Path, dist: str, version: str, abi_from: Path, *, tweak: bool = False) -> None:
+    """A test double of an installed mori: dist-info metadata and the device-ABI files only.
+    Its ``__init__`` raises, so the runtime is shown never to import it."""
+    for rel in device_abi_files(abi_from):
+        dst = site / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(abi_from / rel, dst)
+    (site / "mori" / "__init__.py").write_text("raise ImportError('test double: mori must not be imported')\n")
+    if tweak:  # another release: the cco header changed
+        hdr = site / "mori" / "_jit-sources" / "include" / "mori" / "cco" / "cco.hpp"
+        hdr.write_bytes(hdr.read_bytes() + b"\n// SDMA doorbell: top bit of the committed wptr\n")
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("mori\n")
+
+
+_CONSTRUCT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from fakes import FakeCommunicator, FakeHipDriver
+    from gemmar_aot.runtime import GemmAllReduceOp, ArtifactMismatchError
+    from gemmar_aot.store import read_lock_file
+    lock = read_lock_file({lock!r})
+    try:
+        op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, artifacts={store!r},
+                             driver=FakeHipDriver([lock]), self_test=False)
+        print(json.dumps({{"ok": True, "m": list(op.m_values), "mori_imported": "mori.ops" in sys.modules}}))
+        op.close()
+    except ArtifactMismatchError as e:
+        print(json.dumps({{"ok": False, "error": str(e)}}))
+""")
+
+
+def _construct_in_pod(smoke_store: Path, site: Path | None, **env) -> dict:
+    import os
+
+    code = _CONSTRUCT.format(tests=str(ROOT / "tests"), lock=str(smoke_store / "locks" / "smoke.lock.json"),
+                             store=str(smoke_store / "locks" / "smoke.lock.json"))
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GEMMAR_AOT_")}
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(site) if site else "", str(ROOT)) if p)
+    e.update(env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=e,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_pod_with_the_artifacts_mori_is_served(smoke_store, tmp_path):
+    d = _installed("default")
+    _fake_installed_mori(tmp_path, "amd-mori", "1.2.4", d.mori_dir)
+    res = _construct_in_pod(smoke_store, tmp_path)
+    assert res["ok"] and res["m"] == [256, 512] and not res["mori_imported"]
+
+
+def test_pod_without_mori_skips_the_check(smoke_store):
+    res = _construct_in_pod(smoke_store, None)
+    assert res["ok"], res
+
+
+def test_pod_with_the_other_profiles_mori_is_refused_naming_both_and_the_fix(smoke_store, tmp_path):
+    d = _installed("default")
+    _fake_installed_mori(tmp_path, "amd-mori-nightly", "1.2.5.dev20261026", d.mori_dir, tweak=True)
+    res = _construct_in_pod(smoke_store, tmp_path)
+    assert not res["ok"]
+    msg = res["error"]
+    assert "amd-mori 1.2.4" in msg and "amd-mori-nightly 1.2.5.dev20261026" in msg
+    assert "pip install amd-mori==1.2.4" in msg and "--toolchain" in msg
+    assert "cco device ABIs differ" in msg and str(tmp_path) in msg
+
+
+def test_same_version_with_another_device_abi_is_refused(smoke_store, tmp_path):
+    d = _installed("default")
+    _fake_installed_mori(tmp_path, "amd-mori", "1.2.4", d.mori_dir, tweak=True)
+    res = _construct_in_pod(smoke_store, tmp_path)
+    assert not res["ok"] and "cco device ABIs differ" in res["error"] and "versions differ" not in res["error"]
+
+
+def test_the_check_can_be_switched_off_explicitly(smoke_store, tmp_path):
+    d = _installed("default")
+    _fake_installed_mori(tmp_path, "amd-mori-nightly", "1.2.5.dev20261026", d.mori_dir, tweak=True)
+    assert _construct_in_pod(smoke_store, tmp_path, GEMMAR_AOT_MORI_CHECK="off")["ok"]
+
+
+# ---------------------------------------------------------------- one profile per communicator
+
+
+def _relabelled(lock: dict, profile: str, digest: str) -> dict:
+    """The same kernels under another profile's toolchain record (a double of a nightly lock)."""
+    other = copy.deepcopy(lock)
+    other["toolchain"]["profile"] = profile
+    gen = (other["toolchain"].get("ingredients") or other["toolchain"])["generator"]
+    gen.update(mori_distribution="amd-mori-nightly", mori_version="1.2.5.dev20261026",
+               mori_device_abi_digest=digest)
+    return other
+
+
+def test_one_communicator_never_serves_two_profiles(smoke_store, smoke_lock, monkeypatch):
+    from fakes import FakeCommunicator, FakeHipDriver
+
+    from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
+    from gemmar_aot.runtime import provenance
+
+    monkeypatch.setattr(provenance, "installed_mori", lambda: None)  # no mori in this "pod"
+    if "profile" not in smoke_lock["toolchain"]:
+        pytest.skip("the smoke lock predates profiles")
+    nightly = _relabelled(smoke_lock, "nightly", "f" * 64)
+    comm, drv = FakeCommunicator(), FakeHipDriver([smoke_lock])
+    kw = dict(n=1024, k=256, m_max=512, driver=drv, self_test=False)
+    op1 = GemmAllReduceOp(comm, artifacts=(smoke_lock, smoke_store), **kw)
+    with pytest.raises(ArtifactMismatchError, match="already serves ops built with amd-mori 1.2.4") as e:
+        GemmAllReduceOp(comm, artifacts=(nightly, smoke_store), **kw)
+    assert "SDMA" in str(e.value)
+    assert comm.acquired["mem"] == 1  # refused before acquiring anything
+    op_same = GemmAllReduceOp(comm, artifacts=(smoke_lock, smoke_store), **kw)  # same profile: fine
+    other_comm = FakeCommunicator()
+    op_other = GemmAllReduceOp(other_comm, artifacts=(nightly, smoke_store), **kw)  # another comm: fine
+    op1.close()
+    with pytest.raises(ArtifactMismatchError):
+        GemmAllReduceOp(comm, artifacts=(nightly, smoke_store), **kw)  # op_same still holds it
+    op_same.close()
+    op2 = GemmAllReduceOp(comm, artifacts=(nightly, smoke_store), **kw)  # all closed: the comm is free
+    for op in (op2, op_other):
+        op.close()
+
+
+def test_one_op_never_mixes_profiles(smoke_store, smoke_lock, monkeypatch):
+    from fakes import FakeCommunicator, FakeHipDriver
+
+    from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
+    from gemmar_aot.runtime import provenance
+
+    monkeypatch.setattr(provenance, "installed_mori", lambda: None)
+    if "profile" not in smoke_lock["toolchain"]:
+        pytest.skip("the smoke lock predates profiles")
+    a = copy.deepcopy(smoke_lock)
+    a["tuples"] = [t for t in a["tuples"] if not (t["transport"] == "fused-sdma" and t["m"] == 512)]
+    b = _relabelled(smoke_lock, "nightly", "e" * 64)
+    b["tuples"] = [t for t in b["tuples"] if t["transport"] == "fused-sdma" and t["m"] == 512]
+    with pytest.raises(ArtifactMismatchError, match="mix two toolchain profiles"):
+        GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, driver=FakeHipDriver([smoke_lock]),
+                        self_test=False, artifacts=[(a, smoke_store), (b, smoke_store)])
+
+
+def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    from gemmar_aot.runtime import ArtifactNotFoundError, load_artifacts
+    from gemmar_aot.runtime import provenance
+    from gemmar_aot.store import write_lock_file
+
+    monkeypatch.setattr(provenance, "installed_mori", lambda: None)
+    if "profile" not in smoke_lock["toolchain"]:
+        pytest.skip("the smoke lock predates profiles")
+    store = tmp_path / "store"
+    shutil.copytree(smoke_store, store)
+    write_lock_file(store / "locks" / "smoke.nightly.lock.json", _relabelled(smoke_lock, "nightly", "d" * 64))
+    monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", raising=False)
+    with pytest.raises(ArtifactNotFoundError, match="several toolchain profiles.*GEMMAR_AOT_TOOLCHAIN_PROFILE"):
+        load_artifacts(store)
+    monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", "nightly")
+    arts = load_artifacts(store)
+    assert [s.lock_path.name for s in arts.sources] == ["smoke.nightly.lock.json"]
+    monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", "default")
+    assert [s.lock_path.name for s in load_artifacts(store).sources] == ["smoke.lock.json"]
