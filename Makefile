@@ -6,7 +6,8 @@
 #                a re-run verifies digests and redoes only what is missing or changed.
 #                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
 #                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).
-#   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers)
+#   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers,
+#                PROFILE=nightly for another toolchain profile)
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
 #   make clean   remove .venv and .toolchain
 
@@ -19,6 +20,8 @@ JOBS        ?=
 PYTEST_ARGS ?=
 # Toolchain profiles to install: all, or a comma-separated list (default, nightly).
 TOOLCHAIN   ?= all
+# The profile `make build` compiles with (empty: $$GEMMAR_AOT_TOOLCHAIN_PROFILE, else default).
+PROFILE     ?=
 
 # pip install runs again when pyproject.toml changes.
 DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
@@ -37,7 +40,7 @@ $(DEPS_STAMP): pyproject.toml | $(VPY)
 	touch $@
 
 build: setup
-	$(VENV)/bin/gemmar-aot build $(MANIFEST) --out $(OUT)$(if $(strip $(JOBS)), -j $(JOBS))
+	$(VENV)/bin/gemmar-aot build $(MANIFEST) --out $(OUT)$(if $(strip $(JOBS)), -j $(JOBS))$(if $(strip $(PROFILE)), --toolchain $(PROFILE))
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)

@@ -162,14 +162,16 @@ def test_device_abi_digest_covers_the_cco_sources_and_is_location_free(tmp_path)
 # ---------------------------------------------------------------- the pod's mori (fresh interpreter)
 
 
-def _fake_installed_mori(site: Path, dist: str, version: str, abi_from: Path, *, tweak: bool = False) -> None:
+def _fake_installed_mori(site: Path, dist: str, version: str, abi_from: Path, *, tweak: bool = False,
+                         importable: bool = False) -> None:
     """A test double of an installed mori: dist-info metadata and the device-ABI files only.
-    Its ``__init__`` raises, so the runtime is shown never to import it."""
+    Its ``__init__`` raises (unless ``importable``), so the runtime is shown never to import it."""
     for rel in device_abi_files(abi_from):
         dst = site / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(abi_from / rel, dst)
-    (site / "mori" / "__init__.py").write_text("raise ImportError('test double: mori must not be imported')\n")
+    (site / "mori" / "__init__.py").write_text(
+        "" if importable else "raise ImportError('test double: mori must not be imported')\n")
     if tweak:  # another release: the cco header changed
         hdr = site / "mori" / "_jit-sources" / "include" / "mori" / "cco" / "cco.hpp"
         hdr.write_bytes(hdr.read_bytes() + b"\n// SDMA doorbell: top bit of the committed wptr\n")
@@ -196,11 +198,11 @@ _CONSTRUCT = textwrap.dedent("""
 """)
 
 
-def _construct_in_pod(smoke_store: Path, site: Path | None, **env) -> dict:
+def _construct_in_pod(smoke_store: Path, site: Path | None, lock_name: str = "smoke.lock.json", **env) -> dict:
     import os
 
-    code = _CONSTRUCT.format(tests=str(ROOT / "tests"), lock=str(smoke_store / "locks" / "smoke.lock.json"),
-                             store=str(smoke_store / "locks" / "smoke.lock.json"))
+    lock = str(smoke_store / "locks" / lock_name)
+    code = _CONSTRUCT.format(tests=str(ROOT / "tests"), lock=lock, store=lock)
     e = {k: v for k, v in os.environ.items() if not k.startswith("GEMMAR_AOT_")}
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(site) if site else "", str(ROOT)) if p)
     e.update(env)
@@ -325,3 +327,165 @@ def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_l
     assert [s.lock_path.name for s in arts.sources] == ["smoke.nightly.lock.json"]
     monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", "default")
     assert [s.lock_path.name for s in load_artifacts(store).sources] == ["smoke.lock.json"]
+
+
+# ---------------------------------------------------------------- pods that change no code
+
+
+_FAKE_GEMM_AR_INIT = textwrap.dedent("""
+    # test double of mori.ops.gemm_ar's lazy __init__: eager helpers, the op module on first use
+    import importlib
+    def preshuffle_b(x):
+        return ("mori's own preshuffle_b", x)
+    _LAZY = {"GemmAllReduceOp": "op", "padded_m": "op"}
+    def __getattr__(name):
+        if name in _LAZY:
+            return getattr(importlib.import_module("." + _LAZY[name], __name__), name)
+        raise AttributeError(name)
+""")
+
+_SERVER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import site
+    site.addsitedir({pth_dir!r})        # processes the .pth as site-packages would at start-up
+    from mori.ops.gemm_ar import GemmAllReduceOp, preshuffle_b   # what the server does
+    from fakes import FakeCommunicator, FakeHipDriver
+    from gemmar_aot.runtime import ArtifactMissingError
+    from gemmar_aot.store import read_lock_file
+    import torch
+    out = {{"module": GemmAllReduceOp.__module__, "cls": [c.__module__ for c in GemmAllReduceOp.__mro__],
+            "preshuffle_b": preshuffle_b(1)[0]}}
+    op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, driver=FakeHipDriver([read_lock_file({lock!r})]),
+                         self_test=False)
+    fp8 = torch.float8_e4m3fn
+    op(torch.zeros(512, 256, dtype=fp8), torch.zeros(1024, 256, dtype=fp8), torch.ones(2, 512), torch.ones(8, 2))
+    try:  # M=256: these artifacts lack it
+        op(torch.zeros(256, 256, dtype=fp8), torch.zeros(1024, 256, dtype=fp8), torch.ones(2, 256),
+           torch.ones(8, 2))
+        out["miss"] = "served"
+    except ArtifactMissingError as e:
+        out["miss"] = type(e).__name__
+    out["jit_modules"] = sorted(m for m in sys.modules if m.split(".")[0] in ("flydsl", "mlir", "_mlir_libs")
+                                or m == "mori.ops.gemm_ar.op")
+    print(json.dumps(out))
+""")
+
+
+def _server(tmp_path: Path, smoke_store: Path, env_value: str | None):
+    import os
+
+    d = _installed("default")
+    site = tmp_path / "site"
+    _fake_installed_mori(site, "amd-mori", "1.2.4", d.mori_dir, importable=True)
+    (site / "mori" / "ops").mkdir()
+    (site / "mori" / "ops" / "__init__.py").write_text("")
+    (site / "mori" / "ops" / "gemm_ar").mkdir()
+    (site / "mori" / "ops" / "gemm_ar" / "__init__.py").write_text(_FAKE_GEMM_AR_INIT)
+    (site / "mori" / "ops" / "gemm_ar" / "op.py").write_text(
+        "raise ImportError('test double: mori\\'s JIT op was imported')\n")
+    pth_dir = tmp_path / "pth"
+    pth_dir.mkdir(parents=True)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GEMMAR_AOT_")}
+    e["PYTHONPATH"] = os.pathsep.join((str(site), str(ROOT)))
+    inst = subprocess.run([sys.executable, "-m", "gemmar_aot", "mori-patch", "install", "--site-dir", str(pth_dir)],
+                          capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
+    assert inst.returncode == 0, inst.stderr
+    # The smoke store without the bf16 fused-sdma M=256 tuple at K=256, so a strict miss can be shown.
+    from gemmar_aot.store import read_lock_file, write_lock_file
+
+    store = tmp_path / "store"
+    shutil.copytree(smoke_store, store)
+    lock = store / "locks" / "smoke.lock.json"
+    data = read_lock_file(lock)
+    data["tuples"] = [t for t in data["tuples"] if not (t["transport"] == "fused-sdma" and t["k"] == 256
+                                                        and t["m"] == 256 and t["gather_dtype"] == "bf16")]
+    write_lock_file(lock, data)
+    e["GEMMAR_AOT_ARTIFACTS"] = str(lock)
+    if env_value is not None:
+        e["GEMMAR_AOT_PATCH_MORI"] = env_value
+    code = _SERVER.format(tests=str(ROOT / "tests"), pth_dir=str(pth_dir), lock=str(lock))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=e,
+                          timeout=180), lock
+
+
+def test_server_importing_moris_op_gets_ours_when_opted_in(tmp_path, smoke_store):
+    out, lock = _server(tmp_path, smoke_store, "1")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.splitlines()[-1])
+    assert res["module"] == "mori.ops.gemm_ar" and "gemmar_aot.runtime.op" in res["cls"]
+    assert res["preshuffle_b"] == "mori's own preshuffle_b"  # every other name stays mori's
+    assert res["miss"] == "ArtifactMissingError"  # strict: no JIT for an M without artifacts
+    assert res["jit_modules"] == []  # neither FlyDSL nor mori's op module was imported
+    bound = [ln for ln in out.stderr.splitlines() if "gemmar-aot serves mori.ops.gemm_ar.GemmAllReduceOp" in ln]
+    assert len(bound) == 1 and str(lock) in bound[0] and "M [512]" in bound[0], out.stderr
+    assert "amd-mori 1.2.4" in bound[0]
+
+
+def test_without_the_opt_in_the_hook_changes_nothing(tmp_path, smoke_store):
+    out, _lock = _server(tmp_path, smoke_store, None)
+    assert out.returncode != 0 and "mori\'s JIT op was imported" in out.stderr, out.stderr
+    out, _lock = _server(tmp_path / "zero", smoke_store, "0")
+    assert out.returncode != 0 and "mori\'s JIT op was imported" in out.stderr
+
+
+# ---------------------------------------------------------------- both profiles, one store (compile tier)
+
+
+@pytest.fixture(scope="module")
+def two_profile_store(smoke_store, tmp_path_factory):
+    """The smoke store plus the smoke manifest built with the nightly profile into it."""
+    _installed("nightly")
+    from gemmar_aot.build import run_build
+
+    store = tmp_path_factory.mktemp("two-profiles") / "store"
+    shutil.copytree(smoke_store, store)
+    summary = run_build(ROOT / "manifests" / "smoke.toml", store=store, jobs=2, progress=False,
+                        toolchain_profile="nightly")
+    return summary, store
+
+
+@pytest.mark.compile
+def test_smoke_manifest_builds_with_both_profiles_into_one_store(two_profile_store):
+    from gemmar_aot.store import lock_keys, read_lock_file
+
+    summary, store = two_profile_store
+    assert summary["failed"] == 0 and summary["toolchain_profile"] == "nightly"
+    assert summary["compiled"] + summary["hits"] == summary["distinct_specs"]
+    assert Path(summary["lock_file"]).name == "smoke.nightly.lock.json"
+    default, nightly = (read_lock_file(store / "locks" / n) for n in ("smoke.lock.json", "smoke.nightly.lock.json"))
+    assert not lock_keys(default) & lock_keys(nightly)  # no key is shared: the default's kernels stay
+    assert nightly["toolchain"]["profile"] == "nightly"
+
+
+@pytest.mark.compile
+def test_profile_move_report_on_a_store_holding_both(two_profile_store):
+    from gemmar_aot.profile_move import format_report, profile_move
+
+    summary, store = two_profile_store
+    r = profile_move(ROOT / "manifests" / "smoke.toml", "nightly", frm="default", store=store)
+    t = r["totals"]
+    assert t["specs"] == t["keys_moved"] == t["in_store"] == summary["distinct_specs"] and t["to_compile"] == 0
+    assert t["bytes_same"] + t["bytes_changed"] == t["specs"]
+    assert "mori/ops/gemm_ar/kernels_fused.py" in r["mori_files"]["changed"]
+    assert {w["ingredient"] for w in r["why"]} >= {"generator.mori_version", "toolchain.cco_bitcode_sha256"}
+    text = format_report(r)
+    assert "to compile" in text and "code objects differ" in text
+
+
+@pytest.mark.compile
+def test_pod_refuses_nightly_artifacts_on_mori_1_2_4_and_serves_them_on_the_nightly(two_profile_store, tmp_path):
+    _summary, store = two_profile_store
+    d, n = _installed("default"), _installed("nightly")
+    release = tmp_path / "release"
+    _fake_installed_mori(release, "amd-mori", "1.2.4", d.mori_dir)
+    res = _construct_in_pod(store, release, "smoke.nightly.lock.json")
+    assert not res["ok"]
+    assert "amd-mori-nightly 1.2.5.dev20261026" in res["error"] and "amd-mori 1.2.4" in res["error"]
+    assert "pip install amd-mori-nightly==1.2.5.dev20261026" in res["error"]
+    nightly = tmp_path / "nightly"
+    _fake_installed_mori(nightly, "amd-mori-nightly", "1.2.5.dev20261026", n.mori_dir)
+    assert _construct_in_pod(store, nightly, "smoke.nightly.lock.json")["ok"]
+    # the release's artifacts on the nightly pod: refused the other way round
+    res = _construct_in_pod(store, nightly, "smoke.lock.json")
+    assert not res["ok"] and "pip install amd-mori==1.2.4" in res["error"]

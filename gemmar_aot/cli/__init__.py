@@ -20,7 +20,7 @@ import click
 
 from gemmar_aot.errors import GemmarError
 
-from . import build, runtime, store, wheel
+from . import build, profiles, runtime, store, wheel
 
 __all__ = ["main"]
 
@@ -42,6 +42,6 @@ def main() -> None:
     """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
 
 
-for _module in (build, store, runtime, wheel):
+for _module in (build, store, runtime, wheel, profiles):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -1,0 +1,144 @@
+"""Serve ``mori.ops.gemm_ar.GemmAllReduceOp`` from gemmar-aot artifacts in a server that changes no code.
+
+A server such as sglang (behind ``SGLANG_OPT_FUSED_WO_B_AR=1``) does::
+
+    from mori.ops.gemm_ar import GemmAllReduceOp
+
+With ``GEMMAR_AOT_PATCH_MORI=1`` in its environment and the hook installed
+(``gemmar-aot mori-patch install``: one ``.pth`` line in the environment's
+site-packages), that name resolves to gemmar-aot's op instead of mori's JIT op:
+same keywords, call and results; artifacts from ``$GEMMAR_AOT_ARTIFACTS`` or
+installed artifact packages; an M without artifacts raises
+:class:`~gemmar_aot.runtime.ArtifactMissingError` (strict, as always: no silent
+JIT); and each op logs one line naming the artifacts it bound.
+
+How: the ``.pth`` line runs at interpreter start-up and, only when the variable is
+set, adds an import hook (a ``sys.meta_path`` finder) for ``mori.ops.gemm_ar``.
+mori's own package is imported as usual (its ``__init__`` is lazy: the op module,
+and with it FlyDSL, is only imported when one of its names is first read), then
+the hook sets ``GemmAllReduceOp`` on it -- so mori's module ``__getattr__`` never
+runs for that name and FlyDSL/MLIR are never imported for it. Every other name of
+``mori.ops.gemm_ar`` is mori's own. Without the variable the ``.pth`` line does
+nothing but read the environment.
+
+Runtime module: standard library only until an op is built.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+ENV_VAR = "GEMMAR_AOT_PATCH_MORI"
+TARGET = "mori.ops.gemm_ar"
+PTH_NAME = "gemmar_aot_mori_patch.pth"
+#: The .pth line: cheap when the variable is unset (one environment read).
+PTH_LINE = (f"import os; os.environ.get({ENV_VAR!r}, '').strip() not in ('', '0') and "
+            f"__import__('gemmar_aot.mori_patch').mori_patch.install()\n")
+
+log = logging.getLogger("gemmar_aot.mori_patch")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_VAR, "").strip() not in ("", "0")
+
+
+def _patched_op():
+    """gemmar-aot's op, logging at construction which artifacts it bound."""
+    from gemmar_aot.runtime import GemmAllReduceOp as _Op
+
+    class GemmAllReduceOp(_Op):
+        __doc__ = _Op.__doc__
+        __module__ = TARGET  # what the server imported it as
+        __qualname__ = "GemmAllReduceOp"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            sources = sorted({e.where for e in self._entries.values()})
+            prof = self._mori.describe() if getattr(self, "_mori", None) is not None else "unknown toolchain"
+            log.info("gemmar-aot serves %s.GemmAllReduceOp (%s=1): rank %d/%d, %s, M %s from %s [%s]",
+                     TARGET, ENV_VAR, self.rank, self.world_size, self.key.describe(), list(self.m_values),
+                     "; ".join(sources), prof)
+
+    return GemmAllReduceOp
+
+
+def patch_module(module) -> None:
+    """Bind gemmar-aot's op into an imported ``mori.ops.gemm_ar``."""
+    module.GemmAllReduceOp = _patched_op()
+    module.__gemmar_aot_patched__ = True
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, real: importlib.abc.Loader):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        patch_module(module)
+
+
+class MoriPatchFinder(importlib.abc.MetaPathFinder):
+    """Finds ``mori.ops.gemm_ar`` with the other finders, then wraps its loader to patch it."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def _ensure_visible() -> None:
+    """The bound-artifacts line is what the operator opted in for: show it even when the
+    server configures no logging (Python would drop INFO)."""
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def install() -> None:
+    """Add the hook (idempotent); patch ``mori.ops.gemm_ar`` now if it is already imported."""
+    if not any(isinstance(f, MoriPatchFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, MoriPatchFinder())
+    _ensure_visible()
+    mod = sys.modules.get(TARGET)
+    if mod is not None and not getattr(mod, "__gemmar_aot_patched__", False):
+        patch_module(mod)
+
+
+# ---------------------------------------------------------------- installing the .pth hook
+
+
+def site_dir() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def write_pth(directory: Path | None = None) -> Path:
+    """Write the hook's ``.pth`` into ``directory`` (default: this environment's site-packages)."""
+    d = Path(directory) if directory is not None else site_dir()
+    p = d / PTH_NAME
+    tmp = p.with_name(f".{PTH_NAME}.tmp")
+    tmp.write_text(PTH_LINE)
+    tmp.replace(p)
+    return p
+
+
+def remove_pth(directory: Path | None = None) -> bool:
+    p = (Path(directory) if directory is not None else site_dir()) / PTH_NAME
+    if p.is_file():
+        p.unlink()
+        return True
+    return False
