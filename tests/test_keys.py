@@ -25,7 +25,8 @@ FP = {
     "flydsl": {"version": "0.4.2", "package_digest": "f" * 64},
     "flydsl_opt_level": 2,
     "linker": {"identity": "LLD 22.1.8", "via": "ziglang 0.17.0"},
-    "mori": {"version": "1.2.4", "sources_digest": "5" * 64, "wheel": "w.whl", "wheel_sha256": "a" * 64},
+    "mori": {"distribution": "amd-mori", "version": "1.2.4", "sources_digest": "5" * 64, "wheel": "w.whl",
+             "wheel_sha256": "a" * 64, "device_abi_digest": "4" * 64},
     "python": "3.11.7",
     "target": {"arch": "gfx950", "code_object_version": 6},
     "torch": {"version": "2.13.0+cpu"},
@@ -55,6 +56,8 @@ def test_key_is_sha256_of_ingredients_and_has_no_paths():
     ("mori.version", "1.2.5"),
     ("mori.sources_digest", "6" * 64),
     ("mori.wheel_sha256", "9" * 64),
+    ("mori.distribution", "amd-mori-nightly"),
+    ("mori.device_abi_digest", "3" * 64),
     ("target.arch", "gfx942"),
     ("target.code_object_version", 5),
 ])

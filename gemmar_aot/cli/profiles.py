@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 
-
 @click.command("profile-move")
 @click.argument("manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--to", "to", required=True, metavar="PROFILE", help="The toolchain profile to move to.")
