@@ -161,6 +161,11 @@ class _StandaloneOp:
 
     def _acquire(self, entries: dict[Any, Any], driver: Driver | None, device: Any, fixed) -> None:
         """Verify every code object, then load each once and prepare its launch; roll back on failure."""
+        from .provenance import check_installed_mori, one_profile
+
+        built = [(e.lock.mori, e.where) for e in entries.values()]
+        one_profile(built)  # one toolchain profile per op
+        check_installed_mori(built)  # and the pod's mori is the artifacts' (no communicator to share here)
         images = {}
         for slot, e in entries.items():
             le = e.launches[0]
