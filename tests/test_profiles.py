@@ -13,12 +13,13 @@ two profiles.
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -186,8 +187,8 @@ _CONSTRUCT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from fakes import FakeCommunicator, FakeHipDriver
     from gemmar_aot.runtime import GemmAllReduceOp, ArtifactMismatchError
-    from gemmar_aot.store import read_lock_file
-    lock = read_lock_file({lock!r})
+    from gemmar_aot.artifact_model import read_lock
+    lock = read_lock({lock!r})
     try:
         op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, artifacts={store!r},
                              driver=FakeHipDriver([lock]), self_test=False)
@@ -251,14 +252,20 @@ def test_the_check_can_be_switched_off_explicitly(smoke_store, tmp_path):
 # ---------------------------------------------------------------- one profile per communicator
 
 
-def _relabelled(lock: dict, profile: str, digest: str) -> dict:
+def _plain(v):
+    return {k: _plain(x) for k, x in v.items()} if isinstance(v, Mapping) else v
+
+
+def _relabelled(lock, profile: str, digest: str):
     """The same kernels under another profile's toolchain record (a double of a nightly lock)."""
-    other = copy.deepcopy(lock)
-    other["toolchain"]["profile"] = profile
-    gen = (other["toolchain"].get("ingredients") or other["toolchain"])["generator"]
-    gen.update(mori_distribution="amd-mori-nightly", mori_version="1.2.5.dev20261026",
-               mori_device_abi_digest=digest)
-    return other
+    ingr = _plain(lock.toolchain.ingredients)
+    ingr["generator"].update(mori_distribution="amd-mori-nightly", mori_version="1.2.5.dev20261026",
+                             mori_device_abi_digest=digest)
+    return replace(lock, toolchain=replace(lock.toolchain, ingredients=ingr, profile=profile))
+
+
+def _only(lock, keep):
+    return replace(lock, tuples=tuple(t for t in lock.tuples if keep(t.id)))
 
 
 def test_one_communicator_never_serves_two_profiles(smoke_store, smoke_lock, monkeypatch):
@@ -268,7 +275,7 @@ def test_one_communicator_never_serves_two_profiles(smoke_store, smoke_lock, mon
     from gemmar_aot.runtime import provenance
 
     monkeypatch.setattr(provenance, "installed_mori", lambda: None)  # no mori in this "pod"
-    if "profile" not in smoke_lock["toolchain"]:
+    if smoke_lock.toolchain.profile is None:
         pytest.skip("the smoke lock predates profiles")
     nightly = _relabelled(smoke_lock, "nightly", "f" * 64)
     comm, drv = FakeCommunicator(), FakeHipDriver([smoke_lock])
@@ -297,12 +304,10 @@ def test_one_op_never_mixes_profiles(smoke_store, smoke_lock, monkeypatch):
     from gemmar_aot.runtime import provenance
 
     monkeypatch.setattr(provenance, "installed_mori", lambda: None)
-    if "profile" not in smoke_lock["toolchain"]:
+    if smoke_lock.toolchain.profile is None:
         pytest.skip("the smoke lock predates profiles")
-    a = copy.deepcopy(smoke_lock)
-    a["tuples"] = [t for t in a["tuples"] if not (t["transport"] == "fused-sdma" and t["m"] == 512)]
-    b = _relabelled(smoke_lock, "nightly", "e" * 64)
-    b["tuples"] = [t for t in b["tuples"] if t["transport"] == "fused-sdma" and t["m"] == 512]
+    a = _only(smoke_lock, lambda i: not (i.transport == "fused-sdma" and i.m == 512))
+    b = _only(_relabelled(smoke_lock, "nightly", "e" * 64), lambda i: i.transport == "fused-sdma" and i.m == 512)
     with pytest.raises(ArtifactMismatchError, match="mix two toolchain profiles"):
         GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, driver=FakeHipDriver([smoke_lock]),
                         self_test=False, artifacts=[(a, smoke_store), (b, smoke_store)])
@@ -311,14 +316,14 @@ def test_one_op_never_mixes_profiles(smoke_store, smoke_lock, monkeypatch):
 def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_lock, tmp_path, monkeypatch):
     from gemmar_aot.runtime import ArtifactNotFoundError, load_artifacts
     from gemmar_aot.runtime import provenance
-    from gemmar_aot.store import write_lock_file
+    from gemmar_aot.artifact_model import write_lock
 
     monkeypatch.setattr(provenance, "installed_mori", lambda: None)
-    if "profile" not in smoke_lock["toolchain"]:
+    if smoke_lock.toolchain.profile is None:
         pytest.skip("the smoke lock predates profiles")
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
-    write_lock_file(store / "locks" / "smoke.nightly.lock.json", _relabelled(smoke_lock, "nightly", "d" * 64))
+    write_lock(store / "locks" / "smoke.nightly.lock.json", _relabelled(smoke_lock, "nightly", "d" * 64))
     monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", raising=False)
     with pytest.raises(ArtifactNotFoundError, match="several toolchain profiles.*GEMMAR_AOT_TOOLCHAIN_PROFILE"):
         load_artifacts(store)
@@ -352,11 +357,11 @@ _SERVER = textwrap.dedent("""
     from mori.ops.gemm_ar import GemmAllReduceOp, preshuffle_b   # what the server does
     from fakes import FakeCommunicator, FakeHipDriver
     from gemmar_aot.runtime import ArtifactMissingError
-    from gemmar_aot.store import read_lock_file
+    from gemmar_aot.artifact_model import read_lock
     import torch
     out = {{"module": GemmAllReduceOp.__module__, "cls": [c.__module__ for c in GemmAllReduceOp.__mro__],
             "preshuffle_b": preshuffle_b(1)[0]}}
-    op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, driver=FakeHipDriver([read_lock_file({lock!r})]),
+    op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, driver=FakeHipDriver([read_lock({lock!r})]),
                          self_test=False)
     fp8 = torch.float8_e4m3fn
     op(torch.zeros(512, 256, dtype=fp8), torch.zeros(1024, 256, dtype=fp8), torch.ones(2, 512), torch.ones(8, 2))
@@ -392,15 +397,13 @@ def _server(tmp_path: Path, smoke_store: Path, env_value: str | None):
                           capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
     assert inst.returncode == 0, inst.stderr
     # The smoke store without the bf16 fused-sdma M=256 tuple at K=256, so a strict miss can be shown.
-    from gemmar_aot.store import read_lock_file, write_lock_file
+    from gemmar_aot.artifact_model import read_lock, write_lock
 
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
     lock = store / "locks" / "smoke.lock.json"
-    data = read_lock_file(lock)
-    data["tuples"] = [t for t in data["tuples"] if not (t["transport"] == "fused-sdma" and t["k"] == 256
-                                                        and t["m"] == 256 and t["gather_dtype"] == "bf16")]
-    write_lock_file(lock, data)
+    write_lock(lock, _only(read_lock(lock), lambda i: not (i.transport == "fused-sdma" and i.k == 256
+                                                             and i.m == 256 and i.gather_dtype == "bf16")))
     e["GEMMAR_AOT_ARTIFACTS"] = str(lock)
     if env_value is not None:
         e["GEMMAR_AOT_PATCH_MORI"] = env_value
@@ -449,15 +452,15 @@ def two_profile_store(smoke_store, tmp_path_factory):
 
 @pytest.mark.compile
 def test_smoke_manifest_builds_with_both_profiles_into_one_store(two_profile_store):
-    from gemmar_aot.store import lock_keys, read_lock_file
+    from gemmar_aot.artifact_model import read_lock
 
     summary, store = two_profile_store
     assert summary["failed"] == 0 and summary["toolchain_profile"] == "nightly"
     assert summary["compiled"] + summary["hits"] == summary["distinct_specs"]
     assert Path(summary["lock_file"]).name == "smoke.nightly.lock.json"
-    default, nightly = (read_lock_file(store / "locks" / n) for n in ("smoke.lock.json", "smoke.nightly.lock.json"))
-    assert not lock_keys(default) & lock_keys(nightly)  # no key is shared: the default's kernels stay
-    assert nightly["toolchain"]["profile"] == "nightly"
+    default, nightly = (read_lock(store / "locks" / n) for n in ("smoke.lock.json", "smoke.nightly.lock.json"))
+    assert not default.action_keys() & nightly.action_keys()  # no key is shared: the default's kernels stay
+    assert nightly.toolchain.profile == "nightly" and default.toolchain.profile == "default"
 
 
 @pytest.mark.compile
