@@ -362,13 +362,16 @@ class RankLaunches:
         return tuple(e.key for e in self.launches), tuple(e.key for e in self.self_test)
 
     def __getattr__(self, name: str):
-        pending = self.__dict__.get("_pending")
-        if pending is None or name not in ("launches", "self_test"):
-            raise AttributeError(name)
-        table, launch_keys, self_test_keys = pending
-        self.__dict__.update(launches=table.entries(launch_keys), self_test=table.entries(self_test_keys))
-        del self.__dict__["_pending"]
-        return self.__dict__[name]
+        d = self.__dict__
+        if name in ("launches", "self_test"):
+            pending = d.get("_pending")
+            if pending is not None:
+                table, launch_keys, self_test_keys = pending
+                d.update(launches=table.entries(launch_keys), self_test=table.entries(self_test_keys))
+                d.pop("_pending", None)  # another thread may have resolved it too (to equal values)
+            if name in d:
+                return d[name]
+        raise AttributeError(name)
 
 
 @dataclass(frozen=True)

@@ -305,3 +305,27 @@ def test_a_built_lock_names_each_kernel_s_record(smoke_store, smoke_lock):
         assert record_digest(rec) == e.record
         assert (rec["blob"]["digest"], rec["blob"]["size"]) == (e.blob.hash, e.blob.size)
         assert rec["spec"]["kind"] == e.kind and rec["launch"]["kernel"] == e.symbol
+
+
+def test_a_read_lock_resolves_rank_launches_lazily_and_copies_like_a_built_one(lock, tmp_path):
+    import pickle
+    import threading
+
+    p = write_lock(tmp_path / "l.lock.json", lock)
+    read = read_lock(p)
+    r = read.tuples[0].ranks[0]
+    assert "launches" not in r.__dict__  # nothing built yet
+    assert pickle.loads(pickle.dumps(read)) == copy.deepcopy(read) == lock
+    again = read_lock(p)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append([x.launches for t in again.tuples for x in t.ranks]))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(g == got[0] for g in got)
+    assert r.launch_keys() == (tuple(e.key for e in lock.tuples[0].ranks[0].launches),
+                               tuple(e.key for e in lock.tuples[0].ranks[0].self_test))
+    with pytest.raises(AttributeError):
+        r.not_a_field  # noqa: B018
