@@ -475,15 +475,20 @@ def _atomic_write(dest: Path, data: bytes) -> None:
 
 def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, store: str | os.PathLike | None = None,
                 jobs: int | None = None, version: str | None = None, progress: bool = True,
-                toolchain_root: str | None = None) -> dict:
+                toolchain_root: str | None = None, remote: str | None = None,
+                remote_read_only: bool = False, remote_required: bool = False) -> dict:
     """Build ``manifest`` into the store (compiling only misses), then write its wheel into ``out_dir``.
+
+    ``remote*``: the shared remote cache, as for ``run_build`` (a CI packaging job after
+    sharded builds finds every kernel there).
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
     from gemmar_aot.build import run_build
 
     summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
-                        progress=progress, toolchain_root=toolchain_root)
+                        progress=progress, toolchain_root=toolchain_root, remote=remote,
+                        remote_read_only=remote_read_only, remote_required=remote_required)
     if summary["failed"] or not summary["lock_file"]:
         raise WheelBuildFailed(summary)
     out = wheel_from_lock(summary["lock_file"], summary["store"], manifest, out_dir, version=version)

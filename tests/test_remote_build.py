@@ -240,3 +240,16 @@ def test_concurrent_builders_on_one_remote(nginx, tmp_path):
     third = _build(tmp_path / "s2", nginx.url, manifest)
     assert (third["compiled"], third["remote_hits"]) == (0, 3)
     assert _lock_bytes(tmp_path / "s2", "tiny") == _lock_bytes(tmp_path / "s0", "tiny")
+
+
+def test_the_packaging_job_builds_its_wheel_from_the_remote(smoke_store, warm_remote, tmp_path):
+    """After sharded builds, `gemmar-aot wheel` with $GEMMAR_AOT_REMOTE compiles nothing."""
+    env = {**__import__("os").environ, "GEMMAR_AOT_REMOTE": warm_remote.url}
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", "wheel", str(SMOKE), "--store", str(tmp_path / "s"),
+                        "--out", str(tmp_path / "dist"), "--json", "-q"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    b = out["build"]
+    assert b["compiled"] == 0 and b["remote_hits"] == b["distinct_specs"]
+    assert list((tmp_path / "dist").glob("*.whl"))

@@ -34,9 +34,14 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
               help="Parallel compile workers for the kernels the store misses (default: the number of cores).")
 @click.option("--version", "version", default=None,
               help="Wheel version (normalized PEP 440). Default: 1.0.0+<first 12 hex of the lock's sha256>.")
+@click.option("--remote", "remote", metavar="URL", envvar="GEMMAR_AOT_REMOTE", default=None,
+              help="Shared remote cache to fetch from (and upload to), as for build. [env: GEMMAR_AOT_REMOTE]")
+@click.option("--remote-read-only", is_flag=True, help="Fetch from the remote cache, never upload.")
+@click.option("--remote-required", is_flag=True, help="A failing remote cache is an error (exit 2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, version: str | None,
+              remote: str | None, remote_read_only: bool, remote_required: bool,
               as_json: bool, quiet: bool) -> None:
     """Build MANIFEST (compiling only what the store misses) and write ONE installable wheel.
 
@@ -49,7 +54,8 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
 
     try:
         s = build_wheel(manifest, out, store=store, jobs=jobs, version=version,
-                        progress=not (quiet or as_json))
+                        progress=not (quiet or as_json), remote=(remote or "").strip() or None,
+                        remote_read_only=remote_read_only, remote_required=remote_required)
     except WheelBuildFailed as exc:
         if as_json:
             click.echo(json.dumps({"wheel": None, "error": str(exc), "build": exc.summary}, indent=2,
