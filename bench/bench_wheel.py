@@ -117,7 +117,7 @@ def bench_size(store: Path, work: Path) -> dict:
         infos = zf.infolist()
         for zi in infos:
             n = zi.filename
-            k = ("blobs" if n.endswith(".zst") else "lock.json" if n.endswith("/lock.json") else
+            k = ("blobs" if n.endswith((".zst", ".pack")) else "lock.json" if n.endswith("/lock.json") else
                  "BUILD_INFO.json" if n.endswith("/BUILD_INFO.json") else "RECORD" if n.endswith("/RECORD") else "other")
             parts[k] += zi.compress_size
     parts["zip_headers_and_directory"] = s["wheel_bytes"] - sum(parts.values())

@@ -13,7 +13,8 @@ Layout (``{pkg}`` = ``gemmar_artifacts_<manifest>``, ``{dist}`` = ``{pkg}-{versi
     {pkg}/BUILD_INFO.json                arch, toolchain fingerprint, manifest text + sha256,
                                          coverage, sizes, blob encoding
     {pkg}/store/STORE_FORMAT             a store directory the runtime opens read-only:
-    {pkg}/store/blobs/sha256/ab/<d>.zst  every code object the lock names (+ the zstd dictionary)
+    {pkg}/store/blobs.pack               every code object the lock names, and the zstd dictionary
+                                         twice, in one pack file with an index (gemmar_aot.store.pack)
     {dist}.dist-info/METADATA            Requires-Dist: gemmar-aot>=X.Y.Z,<X+1
     {dist}.dist-info/WHEEL               Root-Is-Purelib: true, Tag: py3-none-any
     {dist}.dist-info/entry_points.txt    [gemmar_aot.artifacts] <manifest> = {pkg}:locate
@@ -39,7 +40,7 @@ decoded and verified, a zstd dictionary trained on exactly the wheel's code obje
 digest order (:func:`gemmar_aot.store.maint.train_best_dictionary`; deterministic, or none
 when it does not pay), each blob compressed at level 19 with it. Zip entries are in a fixed order
 (package files sorted, then METADATA, WHEEL, entry_points.txt, top_level.txt, RECORD), dated 1980-01-01 (or
-``$SOURCE_DATE_EPOCH``, clamped to the zip range), mode 0644, Unix; ``.zst`` blobs are
+``$SOURCE_DATE_EPOCH``, clamped to the zip range), mode 0644, Unix; the pack is
 STORED, everything else DEFLATED at level 9. "Same toolchain" therefore also means the
 same python-zstandard/libzstd (recorded in BUILD_INFO) and zlib.
 
@@ -50,7 +51,6 @@ records would more than double the wheel (compile times in them also differ per 
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import hashlib
 import io
@@ -60,7 +60,7 @@ import re
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -73,7 +73,8 @@ from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, lock_keys, read_lock_file
-from gemmar_aot.store.codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
+from gemmar_aot.store.errors import BlobNotFoundError, StoreError
+from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
 from gemmar_aot.store.lockfile import parse_lock
 
 #: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
@@ -158,8 +159,8 @@ def zip_date_time() -> tuple[int, int, int, int, int, int]:
 # ---------------------------------------------------------------------------
 
 
-def _blob_arcpath(digest: str) -> str:
-    return f"store/blobs/sha256/{digest[:2]}/{digest}.zst"
+#: The pack file (every blob, one index) inside the package; a store root holding it opens as a pack.
+PACK_ARCPATH = f"store/{PACK_FILE}"
 
 
 def lock_sizes(lock: Lock) -> dict[str, int | None]:
@@ -276,9 +277,6 @@ def encode_blobs(raws: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict]:
         cctx = blobfmt.compressor(ZSTD_LEVEL)
     for d in sorted(raws):
         files[d] = blobfmt.encode(raws[d], cctx, dict_digest)
-    decode = _decoder(files)
-    for d in sorted(raws):  # every byte shipped decodes back to its digest
-        decode(d, len(raws[d]))
     return files, {
         "zstd_level": ZSTD_LEVEL,
         "dictionary": dict_digest,
@@ -289,31 +287,22 @@ def encode_blobs(raws: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict]:
     }
 
 
-def _decoder(files: Mapping[str, bytes]) -> Callable[..., bytes]:
-    """decode(digest, size=None, where=None) -> verified raw bytes of the blob files ``files``
-    (digest -> file bytes), through the store's one decode-and-verify path; raises WheelError."""
-    codec = BlobCodec(lambda d: _decode_dictionary(codec, files, d))
+def pack_blobs(raws: Mapping[str, bytes]) -> tuple[bytes, dict]:
+    """The wheel's pack file of ``raws`` (digest -> raw) and the encoding facts.
 
-    def decode(digest: str, size: int | None = None, *, where: str | None = None) -> bytes:
-        where = where or _blob_arcpath(digest)
-        data = files.get(digest)
-        if data is None:
-            raise WheelError(f"blob {digest} is missing ({where})")
-        try:
-            return codec.decode(data, digest, size)
-        except BadBlob as e:
-            raise WheelError(f"corrupt blob {where}: {e}") from None
-        except SizeMismatch as e:
-            raise WheelError(f"{where}: {e} (the lock's size)") from None
-
-    return decode
-
-
-def _decode_dictionary(codec: BlobCodec, files: Mapping[str, bytes], digest: str) -> bytes:
-    data = files.get(digest)
-    if data is None:
-        raise DictionaryUnavailable(f"its zstd dictionary {digest} is missing")
-    return codec.decode_dictionary(data, digest)
+    The dictionary is stored twice (a damaged copy costs nothing), and every code object
+    is decoded back from the finished pack and checked against its digest and size before
+    the pack is returned. Deterministic for a given libzstd.
+    """
+    files, encoding = encode_blobs(raws)
+    dict_digest = encoding["dictionary"]
+    pack = write_pack({d: [data, data] if d == dict_digest else [data] for d, data in files.items()})
+    reader = PackBackend(".", data=pack, where=PACK_ARCPATH)
+    for d in sorted(raws):  # every byte shipped decodes back to its digest
+        reader.load_blob(d, len(raws[d]))
+    encoding["blob_bytes"] = sum(len(v) for d, v in files.items() if d != dict_digest)
+    encoding["dictionary_file_bytes"] = len(files[dict_digest]) if dict_digest else 0
+    return pack, encoding
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +361,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
     version = check_version(version) if version else default_version(lock_bytes)
 
     raws = _load_raws(lock, Path(store_root))
-    blob_files, encoding = encode_blobs(raws)
+    pack, encoding = pack_blobs(raws)
     dict_digest = encoding["dictionary"]
     try:
         description = _manifest_description(manifest_text)
@@ -395,8 +384,9 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         "kernels": len(lock_keys(lock)),
         "code_objects": len(raws),
         "raw_bytes": sum(len(r) for r in raws.values()),
-        "blob_bytes": sum(len(v) for d, v in blob_files.items() if d != dict_digest),
-        "dictionary_file_bytes": len(blob_files[dict_digest]) if dict_digest else 0,
+        "blob_bytes": encoding["blob_bytes"],
+        "dictionary_file_bytes": encoding["dictionary_file_bytes"],
+        "pack_bytes": len(pack),
         "encoding": encoding,
     }
     files: dict[str, bytes] = {
@@ -404,9 +394,8 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         f"{pkg}/__init__.py": _init_py(mname, dist, version),
         f"{pkg}/lock.json": lock_bytes,
         f"{pkg}/store/STORE_FORMAT": f"{STORE_FORMAT}\n".encode(),
+        f"{pkg}/{PACK_ARCPATH}": pack,
     }
-    for d, data in blob_files.items():
-        files[f"{pkg}/{_blob_arcpath(d)}"] = data
     files = {k: files[k] for k in sorted(files)}
     di = f"{dist.replace('-', '_')}-{version}.dist-info"
     files[f"{di}/METADATA"] = _metadata(dist, version, mname, arch, description)
@@ -460,7 +449,7 @@ def _zip_bytes(files: Mapping[str, bytes]) -> bytes:
             zi = zipfile.ZipInfo(name, date_time=date_time)
             zi.create_system = 3  # Unix, whatever the host
             zi.external_attr = FILE_MODE << 16
-            if name.endswith(".zst"):  # already zstd: deflate would only cost time
+            if name.endswith((".zst", ".pack")):  # already zstd: deflate would only cost time
                 zi.compress_type = zipfile.ZIP_STORED
                 zf.writestr(zi, data)
             else:
@@ -587,32 +576,36 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
         if lock is not None and lock.manifest.sha256 != man.get("sha256"):
             problems.append("the lock was built from another manifest than the one BUILD_INFO.json records")
 
-        blob_prefix = f"{pkg}/store/blobs/sha256/"
-        zst = {PurePosixPath(n).name[:-4]: contents[n] for n in contents
-               if n.startswith(blob_prefix) and n.endswith(".zst")}
-        raw_bytes = blob_bytes = 0
+        pack_name = f"{pkg}/{PACK_ARCPATH}"
+        pack = None
+        if pack_name not in contents:
+            problems.append(f"{pack_name} is missing")
+        else:
+            try:
+                pack = PackBackend(".", data=contents[pack_name], where=pack_name)
+            except StoreError as e:
+                problems.append(str(e))
+        raw_bytes = blob_bytes = dict_bytes = 0
         kernels = code_objects = 0
-        dict_digests: set[str] = set()
         cov: list[dict] = []
         if lock is not None:
-            decode = _decoder(zst)
             sizes = lock_sizes(lock)
             for d, size in sorted(sizes.items()):
                 try:
-                    raw = decode(d, size, where=f"{blob_prefix}{d[:2]}/{d}.zst")
-                    raw_bytes += len(raw)
-                except WheelError as e:
-                    problems.append(str(e))
+                    if pack is None:
+                        raise BlobNotFoundError(d, Path(pack_name))
+                    raw_bytes += len(pack.load_blob(d, size))
+                except StoreError as e:
+                    problems.append(f"{pack_name}: blob {d}: {e}")
                     raw_bytes += size or 0
-                if d in zst:
-                    blob_bytes += len(zst[d])
-                    with contextlib.suppress(blobfmt.BlobFormatError):
-                        ref = blobfmt.split(zst[d])[0]
-                        if ref:
-                            dict_digests.add(ref)
-            unused = sorted(set(zst) - set(sizes) - dict_digests)
-            for d in unused:
-                problems.append(f"{blob_prefix}{d[:2]}/{d}.zst: a blob the lock does not name")
+            if pack is not None:
+                dicts = pack.dictionary_refs()
+                blob_bytes = sum(pack.stored_bytes(d) for d in sizes)
+                dict_bytes = sum(pack.stored_bytes(d) for d in dicts)
+                named = {d[:PREFIX_HEX] for d in set(sizes) | dicts}
+                for prefix in pack.prefixes():
+                    if prefix not in named:
+                        problems.append(f"{pack_name}: an entry ({prefix}...) for a blob the lock does not name")
             kernels, code_objects = len(lock_keys(lock)), len(sizes)
             cov = coverage(lock)
     dist = meta.get("Name")
@@ -639,7 +632,7 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
         "sizes": {
             "wheel_bytes": path.stat().st_size,
             "blob_bytes": blob_bytes,
-            "dictionary_file_bytes": sum(len(zst[d]) for d in dict_digests if d in zst),
+            "dictionary_file_bytes": dict_bytes,
             "raw_bytes": raw_bytes,
         },
         "encoding": info.get("encoding"),

@@ -45,7 +45,8 @@ from gemmar_aot.artifact_model import (
     TupleId,
 )
 from gemmar_aot.cli import main
-from gemmar_aot.store import Store
+from gemmar_aot.store import CorruptArtifactError, Store
+from gemmar_aot.store.pack import PackBackend
 from gemmar_aot.wheel import (
     WheelError,
     check_version,
@@ -95,6 +96,22 @@ def _rewrite_zip(src: Path, dst: Path, change) -> str:
 def _flip(data: bytes) -> bytes:
     b = bytearray(data)
     b[len(b) // 2] ^= 0xFF
+    return bytes(b)
+
+
+def _pack_entry(pack: bytes, digest: str) -> tuple[int, int]:
+    """(absolute offset, length) of the first entry of ``digest`` in pack bytes."""
+    from gemmar_aot.store.pack import PREFIX_HEX, read_index
+
+    index, start = read_index(pack, "<pack>")
+    off, n = index[digest[:PREFIX_HEX]][0]
+    return start + off, n
+
+
+def _flip_in_pack(pack: bytes, digest: str) -> bytes:
+    off, n = _pack_entry(pack, digest)
+    b = bytearray(pack)
+    b[off + n // 2] ^= 0xFF
     return bytes(b)
 
 
@@ -190,10 +207,20 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
     assert pkg_files == sorted(pkg_files) and names_[:len(pkg_files)] == pkg_files
     assert {f"{pkg}/__init__.py", f"{pkg}/lock.json", f"{pkg}/BUILD_INFO.json", f"{pkg}/store/STORE_FORMAT",
             f"{di}/METADATA", f"{di}/WHEEL", f"{di}/entry_points.txt"} <= set(files)
-    # exactly the lock's blobs, plus the dictionary
-    blobs = {Path(n).name[:-4] for n in files if n.endswith(".zst")}
+    # one pack file instead of a zip entry per blob: exactly the lock's blobs, plus the
+    # dictionary twice (a spare copy), each verified on load
+    from gemmar_aot.store.pack import PREFIX_HEX, read_index
+
+    assert not any(n.endswith(".zst") for n in files) and f"{pkg}/store/blobs.pack" in files
+    pack = files[f"{pkg}/store/blobs.pack"]
+    index, _start = read_index(pack, "pack")
     wanted = lock.blob_digests()
-    assert s["dictionary"] and blobs == wanted | {s["dictionary"]}
+    assert s["dictionary"] and set(index) == {d[:PREFIX_HEX] for d in wanted | {s["dictionary"]}}
+    assert len(index[s["dictionary"][:PREFIX_HEX]]) == 2
+    assert all(len(index[d[:PREFIX_HEX]]) == 1 for d in wanted)
+    reader = PackBackend(".", data=pack, where="pack")
+    src = Store(root, readonly=True)
+    assert all(reader.load_blob(d) == src.load_blob(d) for d in wanted)
     assert not any("/ac/" in n for n in files)  # no records
     assert files[f"{pkg}/lock.json"] == read_lock_bytes(lock)
     # metadata
@@ -217,7 +244,7 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
         for zi in zf.infolist():
             assert zi.date_time == (1980, 1, 1, 0, 0, 0)
             assert zi.external_attr >> 16 == 0o100644 and zi.create_system == 3
-            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith(".zst") else zipfile.ZIP_DEFLATED)
+            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith(".pack") else zipfile.ZIP_DEFLATED)
     # BUILD_INFO
     info = json.loads(files[f"{pkg}/BUILD_INFO.json"])
     assert info["manifest"]["text"].encode() == SYNTH_MANIFEST and info["manifest"]["sha256"] == _sha(SYNTH_MANIFEST)
@@ -300,6 +327,31 @@ def test_inspect_reports_and_verifies(synth, tmp_path):
     assert res.exit_code == 0 and json.loads(res.output)["ok"] is True
 
 
+def test_a_damaged_dictionary_copy_in_the_wheel_costs_nothing(synth, tmp_path):
+    """The pack holds the dictionary twice; flipping a byte in the first copy loses nothing."""
+    lock, root = synth
+    s = _synth_wheel(lock, root, tmp_path / "dist")
+    pack = _members(Path(s["wheel"]))[f"{s['package']}/store/blobs.pack"]
+    damaged = _flip_in_pack(pack, s["dictionary"])
+    assert damaged != pack
+    reader = PackBackend(".", data=damaged, where="pack")
+    src = Store(root, readonly=True)
+    for d, size in sorted((d.hash, d.size) for d in lock.blobs().values()):
+        assert reader.load_blob(d, size) == src.load_blob(d)
+    assert reader.counters["dictionaries_recovered"] == 1
+    # both copies damaged: every blob is refused, naming the pack and the dictionary
+    index_second = bytearray(damaged)
+    from gemmar_aot.store.pack import PREFIX_HEX, read_index
+
+    idx, start = read_index(damaged, "p")
+    off2, n2 = idx[s["dictionary"][:PREFIX_HEX]][1]
+    index_second[start + off2 + n2 // 2] ^= 0xFF
+    reader2 = PackBackend(".", data=bytes(index_second), where="pack")
+    some = next(iter(lock.blob_digests()))
+    with pytest.raises(CorruptArtifactError, match="dictionary"):
+        reader2.load_blob(some)
+
+
 @pytest.mark.parametrize("what", ["blob", "lock", "extra", "removed"])
 def test_inspect_finds_tampering(synth, tmp_path, what):
     lock, root = synth
@@ -307,26 +359,39 @@ def test_inspect_finds_tampering(synth, tmp_path, what):
     bad = tmp_path / "bad" / Path(s["wheel"]).name
     bad.parent.mkdir()
     target = lock.tuples[0].ranks[1].launches[2].blob.hash
+    is_pack = lambda n: n.endswith("/store/blobs.pack")  # noqa: E731
     if what == "blob":
-        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: _flip(d) if n.endswith(f"/{target}.zst") else None)
-        expect = [f"{name}: RECORD says", f"corrupt blob {name}"]
+        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: _flip_in_pack(d, target) if is_pack(n) else None)
+        expect = [f"{name}: RECORD says", f"blob {target}: corrupt blob"]
     elif what == "lock":
         name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: d.replace(b'"m": 256', b'"m": 768')
                             if n.endswith("/lock.json") else None)
         expect = [f"{name}: RECORD says", "lock.json does not have the sha256"]
     elif what == "extra":
-        shutil.copy(s["wheel"], bad)
-        with zipfile.ZipFile(bad, "a") as zf:
-            zf.writestr(f"{s['package']}/store/blobs/sha256/00/{'0' * 64}.zst", b"x")
-        expect = ["not listed in RECORD", "a blob the lock does not name"]
+        from gemmar_aot.store.pack import write_pack
+
+        def add_entry(pack: bytes) -> bytes:
+            rd = PackBackend(".", data=pack, where="p")
+            blobs = {d: [rd.load_blob_file(d)] for d in lock.blob_digests()}
+            blobs["0" * 64] = [b"x"]
+            dd = next(iter(rd.dictionary_refs()))
+            blobs[dd] = [rd.load_blob_file(dd)] * 2
+            return write_pack(blobs)
+
+        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: add_entry(d) if is_pack(n) else None)
+        expect = [f"{name}: RECORD says", "a blob the lock does not name"]
     else:
-        _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: b"" if n.endswith(f"/{target}.zst") else None)
-        with zipfile.ZipFile(bad) as zin:  # drop the member
-            keep = {zi.filename: (zi, zin.read(zi)) for zi in zin.infolist() if not zi.filename.endswith(f"/{target}.zst")}
-        with zipfile.ZipFile(bad, "w") as zout:
-            for zi, d in keep.values():
-                zout.writestr(zi, d)
-        expect = ["listed in RECORD but missing", f"blob {target} is missing"]
+        from gemmar_aot.store.pack import write_pack
+
+        def drop_entry(pack: bytes) -> bytes:
+            rd = PackBackend(".", data=pack, where="p")
+            blobs = {d: [rd.load_blob_file(d)] for d in lock.blob_digests() if d != target}
+            dd = next(iter(rd.dictionary_refs()))
+            blobs[dd] = [rd.load_blob_file(dd)] * 2
+            return write_pack(blobs)
+
+        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: drop_entry(d) if is_pack(n) else None)
+        expect = [f"{name}: RECORD says", f"blob {target} is not in"]
     r = inspect_wheel(bad)
     assert not r["ok"]
     for e in expect:
@@ -570,15 +635,15 @@ def test_tampered_blob_is_refused_at_load_naming_it(smoke_wheel, smoke_lock, smo
     if where == "in the zip":
         bad = tmp_path / "bad" / whl.name
         bad.parent.mkdir()
-        name = _rewrite_zip(whl, bad, lambda n, d: _flip(d) if n.endswith(f"/{digest}.zst") else None)
+        name = _rewrite_zip(whl, bad, lambda n, d: _flip_in_pack(d, digest) if n.endswith("/blobs.pack") else None)
         res = _run("inspect", bad)
         assert res.exit_code == 1 and f"TAMPERED {name}: RECORD says" in res.output, res.output
         whl = bad
     env = FreshEnv(tmp_path / "venv")
     env.pip_install(whl)  # pip does not check RECORD hashes: the runtime must
-    blob = env.site / smoke_wheel["package"] / "store" / "blobs" / "sha256" / digest[:2] / f"{digest}.zst"
+    blob = env.site / smoke_wheel["package"] / "store" / "blobs.pack"
     if where == "installed":
-        blob.write_bytes(_flip(blob.read_bytes()))
+        blob.write_bytes(_flip_in_pack(blob.read_bytes(), digest))
     before = blob.read_bytes()
     out = env.run("""
         import sys

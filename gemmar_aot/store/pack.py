@@ -134,6 +134,17 @@ class PackBackend(CacheBackend):
                                     + (f"corrupt in every copy ({'; '.join(problems)})" if problems
                                        else "not in the pack"))
 
+    def load_blob_file(self, digest: str) -> bytes:
+        """The stored (encoded) bytes of ``digest``'s first entry that decodes to it, unverified
+        beyond that; for tools that repack."""
+        for data in self._copies(digest):
+            try:
+                self.codec.decode(data, digest)
+                return data
+            except BadBlob:
+                continue
+        raise BlobNotFoundError(digest, self.path)
+
     def prefixes(self) -> list[str]:
         """The index's digest prefixes (16 hex), sorted."""
         return sorted(self.index)
