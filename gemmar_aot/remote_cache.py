@@ -6,12 +6,12 @@ locally and the remote lacks, is written through, blob before record.
 
 - :meth:`RemoteSession.lookup` resolves the local misses against the remote: requests
   in parallel (a warm fresh checkout is ~1300 small GETs; one at a time they would
-  dominate the build), writes into the local store in this thread, one at a time
-  (the store's zstd compressors are shared and must not run concurrently). Fetched
+  dominate the build), and writes into the local store in this thread, in order. Fetched
   entries are written at zstd level 3 and without fsync: two fsyncs and a level-19
   compress per entry were ~40 ms, 17 s for the reference manifest, and buy nothing
   here -- every local read verifies (a torn file is quarantined, not used) and the
-  entry can be fetched again. ``gemmar-aot gc``/``optimize`` recompress later.
+  entry can be fetched again. ``gemmar-aot optimize`` (run by every build that compiles)
+  re-encodes them with the store's level and dictionary.
 - :meth:`RemoteSession.upload` sends each finished kernel from a small thread pool
   while the compiler keeps going; :meth:`backfill` uploads local hits the remote lacks
   (one batched existence check), so a developer's warm store seeds an empty cache.
