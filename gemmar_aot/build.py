@@ -161,9 +161,14 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     session = None
     if remote:
         from gemmar_aot.remote_cache import RemoteSession
+        from gemmar_aot.store.errors import StoreError
         from gemmar_aot.store.remote import HttpBackend
 
-        session = RemoteSession(st, HttpBackend(remote, writable=not remote_read_only), required=remote_required)
+        try:
+            backend = HttpBackend(remote, writable=not remote_read_only)
+        except ValueError as e:  # a malformed URL, credentials in it, a bad timeout or netrc
+            raise StoreError(f"--remote / $GEMMAR_AOT_REMOTE: {e}") from None
+        session = RemoteSession(st, backend, required=remote_required)
         with maybe_phase(trace, "remote probe"):
             session.probe()
     costs_path = st.stats_dir / COSTS_FILE

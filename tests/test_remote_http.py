@@ -201,3 +201,19 @@ def test_https_with_a_private_ca(tmp_path):
         assert untrusted.stats["requests"] == 1  # not retried: it would fail the same way
     finally:
         server.stop()
+
+
+def test_a_bad_remote_url_is_one_clean_error_that_never_shows_the_password(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "GEMMAR_AOT_REMOTE": "https://ci:hunter2-secret@cache.example.com/x"}
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", "build", str(root / "manifests" / "smoke.toml"),
+                        "--store", str(tmp_path / "s"), "-q"], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=300)
+    assert p.returncode == 2 and "netrc" in p.stderr and "Traceback" not in p.stderr
+    assert "hunter2-secret" not in p.stderr + p.stdout
+    assert not (tmp_path / "s").exists()  # refused before anything was written
