@@ -537,11 +537,15 @@ def read_lock(path: str | os.PathLike) -> Lock:
 
 
 def write_lock(path: str | os.PathLike, lock: Lock) -> Path:
-    """Write ``lock`` to ``path`` atomically (fsync of file and directory), canonically. Returns the path."""
+    """Write ``lock`` to ``path`` atomically (fsync of file and directory), canonically, after checking
+    that the bytes read back as a valid lock (raises LockFileError and writes nothing otherwise).
+    Returns the path."""
     if not isinstance(lock, Lock):
         raise TypeError(f"write_lock takes a Lock, got {type(lock).__name__}")
     path = Path(path)
-    atomic_write_bytes(path, lock.to_bytes())
+    data = lock.to_bytes()
+    Lock.from_bytes(data, f"{path} (not written)")  # never publish a lock the reader would refuse
+    atomic_write_bytes(path, data)
     return path
 
 

@@ -329,3 +329,12 @@ def test_a_read_lock_resolves_rank_launches_lazily_and_copies_like_a_built_one(l
                                tuple(e.key for e in lock.tuples[0].ranks[0].self_test))
     with pytest.raises(AttributeError):
         r.not_a_field  # noqa: B018
+
+
+def test_write_refuses_a_lock_the_reader_would_refuse(lock, tmp_path):
+    t = lock.tuples[0]
+    bad = replace(lock, tuples=(replace(t, id=replace(t.id, n=2048)),) + lock.tuples[1:])  # window says n=1024
+    with pytest.raises(LockFileError, match=r"\(not written\): \$\.tuples\[0\]\.layout\.n is 1024, but the "
+                                            r"tuple's n is 2048"):
+        write_lock(tmp_path / "bad.lock.json", bad)
+    assert not list(tmp_path.iterdir())
