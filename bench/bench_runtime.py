@@ -105,10 +105,14 @@ def _timed(fn, wall: list, cpu: list):
 
 
 def bench_startup(store: Path, rank: int, repeat: int) -> dict:
+    from unittest import mock
+
     from gemmar_aot.artifact_model import read_lock
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
+    from gemmar_aot.runtime.kernel import RecordBinding
 
-    names = ("lock_read", "lock_read_and_index", "construct_to_ready", "construct_to_ready_without_parse_in_driver")
+    names = ("lock_read", "lock_read_and_index", "construct_to_ready", "construct_to_ready_without_parse_in_driver",
+             "construct_to_ready_without_record_binding")
     wall: dict[str, list] = {n: [] for n in names}
     cpu: dict[str, list] = {n: [] for n in names}
     info = {}
@@ -125,6 +129,14 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
                 info = {"m_values": list(op.m_values), "launch_entries": len(entries), "distinct_blobs": len(sizes),
                         "blob_bytes": sum(sizes.values()), "window_bytes": op.window_bytes}
             op.close()
+        # the same construction with the lock<->record check switched off, interleaved with the runs
+        # above so machine load affects both alike: the difference is what the check costs
+        drv, comm = BenchDriver(parse=True), FakeCommunicator(rank, WORLD, lazy=True)
+        name = "construct_to_ready_without_record_binding"
+        with mock.patch.object(RecordBinding, "check", lambda *a, **k: False):
+            op = _timed(lambda: GemmAllReduceOp(comm, n=N, k=K, m_max=M_MAX, artifacts=store, driver=drv,
+                                                self_test=False), wall[name], cpu[name])
+        op.close()
     imp = []
     for _ in range(max(3, repeat // 3)):
         out = subprocess.run([sys.executable, "-c", "import time; t=time.perf_counter(); import gemmar_aot.runtime; "
@@ -136,6 +148,8 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
         "lock_bytes": store.stat().st_size,
         **{f"{n}_ms": _stats(wall[n]) for n in names},
         **{f"{n}_cpu_ms": _stats(cpu[n]) for n in names},
+        "record_binding_share_of_cpu": round(1 - statistics.median(cpu["construct_to_ready_without_record_binding"])
+                                             / statistics.median(cpu["construct_to_ready"]), 3),
         "import_gemmar_aot_runtime_ms": _stats(imp),
         "target_ms": 12,
         "target_lock_read_and_index_ms": 3,
@@ -240,11 +254,13 @@ def main() -> int:
                        ("lock_read_and_index_ms", "lock read + index"),
                        ("construct_to_ready_ms", "construct -> ready (module load = parse)"),
                        ("construct_to_ready_without_parse_in_driver_ms", "construct -> ready (module load = no-op)"),
+                       ("construct_to_ready_without_record_binding_ms", "construct -> ready (no lock/record check)"),
                        ("import_gemmar_aot_runtime_ms", "import gemmar_aot.runtime (fresh interpreter)")):
         st = s[key]
         c = s.get(key.replace("_ms", "_cpu_ms"))
         print(f"    {label:<46} median {st['median']:7.2f} ms  (min {st['min']:.2f}, max {st['max']:.2f})"
               + (f"; process CPU min {c['min']:.2f} ms" if c else ""))
+    print(f"    the lock<->record check is {100 * s['record_binding_share_of_cpu']:.1f}% of construct -> ready's CPU")
     print(f"    targets: ready <= {s['target_ms']} ms, lock read + index <= {s['target_lock_read_and_index_ms']} ms; "
           f"not measured here: {s['not_measured']}")
     print(f"    load average (1, 5, 15 min) before / after: {res['host']['load_average_before_after']}")

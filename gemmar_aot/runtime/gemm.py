@@ -37,7 +37,8 @@ from gemmar_aot.launch import LaunchRecord
 from .artifacts import load_artifacts
 from .driver import Driver, KernArgs, arch_base
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
-from .kernel import _dependencies, _operand_deps, _to_signed, kernarg_struct, verify_code_object
+from .kernel import (EntryPosition, RecordBinding, _dependencies, _operand_deps, _to_signed, kernarg_struct,
+                     verify_code_object)
 from .manifest_lines import manifest_snippet
 from .operands import _FNUZ_REASON, check_operands
 
@@ -167,6 +168,7 @@ class _StandaloneOp:
         one_profile(built)  # one toolchain profile per op
         check_installed_mori(built)  # and the pod's mori is the artifacts' (no communicator to share here)
         images = {}
+        binding = RecordBinding()
         for slot, e in entries.items():
             le = e.launches[0]
             digest, size = le.blob.hash, le.blob.size
@@ -176,6 +178,12 @@ class _StandaloneOp:
             if tuple(k for k, _ in kinds) != tuple(k for k, _ in self._ARGS) or any(
                     d and w and d != w for (_, d), (_, w) in zip(kinds, self._ARGS)):
                 raise ArtifactMismatchError(f"{where}: the launcher takes {kinds}, this op passes {self._ARGS}")
+            i = e.tuple.id  # no window, no rank: the record is checked for its kind, K and quant
+            binding.check(self.artifacts.store(e.lock.source), le,
+                          EntryPosition(transport=i.transport, kind=le.kind, rank=e.rank, world=i.world, m=e.m,
+                                        slot=-1, m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
+                                        gather_transport=i.gather_transport, block_m=i.block_m),
+                          lock_where=f"{e.where} M={e.m} {le.kind}")
             if digest not in images:
                 store = self.artifacts.store(e.lock.source)
                 data = store.load_blob(digest, size)

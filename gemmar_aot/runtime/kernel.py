@@ -36,6 +36,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from gemmar_aot.artifact_model import record_digest
 from gemmar_aot.codeobject import CodeObject, KernelMetadata
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 
@@ -237,3 +238,146 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     launch.pack()
     return launch
 
+
+
+# ---------------------------------------------------------------------------
+# A lock entry and the action-cache record it names
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntryPosition:
+    """Where a lock entry sits: the tuple, M and rank it is launched for, and its role there."""
+
+    transport: str
+    kind: str
+    rank: int
+    world: int
+    m: int
+    slot: int
+    m_max: int
+    n: int
+    k: int
+    quant: str
+    gather_dtype: str
+    gather_transport: str | None
+    block_m: int
+
+
+def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
+    """How the record's spec disagrees with where its lock entry sits (empty: it agrees).
+
+    ``spec`` is the record's ``spec`` (the build's KernelSpec JSON). Only what the
+    spec carries is compared (never the recipe's name: several modes share one phase
+    recipe), and only where the kernel depends on it: a GEMM built
+    with ``fuse=False`` is rank- and window-free (the build shares it across ranks and
+    its config is a placeholder), and a phase
+    built from a shape-free config (``capacity_m`` 0: drain, gather_barrier) has no M.
+    """
+    if not isinstance(spec, dict):
+        return ["the record has no spec"]
+    out: list[str] = []
+
+    def differs(what: str, got: Any, want: Any) -> None:
+        if got != want:
+            out.append(f"{what} {got!r} (the lock launches it as {want!r})")
+
+    differs("kind", spec.get("kind"), pos.kind)
+    params = spec.get("params") if isinstance(spec.get("params"), dict) else {}
+    builder = params.get("builder") if isinstance(params.get("builder"), dict) else {}
+    if builder.get("fuse", True) is not False:
+        differs("rank", spec.get("rank"), pos.rank)
+    if pos.kind == "gemm" and "fuse" in builder:  # the mode is in the GEMM: fused (and over what), or not
+        fused = pos.transport.startswith("fused-")
+        differs("fused GEMM", builder.get("fuse"), fused)
+        if fused:
+            differs("GEMM transport", builder.get("transport"), pos.transport.split("-", 1)[1])
+    cfg = params.get("cfg") if isinstance(params.get("cfg"), dict) else {}
+    if builder.get("fuse", True) is False:
+        cfg = {}  # an unfused GEMM never touches the window: its config is a placeholder
+    if "world_size" in cfg:
+        differs("world", cfg.get("world_size"), pos.world)
+    if cfg.get("capacity_m"):  # a config with a shape: the window map and this M's counter set
+        differs("M", cfg.get("m_pad"), pos.m)
+        differs("counter slot", cfg.get("shape_index"), pos.slot)
+        differs("window m_max", cfg.get("capacity_m"), pos.m_max)
+        differs("N", cfg.get("n"), pos.n)
+        differs("block_m", cfg.get("block_m"), pos.block_m)
+        differs("gather dtype", cfg.get("gather_dtype"), pos.gather_dtype)
+        if pos.gather_dtype != "bf16":
+            differs("gather transport", cfg.get("gather_transport"), pos.gather_transport)
+    if pos.kind == "gemm":
+        differs("K", builder.get("K"), pos.k)
+        differs("quant", builder.get("quant"), pos.quant)
+        differs("BLOCK_M", builder.get("BLOCK_M"), pos.block_m)
+    return out
+
+
+class RecordBinding:
+    """Checks lock entries against the action-cache records they name, reading each record once.
+
+    For every entry: the store's record under the entry's action key must be the one
+    the lock names (``artifact_model.record_digest``), hold the same code object and
+    launch record, and its spec must describe the kernel the lock launches where the
+    entry sits (:func:`binding_problems`). A lock and a store that disagree are
+    refused with a message naming both. A store without records (an artifact wheel
+    ships the lock and the blobs only) cannot be checked here; the wheel's own
+    digests and the lock's blob digests still hold.
+    """
+
+    def __init__(self):
+        self._checked: dict[str, Any] = {}  # action key -> the record (None: the store has none)
+
+    def check(self, store: Any, entry: Any, pos: EntryPosition, *, lock_where: str) -> bool:
+        """Raise ArtifactMismatchError on a disagreement; False when the store holds no record to check."""
+        key = entry.key
+        if key in self._checked:
+            record = self._checked[key]
+        else:
+            # the record file alone: the blob is loaded and verified right after, by digest
+            read = getattr(store, "read_record_file", None)
+            record = read(key) if read is not None else store.get_record(key)
+            if record is not None:
+                self._check_record(store, entry, record, pos, lock_where)
+            self._checked[key] = record
+        if record is None:
+            return False
+        problems = binding_problems(record.get("spec"), pos)
+        if problems:
+            raise self._bad(store, entry, pos, lock_where, "the record compiled " + "; ".join(problems))
+        return True
+
+    def _check_record(self, store: Any, entry: Any, record: dict, pos: EntryPosition, lock_where: str) -> None:
+        want = getattr(entry, "record", None)
+        if want is not None:
+            got = record_digest(record)
+            if got != want:
+                raise self._bad(store, entry, pos, lock_where,
+                                f"the lock was made from record {want}, the store holds {got}")
+        blob = record.get("blob")
+        blob = blob.get("digest") if isinstance(blob, dict) else blob
+        if blob != entry.blob.hash:
+            raise self._bad(store, entry, pos, lock_where,
+                            f"the lock names code object {entry.blob.hash[:16]}, the record {str(blob)[:16]}")
+        try:
+            launch = LaunchRecord.from_json(record.get("launch") or {})
+        except LaunchRecordError as exc:
+            raise self._bad(store, entry, pos, lock_where, f"the record's launch record is malformed ({exc})") from None
+        if _launch_identity(launch) != _launch_identity(entry.launch):
+            raise self._bad(store, entry, pos, lock_where, "the lock's launch record is not the record's")
+
+    @staticmethod
+    def _bad(store: Any, entry: Any, pos: EntryPosition, lock_where: str, why: str) -> ArtifactMismatchError:
+        describe = getattr(store, "describe_record", None)
+        store_where = describe(entry.key) if describe else str(store.record_path(entry.key))
+        return ArtifactMismatchError(
+            f"the lock and the store disagree about {pos.kind} for M={pos.m} rank {pos.rank} (action key "
+            f"{entry.key[:16]}): {why}. Lock: {lock_where}. Store record: {store_where}. Rebuild the manifest "
+            f"into this store (gemmar-aot build) so both come from one build, or point artifacts= at the lock "
+            f"that store was built with")
+
+
+def _launch_identity(rec: Any) -> tuple:
+    """A launch record without its kernel symbol (the lock stores records once, symbol-free)."""
+    return (rec.params, rec.args, rec.kernel_args, rec.kernel_arg_types, rec.program, rec.grid, rec.block,
+            rec.stream_param)

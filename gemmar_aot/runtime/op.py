@@ -55,7 +55,7 @@ from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver, arch_base
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
-from .kernel import PreparedLaunch, prepare_launch, verify_code_object
+from .kernel import EntryPosition, PreparedLaunch, RecordBinding, prepare_launch, verify_code_object
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
@@ -361,9 +361,12 @@ class GemmAllReduceOp:
         images: dict[str, tuple[bytes, Any]] = {}
         codes: dict[str, Any] = {}
         verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
+        binding = RecordBinding()
         for m, e in sorted(entries.items()):
             store = self.artifacts.store(e.lock.source)
             for le in (*e.launches, *e.self_test):
+                # every position: one key may sit at several (M, role), and each must be its record's
+                binding.check(store, le, self._position(e, le.kind), lock_where=f"{e.where} M={m} {le.kind}")
                 if le.key in verified:
                     continue
                 verified.add(le.key)
@@ -381,6 +384,13 @@ class GemmAllReduceOp:
                 kern = verify_code_object(code, le.launch, arch=e.lock.arch, where=where)
                 images[digest] = (images[digest][0], kern)
         return images
+
+    def _position(self, e: RankEntry, kind: str) -> EntryPosition:
+        """Where a lock entry sits, for checking it against its record."""
+        i = e.tuple.id
+        return EntryPosition(transport=i.transport, kind=kind, rank=e.rank, world=i.world, m=e.m,
+                             slot=e.layout.call.slot, m_max=e.layout.m_max, n=i.n, k=i.k, quant=i.quant,
+                             gather_dtype=i.gather_dtype, gather_transport=i.gather_transport, block_m=i.block_m)
 
     def _make_plan(self, e: RankEntry, images, functions) -> _Plan:
         m = e.m
