@@ -27,12 +27,12 @@ compute the right thing is the GPU tier's job (tests/test_gpu.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from parity import candidate, compare, shims
+from parity import candidate, compare, shims, tamper
 from parity.runner import start_oracle
 from parity.scenario import (Scenario, fused_scenarios, gemm_only_scenario, gemv_scenario, manifest_toml,
                              negative_control)
@@ -190,3 +190,118 @@ def test_negative_control_first_seen_slots(parity, run_candidate):
     # and with the shim, the same op is identical (the control's control)
     _check_identical(parity.oracle[FUSED[0].name], cand)
 
+
+
+# ---------------------------------------------------------------------------
+# deliberately broken records: the runtime or the parity tier refuses every one
+# ---------------------------------------------------------------------------
+
+W2 = FUSED[0]  # world 2, bf16 wire, rank 0
+
+
+def _at(sc: Scenario):
+    def where(t, rank: int) -> bool:
+        i = t.id
+        return (i.transport, i.world, i.quant, i.gather_dtype, rank) == (sc.transport, sc.world, sc.quant,
+                                                                          sc.gather_dtype, sc.rank)
+    return where
+
+
+def _keys(lock, sc: Scenario, kind: str, rank: int | None = None) -> set[str]:
+    where = _at(sc)
+    rank = sc.rank if rank is None else rank
+    return {e.key for t in lock.tuples for r in t.ranks if where(t, sc.rank) and r.rank == rank
+            for e in (*r.launches, *r.self_test) if e.kind == kind}
+
+
+def _swap_a_b(rec: dict) -> dict:
+    """The GEMM's A and B pointers swapped: both ``ptr``, same size, same kind -- only their meaning differs."""
+    from gemmar_aot.launch import LaunchRecord
+
+    return {**rec, "launch": tamper.swap_kernel_args(LaunchRecord.from_json(rec["launch"]), 0, 2).to_json()}
+
+
+def test_broken_lock_swapped_pointers_is_refused_by_the_runtime(parity, run_candidate):
+    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.runtime import ArtifactMismatchError
+
+    lock = read_lock(parity.lock)
+    bad = tamper.edit_lock(lock, _at(W2), tamper.map_entries(
+        lambda e: replace(e, launch=tamper.swap_kernel_args(e.launch, 0, 2)), kinds=("gemm",)))
+    with pytest.raises(ArtifactMismatchError, match=r"the lock and the store disagree about gemm for M=\d+ rank 0 "
+                                                    r".*the lock's launch record is not the record's\. Lock: .*"
+                                                    r"Store record: "):
+        run_candidate(W2, artifacts=(bad, parity.store))
+
+
+def test_broken_build_swapped_pointers_fails_parity(parity, run_candidate, tmp_path):
+    """Lock and store agree on the swapped record (the build wrote it): only mori's op can tell."""
+    from gemmar_aot.artifact_model import read_lock
+
+    lock = read_lock(parity.lock)
+    bad = tamper.rewrite_store(parity.store, tmp_path / "store", lock,
+                               {k: _swap_a_b for k in _keys(lock, W2, "gemm")})
+    cand = run_candidate(W2, artifacts=(bad, tmp_path / "store"))  # the runtime accepts it: nothing to check
+    o, c = compare.canonical_sequence(parity.oracle[W2.name]), compare.canonical_sequence(cand)
+    diffs = compare.differences(o, c)
+    gemm_at = [i for i, x in enumerate(c) if x.kernel.startswith("mori_fused")]
+    assert [i for i, _ in diffs] == gemm_at and all(f == ["args"] for _, f in diffs), compare.explain(o, c)
+    assert c[gemm_at[0]].args[0].startswith("b@") and o[gemm_at[0]].args[0].startswith("a@")
+
+
+def test_broken_lock_another_ranks_phase_kernel_is_refused_by_the_runtime(parity, run_candidate):
+    """Rank 1's reduce where rank 0's belongs: same symbol, same arguments, different code."""
+    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.runtime import ArtifactMismatchError
+
+    lock = read_lock(parity.lock)
+
+    def use_rank1_reduce(t, r):
+        other = next(x for x in t.ranks if x.rank == 1)
+        swap = lambda mine, theirs: tuple(b if a.kind == "reduce" else a for a, b in zip(mine, theirs))  # noqa: E731
+        return replace(r, launches=swap(r.launches, other.launches), self_test=swap(r.self_test, other.self_test))
+
+    bad = tamper.edit_lock(lock, _at(W2), use_rank1_reduce)
+    with pytest.raises(ArtifactMismatchError, match=r"disagree about reduce .* the record compiled rank 1 "
+                                                    r"\(the lock launches it as 0\)"):
+        run_candidate(W2, artifacts=(bad, parity.store))
+
+
+def test_broken_build_another_ranks_phase_kernel_fails_parity(parity, run_candidate, tmp_path):
+    """The build labelled rank 1's reduce as rank 0's, in the record and the lock alike."""
+    from gemmar_aot.artifact_model import read_lock
+
+    lock = read_lock(parity.lock)
+    r1_reduce = _keys(lock, W2, "reduce", rank=1)
+
+    def relabel(rec: dict) -> dict:
+        return {**rec, "spec": {**rec["spec"], "rank": 0}}
+
+    def use_rank1_reduce(t, r):
+        other = next(x for x in t.ranks if x.rank == 1)
+        swap = lambda mine, theirs: tuple(b if a.kind == "reduce" else a for a, b in zip(mine, theirs))  # noqa: E731
+        return replace(r, launches=swap(r.launches, other.launches), self_test=swap(r.self_test, other.self_test))
+
+    relabelled = tamper.edit_lock(lock, _at(W2), use_rank1_reduce)
+    bad = tamper.rewrite_store(parity.store, tmp_path / "store", relabelled, {k: relabel for k in r1_reduce})
+    cand = run_candidate(W2, artifacts=(bad, tmp_path / "store"))
+    o, c = compare.canonical_sequence(parity.oracle[W2.name]), compare.canonical_sequence(cand)
+    diffs = compare.differences(o, c)
+    reduce_at = [i for i, x in enumerate(c) if x.kernel.startswith("sdma_reduce")]
+    assert [i for i, _ in diffs] == reduce_at and all(f == ["digest"] for _, f in diffs), compare.explain(o, c)
+
+
+def test_broken_build_wrong_block_is_refused_by_the_runtime(parity, run_candidate, tmp_path):
+    """A GEMM record launching 256 threads where the code object was compiled for exactly 512."""
+    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.runtime import ArtifactMismatchError
+
+    def half_block(rec: dict) -> dict:
+        return {**rec, "launch": {**rec["launch"], "block": [256, 1, 1]}}
+
+    lock = read_lock(parity.lock)
+    bad = tamper.rewrite_store(parity.store, tmp_path / "store", lock,
+                               {k: half_block for k in _keys(lock, W2, "gemm")})
+    with pytest.raises(ArtifactMismatchError, match=r"block \[256, 1, 1\], the kernel was compiled for exactly "
+                                                    r"\[512, 1, 1\] \(reqd_workgroup_size\)"):
+        run_candidate(W2, artifacts=(bad, tmp_path / "store"))
