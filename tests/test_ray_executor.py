@@ -156,6 +156,9 @@ def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_p
     assert s["failed"] == 0 and s["compiled"] == s["distinct_specs"] == 3
     assert s["executor"]["name"] == "ray" and s["jobs"] == 2
     assert sum(s["executor"]["specs_by_node"].values()) == 3
+    spent = s["executor"]["driver_seconds"]
+    assert set(spent) == {"connect", "toolchain_check", "store_writes"}
+    assert all(v > 0 for v in spent.values()), spent
     local = run_build(m, store=tmp_path / "local", jobs=1, progress=False)
     assert local["failed"] == 0 and local["executor"] == {"name": "local"}
     # Same keys, same blobs (sha256 of every code object), same launch records.

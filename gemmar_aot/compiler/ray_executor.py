@@ -199,13 +199,16 @@ class RayExecutor:
         self.jobs = 0  # the cluster's CPUs, once connected
         self.specs_by_node: dict[str, int] = {}
         self.resubmitted = 0
+        #: Where the driver's own time goes (the overhead Ray adds on this side).
+        self.seconds = {"connect": 0.0, "toolchain_check": 0.0, "store_writes": 0.0}
         self._ray = None
         self._inflight: dict[Any, _Flight] = {}
         self._names: dict[str, str] = {}
 
     def info(self) -> dict:
         return {"name": "ray", "address": self.address, "cluster_cpus": self.jobs,
-                "specs_by_node": dict(sorted(self.specs_by_node.items())), "resubmitted": self.resubmitted}
+                "specs_by_node": dict(sorted(self.specs_by_node.items())), "resubmitted": self.resubmitted,
+                "driver_seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
     def close(self) -> None:
         ray, self._ray = self._ray, None
@@ -240,6 +243,7 @@ class RayExecutor:
     def _connect(self) -> None:
         ray = _import_ray()
         addr = self.address or "auto"
+        t0 = time.perf_counter()
         try:
             ray.init(address=addr, logging_level=logging.WARNING, log_to_driver=False, namespace="gemmar-aot")
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -249,6 +253,7 @@ class RayExecutor:
                 f"one with `ray start --head`") from None
         self._ray = ray
         self.address = ray.get_runtime_context().gcs_address
+        self.seconds["connect"] += time.perf_counter() - t0
 
     def _name(self, ray, node_id: str) -> str:
         """How messages name a node: Ray's node name, id, host and address."""
@@ -289,7 +294,9 @@ class RayExecutor:
         from gemmar_aot.compiler.driver import make_batches
 
         expected = toolchain_identity(self.fingerprint)
+        t0 = time.perf_counter()
         self._preflight(ray, expected)
+        self.seconds["toolchain_check"] += time.perf_counter() - t0
         remote = ray.remote(compile_on_node).options(num_cpus=1, max_retries=MAX_RETRIES,
                                                      scheduling_strategy="SPREAD")
         inflight = self._inflight
@@ -373,10 +380,14 @@ class RayExecutor:
         if not res.ok:
             return res
         self.specs_by_node[node] = self.specs_by_node.get(node, 0) + 1
-        with store.claim(task.key) as claim:
-            if claim.hit is not None:  # a concurrent builder stored it while this one compiled
-                return replace(res, record=claim.hit, hit=True)
-            return replace(res, record=claim.put(code, res.record))
+        t0 = time.perf_counter()
+        try:
+            with store.claim(task.key) as claim:
+                if claim.hit is not None:  # a concurrent builder stored it while this one compiled
+                    return replace(res, record=claim.hit, hit=True)
+                return replace(res, record=claim.put(code, res.record))
+        finally:
+            self.seconds["store_writes"] += time.perf_counter() - t0
 
 
 def _import_ray():
