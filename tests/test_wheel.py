@@ -519,45 +519,67 @@ LOAD_EVERY_KERNEL = """
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
     from gemmar_aot.artifact_model import read_lock
 
+    FP8 = torch.float8_e4m3fn
+
+    def operands(quant, m, n, k):
+        if quant == "mxfp8":
+            return (torch.zeros(m, k, dtype=FP8), torch.zeros(n, k, dtype=FP8),
+                    torch.zeros(m * k // 128, dtype=torch.int32), torch.zeros((n // 32) * (k // 32), dtype=torch.int32))
+        return (torch.zeros(m, k, dtype=FP8), torch.zeros(n, k, dtype=FP8),
+                torch.ones(k // 128, m), torch.ones(n // 128, k // 128))
+
     oracle = read_lock(sys.argv[1])  # the build's own lock: the fake's independent expectations
     arts = load_artifacts()  # no artifacts=, no env var: installed entry points only
     out = {"sources": [[str(s.lock_path), str(s.store_root), s.origin] for s in arts.sources], "ops": []}
-    groups = sorted({(key.n, key.k, key.world, key.gather_dtype, key.gather_transport or "lsa",
+    groups = sorted({(key.n, key.k, key.world, key.quant, key.gather_dtype, key.gather_transport or "lsa",
                       next(iter(by_m.values()))[0].layout.m_max)
                      for key, by_m in arts.index.items() if key.transport == "fused-sdma"})  # what is installed
-    for n, k, world, gd, gt, m_max in groups:
+    for n, k, world, quant, gd, gt, m_max in groups:
         for rank in range(world):
             drv = FakeHipDriver([oracle])
-            op = GemmAllReduceOp(FakeCommunicator(rank=rank, nranks=world), n=n, k=k, m_max=m_max,
+            op = GemmAllReduceOp(FakeCommunicator(rank=rank, nranks=world), n=n, k=k, m_max=m_max, quant=quant,
                                  gather_dtype=gd, gather_transport=gt, driver=drv, self_test=False)
             loaded = sorted({m.digest for m in drv.loaded.values()})
             launched = []
             for m in op.m_values:
                 drv.clear()
-                op(torch.zeros(m, k, dtype=torch.float8_e4m3fn), torch.zeros(n, k, dtype=torch.float8_e4m3fn),
-                   torch.ones(k // 128, m), torch.ones(n // 128, k // 128))
+                op(*operands(quant, m, n, k))
                 launched.append([l.digest for l in drv.launches])
-            out["ops"].append({"n": n, "k": k, "wire": gd, "gt": gt, "rank": rank, "m": list(op.m_values),
-                               "loaded": loaded, "launched": launched,
+            out["ops"].append({"n": n, "k": k, "world": world, "quant": quant, "wire": gd, "gt": gt, "rank": rank,
+                               "m": list(op.m_values), "loaded": loaded, "launched": launched,
                                "store": str(arts.entry(op.key, op.m_values[0], rank).lock.source.store_root)})
             op.close()
     print(json.dumps(out))
 """
 
 
-def _expected_blobs(lock, n, k, gd, rank, ms=None):
+def _fused_groups(lock):
+    """(n, k, world, quant, wire, transport of the gather, rank) -> its M values, for every fused-sdma tuple."""
+    out: dict = {}
+    for t in lock.tuples:
+        if t.id.transport != "fused-sdma":
+            continue
+        for r in t.ranks:
+            g = (t.id.n, t.id.k, t.id.world, t.id.quant, t.id.gather_dtype, t.id.gather_transport or "lsa", r.rank)
+            out.setdefault(g, set()).add(t.id.m)
+    return {g: sorted(ms) for g, ms in out.items()}
+
+
+def _expected_blobs(lock, n, k, gd, rank, ms=None, *, world=2, quant="blockscale", gt="lsa"):
     out = set()
     for t in lock.tuples:
-        if (t.id.transport, t.id.n, t.id.k, t.id.gather_dtype) == ("fused-sdma", n, k, gd) and \
+        if (t.id.transport, t.id.n, t.id.k, t.id.gather_dtype, t.id.world, t.id.quant,
+                t.id.gather_transport or "lsa") == ("fused-sdma", n, k, gd, world, quant, gt) and \
                 (ms is None or t.id.m in ms):
             r = next(r for r in t.ranks if r.rank == rank)
             out |= {e.blob.hash for e in r.launches + r.self_test}
     return sorted(out)
 
 
-def _smoke_tuple(lock, m, k, wire):
-    return next(t for t in lock.tuples if (t.id.transport, t.id.m, t.id.k, t.id.gather_dtype) ==
-                ("fused-sdma", m, k, wire))
+def _smoke_tuple(lock, m, k, wire, *, world=2, quant="blockscale", gt="lsa"):
+    return next(t for t in lock.tuples if (t.id.transport, t.id.m, t.id.k, t.id.gather_dtype, t.id.world, t.id.quant,
+                                           t.id.gather_transport or "lsa") ==
+                ("fused-sdma", m, k, wire, world, quant, gt))
 
 
 @pytest.mark.compile
@@ -569,15 +591,22 @@ def test_installed_smoke_wheel_serves_every_fused_tuple_and_rank(smoke_wheel, sm
     res = json.loads(env.run(LOAD_EVERY_KERNEL, smoke_store / "locks" / "smoke.lock.json").stdout.splitlines()[-1])
     assert res["sources"] == [[str(pkg_dir / "lock.json"), str(pkg_dir / "store"),
                                "entry point smoke = gemmar_artifacts_smoke:locate"]]
-    seen = {(o["k"], o["wire"], o["rank"]) for o in res["ops"]}
-    assert seen == {(256, "bf16", 0), (256, "bf16", 1), (512, "bf16", 0), (512, "bf16", 1),
-                    (256, "fp8", 0), (256, "fp8", 1)}
+    groups = _fused_groups(smoke_lock)
+    # every fused tuple of the manifest (bf16, fp8 over lsa and sdma, mxfp8, world 4), every rank
+    assert {(g[2], g[3], g[4], g[5]) for g in groups} >= {(2, "blockscale", "bf16", "lsa"),
+                                                           (2, "blockscale", "fp8", "lsa"),
+                                                           (2, "blockscale", "fp8", "sdma"),
+                                                           (2, "mxfp8", "bf16", "lsa"), (4, "blockscale", "bf16", "lsa")}
+    seen = {(o["n"], o["k"], o["world"], o["quant"], o["wire"], o["gt"], o["rank"]) for o in res["ops"]}
+    assert seen == set(groups)
     for o in res["ops"]:
-        assert o["m"] == ([256, 512] if o["wire"] == "bf16" else [512])
-        assert o["loaded"] == _expected_blobs(smoke_lock, o["n"], o["k"], o["wire"], o["rank"]), o
+        g = (o["n"], o["k"], o["world"], o["quant"], o["wire"], o["gt"], o["rank"])
+        assert o["m"] == groups[g]
+        ident = dict(world=o["world"], quant=o["quant"], gt=o["gt"])
+        assert o["loaded"] == _expected_blobs(smoke_lock, o["n"], o["k"], o["wire"], o["rank"], **ident), o
         assert o["store"] == str(pkg_dir / "store")
         for m, digests in zip(o["m"], o["launched"]):
-            t = _smoke_tuple(smoke_lock, m, o["k"], o["wire"])
+            t = _smoke_tuple(smoke_lock, m, o["k"], o["wire"], **ident)
             assert digests == [e.blob.hash for e in next(r for r in t.ranks if r.rank == o["rank"]).launches]
     # installing never writes into the package (the store is opened read-only)
     assert not (pkg_dir / "store" / "quarantine").exists() and not (pkg_dir / "store" / "stats").exists()
@@ -616,11 +645,18 @@ def test_smoke_wheel_inspect(smoke_wheel, smoke_lock):
     assert r["ok"] and r["arch"] == "gfx950" and r["toolchain"]["digest"] == smoke_lock.toolchain.digest
     assert r["manifest"]["text"] == SMOKE.read_text() and r["manifest"]["sha256"] == smoke_lock.manifest.sha256
     cov = {(g["transport"], tuple(g["m"]), g["n"], g["k"], g["world"], g["quant"], g["wire"]) for g in r["coverage"]}
+    # one row per [[tuple]] of manifests/smoke.toml, written out by hand from the manifest
     assert cov == {("fused-sdma", (256, 512), 1024, 256, 2, "blockscale", "bf16"),
                    ("fused-sdma", (256, 512), 1024, 512, 2, "blockscale", "bf16"),
                    ("fused-sdma", (512,), 1024, 256, 2, "blockscale", "fp8/lsa"),
-                   ("split-lsa", (512,), 1024, 256, 2, "blockscale", None),
-                   ("gemm-only", (256, 9216), 1024, 256, 2, "mxfp8", None)}
+                   ("fused-sdma", (512,), 1024, 256, 2, "blockscale", "fp8/sdma"),
+                   ("fused-sdma", (512,), 1024, 256, 2, "mxfp8", "bf16"),
+                   ("fused-sdma", (512,), 1024, 256, 4, "blockscale", "bf16"),
+                   ("split-sdma", (512,), 1024, 256, 2, "blockscale", "bf16"),
+                   ("split-lsa", (512,), 1024, 256, 2, "blockscale", "bf16"),
+                   ("fused-lsa", (512,), 1024, 256, 2, "blockscale", "bf16"),
+                   ("gemm-only", (256, 9216), 1024, 256, 2, "mxfp8", None),
+                   ("gemv", (1, 32), 1024, 256, 2, "mxfp8", None)}
     blobs = {d.hash: d.size for d in smoke_lock.blobs().values()}
     assert r["code_objects"] == len(blobs) and r["sizes"]["raw_bytes"] == sum(blobs.values())
     assert r["sizes"]["blob_bytes"] < r["sizes"]["raw_bytes"] / 3  # zstd 19 + a dictionary
