@@ -112,12 +112,13 @@ def bench_size(store: Path, work: Path) -> dict:
     st = Store(store, readonly=True)
     sizes = lock_sizes(lock)
     store_files = sum(st.blob_path(d).stat().st_size for d in sizes)
-    parts = {"blobs": 0, "lock.json": 0, "BUILD_INFO.json": 0, "RECORD": 0, "other": 0}
+    parts = {"blobs": 0, "lock": 0, "BUILD_INFO.json": 0, "RECORD": 0, "other": 0}
     with zipfile.ZipFile(s["wheel"]) as zf:
         infos = zf.infolist()
         for zi in infos:
             n = zi.filename
-            k = ("blobs" if n.endswith((".zst", ".pack")) else "lock.json" if n.endswith("/lock.json") else
+            k = ("lock" if n.endswith(("/lock.json", "/lock.json.zst")) else  # zstd (or, before, deflated)
+                 "blobs" if n.endswith((".zst", ".pack")) else
                  "BUILD_INFO.json" if n.endswith("/BUILD_INFO.json") else "RECORD" if n.endswith("/RECORD") else "other")
             parts[k] += zi.compress_size
     parts["zip_headers_and_directory"] = s["wheel_bytes"] - sum(parts.values())

@@ -25,7 +25,10 @@ order. :meth:`Lock.to_bytes` is the one canonical
 serialisation (the same lock always gives the same bytes); :meth:`Lock.from_json` checks
 every field and raises :class:`LockFileError` naming the file, the JSON path, the value
 and the fix. A lock of another schema is refused, never migrated: a newer one asks for a
-newer gemmar-aot, an older one for a rebuild.
+newer gemmar-aot, an older one for a rebuild. An artifact wheel ships the same bytes in one
+zstd frame (``lock.json.zst``, :func:`compress_lock`); :meth:`Lock.from_bytes` recognises the
+frame's magic number and decompresses it (``zstandard``, imported only then), checking the
+frame's checksum.
 """
 
 from __future__ import annotations
@@ -505,11 +508,54 @@ class Lock:
 
     @classmethod
     def from_bytes(cls, data: bytes | str, where: str = "<lock>") -> "Lock":
+        """Parse and validate a lock's bytes: canonical JSON, or that JSON in one zstd frame (an
+        artifact wheel's ``lock.json.zst``; recognised by the frame's magic number)."""
+        if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:4]) == LOCK_ZSTD_MAGIC:
+            data = _decompress_lock(bytes(data), where)
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise LockFileError(f"{where} is not valid JSON ({exc}); {_REBUILD}") from None
         return cls.from_json(obj, where)
+
+
+#: The first four bytes of a zstd frame: a lock file starting with them is compressed JSON.
+LOCK_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: A compressed lock larger than this when decompressed is refused (the reference lock is ~0.25 MB).
+MAX_LOCK_BYTES = 256 << 20
+
+
+def _decompress_lock(data: bytes, where: str) -> bytes:
+    """The JSON of a zstd-compressed lock. The frame must carry its content size and checksum
+    (:func:`compress_lock` writes both), so a flipped byte is a clear error, never other JSON.
+    ``zstandard`` is imported here only: the model stays standard library for plain locks."""
+    try:
+        import zstandard
+    except ImportError:  # pragma: no cover - the runtime and the build both depend on it
+        raise LockFileError(f"{where} is a zstd-compressed lock and the zstandard module is not installed; "
+                            f"pip install zstandard") from None
+    damaged = (f"{where} is a zstd-compressed lock that does not decompress: the file is damaged or was "
+               f"modified (reinstall the artifact wheel, or rebuild: `gemmar-aot wheel MANIFEST`)")
+    try:
+        params = zstandard.get_frame_parameters(data)
+        if not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN) \
+                or params.content_size > MAX_LOCK_BYTES:
+            raise LockFileError(f"{damaged} (its frame has no checksum or no plausible content size)")
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_LOCK_BYTES)
+    except zstandard.ZstdError as exc:
+        raise LockFileError(f"{damaged} ({exc})") from None
+    if len(out) != params.content_size:  # pragma: no cover - zstd checks it
+        raise LockFileError(f"{damaged} (decompressed to {len(out)} bytes, the frame says {params.content_size})")
+    return out
+
+
+def compress_lock(lock: "Lock", level: int = 19) -> bytes:
+    """``lock``'s canonical bytes in one zstd frame with its content size and checksum: what
+    :meth:`Lock.from_bytes` (hence :func:`read_lock`) reads back. Deterministic for a given libzstd."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(
+        lock.to_bytes())
 
 
 #: Record fields that differ between two compiles of one key (timings): a record's digest leaves
@@ -527,7 +573,8 @@ def record_digest(record: Mapping[str, Any]) -> Digest:
 
 
 def read_lock(path: str | os.PathLike) -> Lock:
-    """Read and validate a lock file. Raises LockFileError naming the path."""
+    """Read and validate a lock file (plain JSON, or zstd-compressed JSON as an artifact wheel
+    ships it). Raises LockFileError naming the path."""
     path = Path(path)
     try:
         data = path.read_bytes()

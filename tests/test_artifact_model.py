@@ -223,6 +223,33 @@ def test_entries_are_shared_and_validated():
         replace(e, key="k")
 
 
+def test_a_zstd_compressed_lock_reads_back_and_a_flipped_byte_is_refused(lock, tmp_path):
+    """An artifact wheel's lock.json.zst goes through the one reader; damage is a clear error."""
+    import zstandard
+
+    from gemmar_aot.artifact_model import LOCK_ZSTD_MAGIC, compress_lock
+
+    data = compress_lock(lock)
+    assert data[:4] == LOCK_ZSTD_MAGIC and compress_lock(lock) == data  # deterministic
+    p = tmp_path / "lock.json.zst"
+    p.write_bytes(data)
+    assert read_lock(p) == lock and Lock.from_bytes(data, "w").to_bytes() == lock.to_bytes()
+    for i in (len(data) // 2, len(data) - 2):  # in the compressed block; in the checksum
+        bad = bytearray(data)
+        bad[i] ^= 0x01
+        p.write_bytes(bytes(bad))
+        with pytest.raises(LockFileError, match=f"{p} is a zstd-compressed lock that does not decompress.*reinstall"):
+            read_lock(p)
+    # a frame without a checksum (not what compress_lock writes) is refused: damage could go unseen
+    p.write_bytes(zstandard.ZstdCompressor(write_checksum=False).compress(lock.to_bytes()))
+    with pytest.raises(LockFileError, match="no checksum"):
+        read_lock(p)
+    # valid zstd holding something that is not a lock: the JSON/model errors, naming the file
+    p.write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(b"{not json"))
+    with pytest.raises(LockFileError, match="lock.json.zst is not valid JSON"):
+        read_lock(p)
+
+
 def test_the_model_is_standard_library_only():
     code = ("import sys; import gemmar_aot.artifact_model; "
             "mods = {m.split('.')[0] for m in sys.modules}; "

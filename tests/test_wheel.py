@@ -205,24 +205,31 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
     assert names_[-1] == f"{di}/RECORD"
     pkg_files = [n for n in names_ if n.startswith(pkg + "/")]
     assert pkg_files == sorted(pkg_files) and names_[:len(pkg_files)] == pkg_files
-    assert {f"{pkg}/__init__.py", f"{pkg}/lock.json", f"{pkg}/BUILD_INFO.json", f"{pkg}/store/STORE_FORMAT",
+    assert {f"{pkg}/__init__.py", f"{pkg}/lock.json.zst", f"{pkg}/BUILD_INFO.json", f"{pkg}/store/STORE_FORMAT",
             f"{di}/METADATA", f"{di}/WHEEL", f"{di}/entry_points.txt"} <= set(files)
     # one pack file instead of a zip entry per blob: exactly the lock's blobs, plus the
-    # dictionary twice (a spare copy), each verified on load
+    # dictionary once (no spare copy in a wheel), each verified on load
     from gemmar_aot.store.pack import PREFIX_HEX, read_index
 
-    assert not any(n.endswith(".zst") for n in files) and f"{pkg}/store/blobs.pack" in files
+    assert [n for n in files if n.endswith(".zst")] == [f"{pkg}/lock.json.zst"]
+    assert f"{pkg}/store/blobs.pack" in files and f"{pkg}/lock.json" not in files
     pack = files[f"{pkg}/store/blobs.pack"]
     index, _start = read_index(pack, "pack")
     wanted = lock.blob_digests()
     assert s["dictionary"] and set(index) == {d[:PREFIX_HEX] for d in wanted | {s["dictionary"]}}
-    assert len(index[s["dictionary"][:PREFIX_HEX]]) == 2
-    assert all(len(index[d[:PREFIX_HEX]]) == 1 for d in wanted)
+    assert all(len(index[d[:PREFIX_HEX]]) == 1 for d in wanted | {s["dictionary"]})
     reader = PackBackend(".", data=pack, where="pack")
     src = Store(root, readonly=True)
     assert all(reader.load_blob(d) == src.load_blob(d) for d in wanted)
     assert not any("/ac/" in n for n in files)  # no records
-    assert files[f"{pkg}/lock.json"] == read_lock_bytes(lock)
+    # the lock: its canonical bytes in one zstd frame with content size and checksum
+    import zstandard
+
+    lz = files[f"{pkg}/lock.json.zst"]
+    params = zstandard.get_frame_parameters(lz)
+    assert params.has_checksum and params.content_size == len(read_lock_bytes(lock))
+    assert zstandard.ZstdDecompressor().decompress(lz) == read_lock_bytes(lock)
+    assert Lock.from_bytes(lz, "w") == lock and len(lz) < len(read_lock_bytes(lock)) / 3
     # metadata
     meta = files[f"{di}/METADATA"].decode()
     assert f"Name: {dist}\n" in meta and f"Version: {s['version']}\n" in meta
@@ -244,13 +251,15 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
         for zi in zf.infolist():
             assert zi.date_time == (1980, 1, 1, 0, 0, 0)
             assert zi.external_attr >> 16 == 0o100644 and zi.create_system == 3
-            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith(".pack") else zipfile.ZIP_DEFLATED)
+            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith((".pack", ".zst"))
+                                        else zipfile.ZIP_DEFLATED)
     # BUILD_INFO
     info = json.loads(files[f"{pkg}/BUILD_INFO.json"])
     assert info["manifest"]["text"].encode() == SYNTH_MANIFEST and info["manifest"]["sha256"] == _sha(SYNTH_MANIFEST)
     assert info["manifest"]["file"] == "synth.toml" and info["arch"] == "gfx950"
     assert info["toolchain"]["digest"] == "ab" * 32
-    assert info["lock"]["sha256"] == _sha(files[f"{pkg}/lock.json"])
+    assert info["lock"]["sha256"] == _sha(read_lock_bytes(lock))
+    assert info["lock"]["file"] == "lock.json.zst" and info["lock"]["file_bytes"] == len(lz)
     assert s["version"] == "1.0.0+" + info["lock"]["sha256"][:12]
     assert str(tmp_path) not in json.dumps(info)  # no paths
 
@@ -327,29 +336,55 @@ def test_inspect_reports_and_verifies(synth, tmp_path):
     assert res.exit_code == 0 and json.loads(res.output)["ok"] is True
 
 
-def test_a_damaged_dictionary_copy_in_the_wheel_costs_nothing(synth, tmp_path):
-    """The pack holds the dictionary twice; flipping a byte in the first copy loses nothing."""
+def test_a_damaged_dictionary_in_the_wheel_is_refused_naming_the_pack(synth, tmp_path):
+    """The wheel holds its dictionary once (no spare: reinstalling is the fix); a flipped byte
+    in it is refused at load, naming the pack and the dictionary, and found by inspect."""
     lock, root = synth
     s = _synth_wheel(lock, root, tmp_path / "dist")
     pack = _members(Path(s["wheel"]))[f"{s['package']}/store/blobs.pack"]
+    PackBackend(".", data=pack, where="pack").load_blob(next(iter(lock.blob_digests())))  # intact: loads
     damaged = _flip_in_pack(pack, s["dictionary"])
     assert damaged != pack
-    reader = PackBackend(".", data=damaged, where="pack")
-    src = Store(root, readonly=True)
-    for d, size in sorted((d.hash, d.size) for d in lock.blobs().values()):
-        assert reader.load_blob(d, size) == src.load_blob(d)
-    assert reader.counters["dictionaries_recovered"] == 1
-    # both copies damaged: every blob is refused, naming the pack and the dictionary
-    index_second = bytearray(damaged)
-    from gemmar_aot.store.pack import PREFIX_HEX, read_index
-
-    idx, start = read_index(damaged, "p")
-    off2, n2 = idx[s["dictionary"][:PREFIX_HEX]][1]
-    index_second[start + off2 + n2 // 2] ^= 0xFF
-    reader2 = PackBackend(".", data=bytes(index_second), where="pack")
+    reader = PackBackend(".", data=damaged, where="site/pkg/store/blobs.pack")
     some = next(iter(lock.blob_digests()))
-    with pytest.raises(CorruptArtifactError, match="dictionary"):
-        reader2.load_blob(some)
+    with pytest.raises(CorruptArtifactError, match="(?s)site/pkg/store/blobs.pack.*dictionary|dictionary.*site/pkg"):
+        reader.load_blob(some)
+    bad = tmp_path / "bad" / Path(s["wheel"]).name
+    bad.parent.mkdir()
+    _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: damaged if n.endswith("/store/blobs.pack") else None)
+    r = inspect_wheel(bad)
+    assert not r["ok"] and any("blobs.pack: RECORD says" in p for p in r["problems"])
+    assert any("dictionary" in p for p in r["problems"]), r["problems"]
+
+
+def test_a_damaged_compressed_lock_is_refused_at_load_naming_the_path(synth, tmp_path):
+    """One flipped byte in the installed lock.json.zst: the runtime's lock reader refuses it
+    (the frame's checksum), naming the file and the fix; inspect reports it too."""
+    from gemmar_aot.artifact_model import LockFileError, read_lock
+    from gemmar_aot.runtime import load_artifacts
+
+    lock, root = synth
+    s = _synth_wheel(lock, root, tmp_path / "dist")
+    site_dir = tmp_path / "site"
+    with zipfile.ZipFile(s["wheel"]) as zf:
+        zf.extractall(site_dir)
+    lz = site_dir / s["package"] / "lock.json.zst"
+    assert read_lock(lz) == lock
+    data = bytearray(lz.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    lz.write_bytes(bytes(data))
+    with pytest.raises(LockFileError, match="does not decompress") as ei:
+        read_lock(lz)
+    assert str(lz) in str(ei.value) and "reinstall" in str(ei.value)
+    with pytest.raises(LockFileError, match="does not decompress") as ei:
+        load_artifacts((str(lz), str(site_dir / s["package"] / "store")))
+    assert str(lz) in str(ei.value)
+    bad = tmp_path / "bad" / Path(s["wheel"]).name
+    bad.parent.mkdir()
+    _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: bytes(data) if n.endswith("/lock.json.zst") else None)
+    r = inspect_wheel(bad)
+    assert not r["ok"] and any("lock.json.zst: RECORD says" in p for p in r["problems"])
+    assert any("lock.json.zst is a zstd-compressed lock that does not decompress" in p for p in r["problems"])
 
 
 @pytest.mark.parametrize("what", ["blob", "lock", "extra", "removed"])
@@ -364,9 +399,16 @@ def test_inspect_finds_tampering(synth, tmp_path, what):
         name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: _flip_in_pack(d, target) if is_pack(n) else None)
         expect = [f"{name}: RECORD says", f"blob {target}: corrupt blob"]
     elif what == "lock":
-        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: d.replace(b'"m": 256', b'"m": 768')
-                            if n.endswith("/lock.json") else None)
-        expect = [f"{name}: RECORD says", "lock.json does not have the sha256"]
+        import zstandard
+
+        def edit_lock(lz: bytes) -> bytes:  # a well-formed frame holding edited JSON
+            text = zstandard.ZstdDecompressor().decompress(lz)
+            assert b'"m":256' in text or b'"m": 256' in text
+            text = text.replace(b'"m":256', b'"m":768').replace(b'"m": 256', b'"m": 768')
+            return zstandard.ZstdCompressor(level=19, write_checksum=True).compress(text)
+
+        name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: edit_lock(d) if n.endswith("/lock.json.zst") else None)
+        expect = [f"{name}: RECORD says", "lock.json.zst does not have the sha256"]
     elif what == "extra":
         from gemmar_aot.store.pack import write_pack
 
@@ -375,7 +417,7 @@ def test_inspect_finds_tampering(synth, tmp_path, what):
             blobs = {d: [rd.load_blob_file(d)] for d in lock.blob_digests()}
             blobs["0" * 64] = [b"x"]
             dd = next(iter(rd.dictionary_refs()))
-            blobs[dd] = [rd.load_blob_file(dd)] * 2
+            blobs[dd] = [rd.load_blob_file(dd)]
             return write_pack(blobs)
 
         name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: add_entry(d) if is_pack(n) else None)
@@ -387,7 +429,7 @@ def test_inspect_finds_tampering(synth, tmp_path, what):
             rd = PackBackend(".", data=pack, where="p")
             blobs = {d: [rd.load_blob_file(d)] for d in lock.blob_digests() if d != target}
             dd = next(iter(rd.dictionary_refs()))
-            blobs[dd] = [rd.load_blob_file(dd)] * 2
+            blobs[dd] = [rd.load_blob_file(dd)]
             return write_pack(blobs)
 
         name = _rewrite_zip(Path(s["wheel"]), bad, lambda n, d: drop_entry(d) if is_pack(n) else None)
@@ -425,7 +467,7 @@ def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(site_dir))
     mod = importlib.import_module(s["package"])
     lock_path, store_root = mod.locate()
-    assert lock_path == str(site_dir / s["package"] / "lock.json") and mod.MANIFEST == "synth_test.v1"
+    assert lock_path == str(site_dir / s["package"] / "lock.json.zst") and mod.MANIFEST == "synth_test.v1"
     assert store_root == str(site_dir / s["package"] / "store") and mod.__version__ == s["version"]
     arts = load_artifacts(mod.locate())
     assert sorted((k.gather_dtype, m) for k, by_m in arts.index.items() for m in by_m) == [
@@ -587,9 +629,9 @@ def test_installed_smoke_wheel_serves_every_fused_tuple_and_rank(smoke_wheel, sm
     env = FreshEnv(tmp_path / "venv")
     env.pip_install(smoke_wheel["wheel"])
     pkg_dir = env.site / smoke_wheel["package"]
-    assert (pkg_dir / "lock.json").is_file() and (pkg_dir / "store" / "STORE_FORMAT").is_file()
+    assert (pkg_dir / "lock.json.zst").is_file() and (pkg_dir / "store" / "STORE_FORMAT").is_file()
     res = json.loads(env.run(LOAD_EVERY_KERNEL, smoke_store / "locks" / "smoke.lock.json").stdout.splitlines()[-1])
-    assert res["sources"] == [[str(pkg_dir / "lock.json"), str(pkg_dir / "store"),
+    assert res["sources"] == [[str(pkg_dir / "lock.json.zst"), str(pkg_dir / "store"),
                                "entry point smoke = gemmar_artifacts_smoke:locate"]]
     groups = _fused_groups(smoke_lock)
     # every fused tuple of the manifest (bf16, fp8 over lsa and sdma, mxfp8, world 4), every rank
@@ -766,5 +808,5 @@ def test_conflicting_wheels_are_an_error_naming_both(smoke_wheel, smoke_lock, sm
     msg = out.stdout
     assert "M=256 rank 0" in msg and "different action keys" in msg
     assert "gemmar_artifacts_smoke:locate" in msg and "gemmar_artifacts_smoke_rebuilt:locate" in msg
-    assert str(env.site / "gemmar_artifacts_smoke" / "lock.json") in msg
-    assert str(env.site / "gemmar_artifacts_smoke_rebuilt" / "lock.json") in msg
+    assert str(env.site / "gemmar_artifacts_smoke" / "lock.json.zst") in msg
+    assert str(env.site / "gemmar_artifacts_smoke_rebuilt" / "lock.json.zst") in msg
