@@ -572,6 +572,33 @@ def record_digest(record: Mapping[str, Any]) -> Digest:
     return Digest.of(canonical_json({k: v for k, v in record.items() if k not in RECORD_VOLATILE_FIELDS}).encode())
 
 
+def hashing_form_of_record_file(text: bytes) -> bytes | None:
+    """The bytes :func:`record_digest` hashes, derived textually from a record file's JSON ``text``
+    (``canonical_json_bytes``: indent 1, ``": "``), or None when ``text`` is not in that form.
+
+    A shortcut, not a parser: whoever uses the result must compare its sha256 with the
+    digest a lock names and then parse *these* bytes, so a wrong derivation (a string holding
+    ``": "``, a writer with another layout) can only miss, never accept another record."""
+    # a line of the file form is indentation then JSON: strings hold no raw newline (ASCII, escaped)
+    compact = b"".join(map(bytes.lstrip, text.split(b"\n"))).replace(b'": ', b'":')
+    for name in RECORD_VOLATILE_FIELDS:
+        member = b'"' + name.encode() + b'":'
+        i = compact.find(member)
+        if i < 0:
+            continue
+        j = i + len(member)
+        end = min((k for k in (compact.find(b",", j), compact.find(b"}", j)) if k >= 0), default=-1)
+        if end < 0:
+            return None
+        if compact[end:end + 1] == b",":
+            compact = compact[:i] + compact[end + 1:]
+        elif compact[i - 1:i] == b",":
+            compact = compact[:i - 1] + compact[end:]
+        else:
+            compact = compact[:i] + compact[end:]
+    return compact
+
+
 def read_lock(path: str | os.PathLike) -> Lock:
     """Read and validate a lock file (plain JSON, or zstd-compressed JSON as an artifact wheel
     ships it). Raises LockFileError naming the path."""

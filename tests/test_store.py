@@ -709,3 +709,38 @@ def test_cat_refuses_a_corrupt_blob_and_writes_nothing(store, tmp_path):
     r = _cli("cat", k, "-o", out, "--store", store.root)
     assert r.exit_code == 2 and "corrupt blob" in r.stderr and not out.exists()
     assert not store.has_blob(rec["blob"]["digest"])  # quarantined: the next build recompiles it
+
+
+# ---- the record a lock names, checked without re-encoding it ----
+
+@pytest.mark.parametrize("with_dictionary", [False, True])
+def test_read_record_named_is_the_named_record_or_nothing(store, with_dictionary):
+    recs = {key_of(f"n{i}"): store.put(key_of(f"n{i}"), code_object(i), {**fields(i), "compile_seconds": 1.5 + i})
+            for i in range(40)}
+    if with_dictionary:
+        assert maint.optimize(store)["trained"]
+    for k, r in recs.items():
+        got = store.read_record_named(k, record_digest(r))
+        assert got == {f: v for f, v in r.items() if f != "compile_seconds"}  # the named record, byte for byte
+    k, r = next(iter(recs.items()))
+    # another record's digest, or the same record with one field changed: not this one
+    assert store.read_record_named(k, record_digest(recs[key_of("n1")])) is None
+    assert store.read_record_named(k, record_digest({**r, "launch": {"kernel": "k0", "grid": [2, 1, 1]}})) is None
+    assert store.read_record_named(key_of("absent"), record_digest(r)) is None
+
+
+def test_a_tampered_record_is_not_the_named_one(store):
+    k = key_of("t0")
+    r = store.put(k, code_object(0), {**fields(0), "compile_seconds": 2.0})
+    want = record_digest(r)
+    store.local.put_record(k, {**r, "launch": {"kernel": "k0", "grid": [9, 1, 1]}})  # rewritten in place
+    assert store.read_record_named(k, want) is None
+    assert record_digest(store.read_record_file(k)) != want  # and the full path names the difference
+
+
+def test_a_record_the_shortcut_cannot_cut_falls_back(store):
+    # a string holding '": ' defeats the textual shortcut; it must miss, never mis-read
+    k = key_of("s0")
+    r = store.put(k, code_object(0), {**fields(0), "spec": {"note": 'a": b'}, "compile_seconds": 3.0})
+    assert store.read_record_named(k, record_digest(r)) is None
+    assert record_digest(store.read_record_file(k)) == record_digest(r)

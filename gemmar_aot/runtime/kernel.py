@@ -334,11 +334,19 @@ class RecordBinding:
         if key in self._checked:
             record = self._checked[key]
         else:
-            # the record file alone: the blob is loaded and verified right after, by digest
-            read = getattr(store, "read_record_file", None)
-            record = read(key) if read is not None else store.get_record(key)
+            # the record file alone: the blob is loaded and verified right after, by digest.
+            # First the record the lock names, hashed as stored (no re-encoding); anything
+            # else -- another record, another layout, none -- takes the full path below.
+            want = getattr(entry, "record", None)
+            named = getattr(store, "read_record_named", None)
+            record = named(key, want) if named is not None and want is not None else None
             if record is not None:
-                self._check_record(store, entry, record, pos, lock_where)
+                self._check_record(store, entry, record, pos, lock_where, digest_checked=True)
+            else:
+                read = getattr(store, "read_record_file", None)
+                record = read(key) if read is not None else store.get_record(key)
+                if record is not None:
+                    self._check_record(store, entry, record, pos, lock_where)
             self._checked[key] = record
         if record is None:
             return False
@@ -347,9 +355,10 @@ class RecordBinding:
             raise self._bad(store, entry, pos, lock_where, "the record compiled " + "; ".join(problems))
         return True
 
-    def _check_record(self, store: Any, entry: Any, record: dict, pos: EntryPosition, lock_where: str) -> None:
+    def _check_record(self, store: Any, entry: Any, record: dict, pos: EntryPosition, lock_where: str, *,
+                      digest_checked: bool = False) -> None:
         want = getattr(entry, "record", None)
-        if want is not None:
+        if want is not None and not digest_checked:
             got = record_digest(record)
             if got != want:
                 raise self._bad(store, entry, pos, lock_where,

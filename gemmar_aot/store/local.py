@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import blobfmt
+from gemmar_aot.artifact_model import hashing_form_of_record_file
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
@@ -455,11 +456,39 @@ class DirectoryBackend(CacheBackend):
         except BadRecord as e:
             self.quarantine(p, f"unreadable record: {e}")
             return None
+        self._touch(p)
+        return rec
+
+    def get_record_named(self, key: str, want: Digest) -> dict | None:
+        """The record under ``key`` if it is the one ``want`` (:func:`~gemmar_aot.artifact_model.record_digest`)
+        names, read without re-encoding it; None otherwise (absent, unreadable, another record,
+        or not in the file form): then :meth:`get_record` and ``record_digest`` say which.
+
+        The hashing form is cut from the decoded file text (:func:`~gemmar_aot.artifact_model.
+        hashing_form_of_record_file`), its sha256 compared with ``want``, and those very bytes
+        parsed: what is returned is the record ``want`` names, byte for byte, without its
+        volatile fields. Quarantines nothing (:meth:`get_record` does, on the fallback)."""
+        p = self.record_path(key)
+        try:
+            text = self.codec.decode_frame_only(p.read_bytes())
+        except (OSError, BadBlob):
+            return None
+        form = hashing_form_of_record_file(text)
+        if form is None or len(form) != want.size or sha256_hex(form) != want.hash:
+            return None
+        try:
+            rec = check_record(json.loads(form), key)
+        except (ValueError, BadRecord):
+            return None
+        self._touch(p)
+        return rec
+
+    def _touch(self, p: Path) -> None:
+        """Refresh a hit record's mtime (``gc``'s LRU clock), at most every TOUCH_INTERVAL_S."""
         if self.touch:
             with contextlib.suppress(OSError):
                 if time.time() - p.stat().st_mtime > TOUCH_INTERVAL_S:
                     os.utime(p)
-        return rec
 
     def put_record(self, key: str, record: Mapping[str, Any]) -> None:
         check_record(dict(record), key)
