@@ -34,14 +34,16 @@ import pytest
 
 from parity import candidate, compare, shims, tamper
 from parity.runner import start_oracle
-from parity.scenario import (Scenario, fused_scenarios, gemm_only_scenario, gemv_scenario, manifest_toml,
-                             negative_control)
+from parity.scenario import (Scenario, benchmark_mode_scenarios, fused_scenarios, gemm_only_scenario,
+                             gemv_scenario, manifest_toml, negative_control)
 
 pytestmark = [pytest.mark.parity, pytest.mark.compile]
 
 FUSED = fused_scenarios()
 #: Ops without a window, each covered once the runtime has a class for it (parity.candidate.RUNTIME_CLASSES).
 STANDALONE = [gemm_only_scenario(), gemv_scenario()]
+#: The modes mori has no op class for: its builders in its benchmark's order are the oracle.
+BENCH_MODES = benchmark_mode_scenarios()
 
 
 def _served(sc: Scenario) -> bool:
@@ -64,7 +66,7 @@ def parity(hipstub_lib, hip_stub, tmp_path_factory) -> ParityRun:
     """One oracle process for every scenario, side by side with one candidate build; once per session."""
     from gemmar_aot.build import run_build
 
-    scenarios = [*FUSED, negative_control(), *(sc for sc in STANDALONE if _served(sc))]
+    scenarios = [*FUSED, negative_control(), *(sc for sc in STANDALONE if _served(sc)), *BENCH_MODES]
     keep = os.environ.get("GEMMAR_AOT_TEST_PARITY_DIR")
     work = Path(keep) if keep else tmp_path_factory.mktemp("parity")
     work.mkdir(parents=True, exist_ok=True)
@@ -146,6 +148,22 @@ def test_launch_parity_without_a_window(parity, run_candidate, sc):
     cand = run_candidate(sc)
     _check_identical(parity.oracle[sc.name], cand)
     assert len(cand["launches"]) == len(sc.steps)
+
+
+#: Launches per call in each mode, as mori's benchmark runs it (oracle.BENCHMARK).
+BENCH_LAUNCHES_PER_CALL = {"split-sdma": 4, "split-lsa": 2, "fused-lsa": 4}
+
+
+@pytest.mark.parametrize("sc", BENCH_MODES, ids=[s.name for s in BENCH_MODES])
+def test_launch_parity_benchmark_modes(parity, run_candidate, sc):
+    """split-sdma, split-lsa, fused-lsa: ours against mori's builders in its benchmark's order."""
+    oracle = parity.oracle[sc.name]
+    assert oracle["benchmark"].startswith("ROCm/mori benchmark/cco/flydsl/gemm_ar/bench_gemm_ar.py")
+    calls = sum(1 for kind, _ in sc.steps if kind == "call")
+    assert len(oracle["launches"]) == calls * BENCH_LAUNCHES_PER_CALL[sc.transport]
+    cand = run_candidate(sc)
+    assert all(lch["via_extra"] for lch in cand["launches"])
+    _check_identical(oracle, cand)
 
 
 def test_constructor_self_test_launches_what_mori_self_test_does(parity, run_candidate):

@@ -27,10 +27,12 @@ def runtime_class(transport: str):
     return getattr(rt, RUNTIME_CLASSES.get(transport, ""), None)
 
 
-#: transport -> the runtime class serving it, for the transports mori has an op class for
-#: (the oracle needs one): mori's GemmAllReduceOp is fused-sdma only; gemm-only and gemv are
-#: its Mxfp8GemmOp and Mxfp8GemvOp.
-RUNTIME_CLASSES = {"fused-sdma": "GemmAllReduceOp", "gemm-only": "Mxfp8GemmOp", "gemv": "Mxfp8GemvOp"}
+#: transport -> the runtime class serving it. mori's GemmAllReduceOp is fused-sdma only;
+#: gemm-only and gemv are its Mxfp8GemmOp and Mxfp8GemvOp; split-sdma, split-lsa and
+#: fused-lsa are ours (``GemmAllReduceOp(transport=...)``) against mori's builders in its
+#: benchmark's order (tests/parity/oracle.py BENCHMARK).
+RUNTIME_CLASSES = {"fused-sdma": "GemmAllReduceOp", "gemm-only": "Mxfp8GemmOp", "gemv": "Mxfp8GemvOp",
+                   "split-sdma": "GemmAllReduceOp", "split-lsa": "GemmAllReduceOp", "fused-lsa": "GemmAllReduceOp"}
 
 
 def run(sc: Scenario, *, artifacts: Any, stub, stub_path: str, stream, construct_self_test: bool = False) -> dict:
@@ -55,18 +57,19 @@ def run(sc: Scenario, *, artifacts: Any, stub, stub_path: str, stream, construct
     if sc.transport in STANDALONE:
         return _run_standalone(sc, cls, artifacts, driver, stub, stream, t0)
     comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
+    kwargs = {**sc.op_kwargs(), **({"transport": sc.transport} if sc.transport != "fused-sdma" else {})}
     steps = list(sc.steps)
     verdicts: list[str] = []
     ops = Operands()
     if construct_self_test:
         assert steps and steps[0] == ("self_test", None), "construct_self_test needs a leading self_test step"
         try:
-            cls(comm, **sc.op_kwargs(), artifacts=artifacts, driver=driver, self_test=True)
+            cls(comm, **kwargs, artifacts=artifacts, driver=driver, self_test=True)
         except SelfTestError as exc:
             return {"scenario": sc.to_json(), "launches": _launches(stub), "constructor_error": str(exc),
                     "comm": comm}
         raise AssertionError("the self-test passed on a double that executes nothing")
-    op = cls(comm, **sc.op_kwargs(), artifacts=artifacts, driver=driver, self_test=False)
+    op = cls(comm, **kwargs, artifacts=artifacts, driver=driver, self_test=False)
     try:
         for kind, m in steps:
             if kind == "self_test":

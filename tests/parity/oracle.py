@@ -10,6 +10,12 @@ steps (calls and self_test) and writes what the HIP double recorded plus the
 address map of that op (window, dev comm, window handle, stream, operands).
 ``self_test`` fails its numerical check here (nothing executes): its verdict is
 written down, its launches are what counts. Shims: tests/parity/shims.py.
+
+split-sdma, split-lsa and fused-lsa have no op class in mori: they exist as
+mori's builders plus its repository benchmark. For them the oracle is
+:func:`_run_benchmark_mode`: mori's builders, launched through FlyDSL's own path
+in the order the benchmark runs them (see BENCHMARK below), on the window a
+``GemmAllReduceOp`` of the same shape would own.
 """
 
 from __future__ import annotations
@@ -61,6 +67,12 @@ def run(scenarios: list[dict], stub_path: str, *, fast: bool = True) -> list[dic
             classes[rule] = _op_class(rule)
         t0 = time.perf_counter()
         ops = Operands()
+        if sc.transport in BENCHMARK_MODES:
+            # mori's builders, with the op module shimmed above (from_gpu_ptr, CCODevCommRequirements)
+            results.append(_run_benchmark_mode(sc, stub, stream, ops, t0))
+            print(f"oracle: {sc.name}: {len(results[-1]['launches'])} launches in {results[-1]['seconds']} s",
+                  file=sys.stderr, flush=True)
+            continue
         if sc.transport in ("gemm-only", "gemv"):
             cls = classes[rule][1] if sc.transport == "gemm-only" else classes[rule][2]
             results.append(_run_standalone(sc, cls, stub, stream, ops, t0))
@@ -105,6 +117,122 @@ def _run_standalone(sc, cls, stub, stream, ops, t0) -> dict:
     amap = address_map(window=(0, 0), dev_comm=0, win=0, stream=stream.cuda_stream, operands=ops)
     return {"scenario": sc.to_json(), "launches": [launch_json(r) for r in stub.launches()], "address_map": amap,
             "self_test": [], "seconds": round(time.perf_counter() - t0, 3)}
+
+
+#: Where the sequence of :func:`_run_benchmark_mode` comes from: mori's repository benchmark,
+#: ``benchmark/cco/flydsl/gemm_ar/bench_gemm_ar.py`` (ROCm/mori at fc89289489cc, the last
+#: stored revision before the builders moved into ``mori.ops.gemm_ar``), function ``run()``:
+#:
+#: * the dev-comm requirements: GDA off, ``sdma_queue_count`` set only when the mode needs
+#:   SDMA (``needs_sdma = mode in (split-sdma, fused-sdma, fused-lsa)``);
+#: * the GEMM: ``compile_fused_gemm_scatter(cfg, rank, K, BLOCK_M, BLOCK_N,
+#:   b_preshuffled=True, quant, sdma_queues, waves_per_eu=2, xcd_swizzle=0, fuse=<fused-*>,
+#:   transport="lsa" if fused-lsa else "sdma", swap_ab, permlane, lane_transpose=True,
+#:   hoist_scales=False, peer_uncached=False, direct_fence="leader", rotated=None,
+#:   n_stripe=None, emit_put=True, atomic_order="acq_rel")`` -- every keyword at the
+#:   benchmark's default (``--fence`` and ``--store-probe`` are gone from 1.2.4's builder or
+#:   off), called ``gemm(a_i8, b_i8, c_flat, sa, sb, m, n, dc.ptr, win.handle, stream=)``;
+#: * the phases: ``build_sdma_phases(cfg, rank, queues=, reduce_self_from_recv=<fused-lsa>,
+#:   recv_uncached=<fused-lsa>)`` when the mode needs SDMA, ``build_lsa_ar(cfg, rank)`` for
+#:   split-lsa;
+#: * ``once()``: GEMM; split-lsa: ``lsa_ar``; else ``parts["drain" if fused else "scatter"]``,
+#:   ``parts["reduce"]``, ``parts["gather"]``, each ``(dc.ptr, win.handle, stream=)``.
+#:
+#: What the oracle takes from mori's op instead of the benchmark, because our runtime serves
+#: these modes on a ``GemmAllReduceOp``'s window (one window for every M up to m_max): the
+#: ``ArConfig`` from ``op._build_cfg`` (the benchmark builds one per run at exactly M, with
+#: ``recv_slots=0`` for split-lsa), the window size from ``GemmAllReduceOp.window_bytes_for``,
+#: the counter slot by our rule (shim 5), the op's default ``sdma_queues`` (1; the
+#: benchmark's default is 8), the op's block_m per quant, and its A-scale flattening
+#: ``op._flatten_a_scale`` (the benchmark's ``sa.t().reshape(-1).contiguous()`` is the same
+#: physical order, but a copy, whose address would map to no operand).
+BENCHMARK = "ROCm/mori benchmark/cco/flydsl/gemm_ar/bench_gemm_ar.py @ fc89289489cc, run()"
+BENCHMARK_MODES = ("split-sdma", "split-lsa", "fused-lsa")
+#: GemmAllReduceOp's default queue count (op.py: ``sdma_queues=1``), what our runtime's tuples use.
+OP_SDMA_QUEUES = 1
+
+
+def _run_benchmark_mode(sc, stub, stream, ops, t0) -> dict:
+    """A mode without an op class: mori's builders, launched in the benchmark's order (BENCHMARK)."""
+    import flydsl.expr as fx
+    import mori.ops.gemm_ar.op as op_mod
+    import torch
+    from fakes import FakeCommunicator
+    from mori.ops.gemm_ar.kernels_fused import compile_fused_gemm_scatter
+    from mori.ops.gemm_ar.kernels_lsa import build_lsa_ar
+    from mori.ops.gemm_ar.kernels_sdma import build_sdma_phases
+
+    from parity import shims
+    from parity.compare import launch_json
+    from parity.scenario import address_map
+
+    mode, ws, rank, bm = sc.transport, sc.world, sc.rank, sc.block_m
+    direct_lsa = mode == "fused-lsa"
+    fused = mode == "fused-lsa"  # fused-sdma is mori's op, not this path
+    needs_sdma = mode in ("split-sdma", "fused-lsa")
+    queues = OP_SDMA_QUEUES
+    m_max = op_mod.padded_m(sc.m_max, ws, bm)
+    max_shapes = op_mod.default_max_shapes(m_max, ws, bm)
+    window_bytes = op_mod.GemmAllReduceOp.window_bytes_for(
+        ws, m_max=m_max, n=sc.n, block_m=bm, gather_dtype=sc.gather_dtype,
+        gather_transport=sc.gather_transport, max_shapes=max_shapes)
+
+    comm = FakeCommunicator(rank=rank, nranks=ws)
+    shims.COMMUNICATORS.append(comm)
+    stub.clear()
+    mem = comm.alloc_mem(window_bytes)
+    win = comm.register_window(mem.ptr, mem.size)
+    op_mod.from_gpu_ptr(mem.ptr, (window_bytes,), torch.uint8).zero_()
+    reqs = op_mod.CCODevCommRequirements()
+    reqs.gda_connection_type = op_mod.GDA_CONNECTION_NONE
+    reqs.gda_signal_count = 0
+    reqs.gda_counter_count = 0
+    if needs_sdma:
+        reqs.sdma_queue_count = queues
+    dc = comm.create_dev_comm(reqs)
+
+    built: dict[int, tuple] = {}
+
+    def kernels(m: int):
+        if m not in built:
+            cfg = op_mod._build_cfg(world_size=ws, m_pad=m, n=sc.n, block_m=bm, gather_dtype=sc.gather_dtype,
+                                    gather_transport=sc.gather_transport, counter_capacity=op_mod.MAX_CHUNKS,
+                                    shape_slots=max_shapes, shape_index=m // (ws * bm) - 1, capacity_m=m_max)
+            gemm = compile_fused_gemm_scatter(
+                cfg, rank, K=sc.k, BLOCK_M=bm, BLOCK_N=256, b_preshuffled=True, quant=sc.quant,
+                sdma_queues=queues, waves_per_eu=2, xcd_swizzle=0, fuse=fused,
+                transport="lsa" if direct_lsa else "sdma", swap_ab=True, store_probe=False, permlane=True,
+                lane_transpose=True, hoist_scales=False, peer_uncached=False, direct_fence="leader",
+                rotated=None, n_stripe=None, emit_put=True, atomic_order="acq_rel")
+            parts = (build_sdma_phases(cfg, rank, queues=queues, reduce_self_from_recv=direct_lsa,
+                                       recv_uncached=direct_lsa) if needs_sdma else None)
+            lsa_ar = build_lsa_ar(cfg, rank)[0] if mode == "split-lsa" else None
+            c = op_mod.from_gpu_ptr(mem.ptr + cfg.input_off, (m, sc.n), torch.bfloat16)
+            built[m] = (gemm, parts, lsa_ar, c)
+        return built[m]
+
+    for kind, m in sc.steps:
+        if kind != "call":
+            raise ValueError(f"{sc.name}: mori's benchmark has no {kind} for {mode}; only calls are compared")
+        a, b, a_scale, b_scale = ops.get(sc, m)
+        gemm, parts, lsa_ar, c = kernels(m)
+        stream_arg = fx.Stream(torch.cuda.current_stream())
+        gemm(a.contiguous().view(torch.int8).view(-1), b.contiguous().view(torch.int8).view(-1), c.view(-1),
+             op_mod._flatten_a_scale(a_scale, m, sc.k // 128), b_scale.reshape(-1), m, sc.n, dc.ptr, win.handle,
+             stream=stream_arg)
+        if mode == "split-lsa":
+            lsa_ar(dc.ptr, win.handle, stream=stream_arg)
+            continue
+        parts["drain" if fused else "scatter"](dc.ptr, win.handle, stream=stream_arg)
+        parts["reduce"](dc.ptr, win.handle, stream=stream_arg)
+        parts["gather"](dc.ptr, win.handle, stream=stream_arg)
+
+    launches = [launch_json(r) for r in stub.launches()]
+    amap = address_map(window=(mem.ptr, window_bytes), dev_comm=int(dc.ptr), win=int(win.handle),
+                       stream=stream.cuda_stream, operands=ops)
+    shims.COMMUNICATORS.remove(comm)
+    return {"scenario": sc.to_json(), "launches": launches, "address_map": amap, "self_test": [],
+            "seconds": round(time.perf_counter() - t0, 3), "benchmark": BENCHMARK}
 
 
 def _op_class(rule_slots: bool):

@@ -157,6 +157,23 @@ def gemv_scenario() -> Scenario:
                     steps=tuple(("call", m) for m in GEMV_MS), transport="gemv")
 
 
+#: The modes mori has no op class for (its builders + repository benchmark are the oracle:
+#: tests/parity/oracle.py BENCHMARK), at manifests/smoke.toml's shapes: world 2, N 1024,
+#: K 256, blockscale, bf16 wire, m_max 512; M goes down, up and down (256 and 512).
+BENCHMARK_MODES = ("split-sdma", "split-lsa", "fused-lsa")
+
+
+def benchmark_mode_scenarios() -> list[Scenario]:
+    out = []
+    for transport in BENCHMARK_MODES:
+        granule = 2 * 128
+        for rank in _ranks(2):
+            out.append(Scenario(name=f"{transport}-w2-r{rank}", world=2, rank=rank, n=N, k=K, m_max=2 * granule,
+                                steps=(("call", granule), ("call", 2 * granule), ("call", granule)),
+                                transport=transport))
+    return out
+
+
 def negative_control() -> Scenario:
     """mori's own first-seen slots: the self-test takes m_max first, so it gets set 0 (ours: 1)."""
     base = fused_scenarios()[0]
