@@ -30,7 +30,8 @@ def specs(w, layout, env: dict) -> tuple[RankKernels, ...]:
     return tuple(
         RankKernels(rank=rank,
                     launches=(fused_gemm_spec(RECIPE, w, rank, cfg, transport="lsa"),)
-                    + sdma_phases.sequence(w, rank, ("drain",) + tail, cfg, env, reduce_self_from_recv=True),
+                    + sdma_phases.sequence(w, rank, ("drain",) + tail, cfg, env, reduce_self_from_recv=True,
+                                                           recv_uncached=True),
                     self_test=sdma_phases.self_test(w, rank, cfg, env))
         for rank in range(w.world))
 

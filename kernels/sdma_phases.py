@@ -16,7 +16,11 @@ constant offsets only, so their spec carries (world, rank, queues) and they are
 built against one canonical config; every other kernel carries the tuple's full
 config. ``reduce_self_from_recv`` changes only the reduce kernels (the Direct-LSA
 GEMM leaves a rank's own slice in its recv slot), so only fused-lsa's reduce spec
-carries it. ``tests/test_compile.py`` checks the canonical drain against the op's own.
+carries it, together with ``recv_uncached``: in Direct LSA the peers' CUs store into a
+rank's recv slot over xGMI, which never invalidates its L2, so the reduce must load recv
+with SC1 (mori's benchmark builds fused-lsa's phases with ``recv_uncached=True``; the
+parity tier found the difference). ``tests/test_compile.py`` checks the canonical drain
+against the op's own.
 """
 
 from __future__ import annotations
@@ -55,10 +59,12 @@ def tuple_cfg(w, layout) -> dict:
                   shape_index=layout.slot, capacity_m=layout.m_max)
 
 
-def phase_spec(w, rank: int, phase: str, cfg: dict, env: dict, *, reduce_self_from_recv: bool = False) -> KernelSpec:
+def phase_spec(w, rank: int, phase: str, cfg: dict, env: dict, *, reduce_self_from_recv: bool = False,
+               recv_uncached: bool = False) -> KernelSpec:
     builder = {"queues": w.sdma_queues, **PHASE_FIXED}
     if phase in REDUCE_PHASES:
         builder["reduce_self_from_recv"] = reduce_self_from_recv
+        builder["recv_uncached"] = recv_uncached
     if phase in CONTROL_ONLY_PHASES:
         cfg = _canonical_control_cfg(w.world)
     params = {"cfg": cfg, "builder": builder, "phase": phase}

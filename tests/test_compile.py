@@ -226,7 +226,8 @@ def test_equivalent_to_mori_builder_path(smoke_build):
 _FUSED_LSA_PHASES = textwrap.dedent(
     """
     # fused-lsa's tail as mori's benchmark builds it: every phase from ONE call with
-    # reduce_self_from_recv=True. Ours shares drain and gather with fused-sdma (built with False).
+    # reduce_self_from_recv=True and recv_uncached=True. Ours shares drain and gather with
+    # fused-sdma (built with False; neither reads those options).
     import json, os, sys
     from gemmar_aot.toolchain import compile_env, import_mori_device, load_toolchain
     tc = load_toolchain()
@@ -239,7 +240,7 @@ _FUSED_LSA_PHASES = textwrap.dedent(
     from gemmar_aot.compiler.worker import _code_object_bytes
     a = json.loads(sys.argv[1])
     cfg = _build_cfg(**a["cfg"])
-    parts = build_sdma_phases(cfg, a["rank"], queues=1, reduce_self_from_recv=True)
+    parts = build_sdma_phases(cfg, a["rank"], queues=1, reduce_self_from_recv=True, recv_uncached=True)
     out = {}
     for phase in parts["fused_order"]:
         flyc.compile(parts[phase], 0, 0, stream=fx.Stream(None))
