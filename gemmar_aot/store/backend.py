@@ -107,6 +107,13 @@ class CacheBackend(abc.ABC):
     def put_record(self, key: str, record: Mapping[str, Any]) -> None:
         """Store ``record`` under ``key`` (its blob must already be in this backend)."""
 
+    def get_record_named(self, key: str, want: Any) -> dict | None:
+        """The record under ``key`` only when it is the one the digest ``want`` names, checked
+        over its stored bytes; None when this backend has no such shortcut (the caller then
+        reads the record with :meth:`get_record` and checks its digest itself). A backend
+        without an action cache (an installed wheel's pack) has nothing to return."""
+        return None
+
     def find_missing_records(self, keys: Iterable[str]) -> set[str]:
         """The keys of ``keys`` this backend has no record for (batched lookup)."""
         return {k for k in keys if self.get_record(k) is None}
