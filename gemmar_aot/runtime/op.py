@@ -489,6 +489,18 @@ class GemmAllReduceOp:
         plan = self._plans.get(a_fp8.shape[0])
         if plan is None:
             return self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)
+        g = self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale)
+        driver = self._driver
+        stream = driver.current_stream(self.device)
+        launch = driver.launch
+        launch(g.function, g.grid, g.block, g.args, stream)
+        for p in plan.tail:
+            launch(p.function, p.grid, p.block, p.args, stream)
+        return plan.output
+
+    def _pack_gemm(self, plan: _Plan, a_fp8, b_preshuffled, a_scale, b_scale):
+        """Check the operands against ``plan``'s M and write their pointers into the GEMM's
+        preallocated kernel arguments; returns the GEMM's prepared launch."""
         a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n, k=self.k,
                                         quant=self.quant, device=self.device)
         g = plan.gemm
@@ -498,13 +510,7 @@ class GemmAllReduceOp:
         v[plan.as_slot] = asc.data_ptr()
         v[plan.bs_slot] = bsc.data_ptr()
         g.struct.pack_into(g.args.buf, 0, *v)
-        driver = self._driver
-        stream = driver.current_stream(self.device)
-        launch = driver.launch
-        launch(g.function, g.grid, g.block, g.args, stream)
-        for p in plan.tail:
-            launch(p.function, p.grid, p.block, p.args, stream)
-        return plan.output
+        return g
 
     def gemm_only(self, a_fp8, b_preshuffled, a_scale, b_scale):
         """The call's GEMM alone, no all-reduce: the PR's gemm-only measurement (split modes only).
@@ -521,15 +527,7 @@ class GemmAllReduceOp:
         if plan is None:
             self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)  # raises: closed, M rules or a miss
             raise AssertionError("unreachable")  # pragma: no cover - jit_fallback is fused-sdma only
-        a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n, k=self.k,
-                                        quant=self.quant, device=self.device)
-        g = plan.gemm
-        v = g.values
-        v[plan.a_slot] = a.data_ptr()
-        v[plan.b_slot] = b.data_ptr()
-        v[plan.as_slot] = asc.data_ptr()
-        v[plan.bs_slot] = bsc.data_ptr()
-        g.struct.pack_into(g.args.buf, 0, *v)
+        g = self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale)
         self._driver.launch(g.function, g.grid, g.block, g.args, self._driver.current_stream(self.device))
         return plan.input
 
