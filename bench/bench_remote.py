@@ -55,6 +55,9 @@ def main() -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEMMAR_AOT_REMOTE")}
     env.pop("GEMMAR_AOT_STORE", None)
+    # The clone is a fresh checkout of the code, not of the machine: it uses this checkout's
+    # installed toolchain (no `make setup` inside the timed part; the toolchain is not compiled).
+    env.setdefault("GEMMAR_AOT_TOOLCHAIN", str(ROOT / ".toolchain"))
     work = Path(tempfile.mkdtemp(prefix="gemmar-bench-remote-"))
     server = Nginx(work / "nginx").start()
     try:
