@@ -474,3 +474,22 @@ def test_staging_dir_replaces_on_success_and_keeps_old_on_failure(tmp_path):
             raise RuntimeError("boom")
     assert (target / "a").read_text() == "1"  # the old install survives a failed one
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind
+
+
+def test_linker_wrapper_outlives_the_venv_that_installed_it(tmp_path, monkeypatch):
+    """A toolchain shared by several checkouts ($GEMMAR_AOT_TOOLCHAIN) must keep linking when
+    the virtualenv whose ziglang installed it is deleted: the wrapper runs its own zig."""
+    from gemmar_aot.toolchain import linker
+    from gemmar_aot.toolchain.tools import zig_dir
+
+    venv_zig = tmp_path / "venv-ziglang"
+    venv_zig.mkdir()
+    shutil.copy2(zig_dir() / "zig", venv_zig / "zig")
+    monkeypatch.setattr(linker, "zig_dir", lambda: venv_zig)
+    wrapper = tmp_path / "tc" / "rocm" / "llvm" / "bin" / "ld.lld"
+    identity = linker.install_ld_lld(wrapper)
+    assert identity.startswith("LLD ")
+    shutil.rmtree(venv_zig)  # the installing venv is gone
+    out = subprocess.run([str(wrapper), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("LLD "), out.stderr
+    assert str(venv_zig) not in wrapper.read_text()

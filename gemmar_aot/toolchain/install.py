@@ -34,7 +34,7 @@ from .fingerprint import (
     write_fingerprint,
 )
 from .fsutil import atomic_write_bytes, atomic_write_text, file_lock
-from .linker import install_ld_lld, wrapper_text
+from .linker import bundled_zig, install_ld_lld, wrapper_text
 from .paths import Layout, toolchain_root
 from .pins import (
     CODE_OBJECT_VERSION,
@@ -314,7 +314,10 @@ def _wrapper_digest(layout: Layout) -> str | None:
     p = layout.ld_lld
     if not (p.is_file() and os.access(p, os.X_OK)) or p.read_text() != wrapper_text():
         return None
-    return sha256_file(p)
+    zig = bundled_zig(p)
+    if not (zig.is_file() and os.access(zig, os.X_OK)):
+        return None
+    return f"{sha256_file(p)}+zig:{zig.stat().st_size}"
 
 
 def _cco_step(layout: Layout, log: Log, *, mori: str, hip: str, resource: str, devlibs: str, clang: str) -> dict:
