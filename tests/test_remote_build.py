@@ -99,6 +99,7 @@ def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, w
     s = _build(tmp_path / "b", warm_remote.url)
     assert (s["compiled"], s["remote_hits"], s["local_hits"], s["uploads"]) == (0, n, 0, 0)
     assert s["remote"]["bytes_down"] > 0 and s["remote"]["errors"] == 0
+    assert s["store_optimize"] is None  # a fetch-only build trains and repacks nothing
     assert _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
     p = subprocess.run([sys.executable, "-m", "gemmar_aot", "stats", "--store", str(tmp_path / "b"), "--json",
                         "--remote", warm_remote.url], capture_output=True, text=True, cwd=ROOT, timeout=120)
