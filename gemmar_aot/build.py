@@ -32,6 +32,7 @@ from gemmar_aot.artifact_model import (
 )
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.store.record_index import build_index, index_path, write_index
 
 
 def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
@@ -275,8 +276,13 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     lock_file = None
     if not failures and not only and shard is None:
         with maybe_phase(trace, "lock file"):
-            lock_file = write_lock(lock_file_path(root, manifest.name, tc.profile.name),
-                                   make_lock(plan, manifest, keys, records, fp))
+            lock = make_lock(plan, manifest, keys, records, fp)
+            lock_path = lock_file_path(root, manifest.name, tc.profile.name)
+            # The record index first, then the lock: a reader that finds the new index beside the
+            # old lock refuses it (another lock's key set), never serves a mix of the two.
+            by_key = {keys[sid]: rec for sid, rec in records.items()}
+            write_index(index_path(lock_path), build_index(lock.kernels(), by_key.get))
+            lock_file = write_lock(lock_path, lock)
     summary = {
         "manifest": manifest.name,
         "warnings": list(manifest.warnings),

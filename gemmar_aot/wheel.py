@@ -11,6 +11,10 @@ Layout (``{pkg}`` = ``gemmar_artifacts_<manifest>``, ``{dist}`` = ``{pkg}-{versi
     {pkg}/__init__.py                    locate() -> (lock path, store root), relative to __file__
     {pkg}/lock.json.zst                  the build's lock file (canonical bytes) in one zstd frame
                                          with its checksum (artifact_model.compress_lock)
+    {pkg}/lock.records.zst               the lock's record index (gemmar_aot.store.record_index):
+                                         the action-cache records the lock names, each line
+                                         verified against the lock at load (absent when the
+                                         store lacked a record the lock names)
     {pkg}/BUILD_INFO.json                arch, toolchain fingerprint, manifest text + sha256,
                                          coverage, sizes, blob encoding
     {pkg}/store/STORE_FORMAT             a store directory the runtime opens read-only:
@@ -45,8 +49,10 @@ when it does not pay), each blob compressed at level 19 with it. Zip entries are
 STORED, everything else DEFLATED at level 9. "Same toolchain" therefore also means the
 same python-zstandard/libzstd (recorded in BUILD_INFO) and zlib.
 
-Records (``ac/``) are not shipped: the runtime needs only the lock and the blobs, and the
-records would more than double the wheel (compile times in them also differ per machine).
+Records (``ac/``) are not shipped as files: one per kernel would more than double the wheel
+(and compile times in them differ per machine). The lock's record index carries what the
+runtime binds each lock entry to -- each record's hashing form, without the compile time and
+without the action key and blob digest the lock already holds -- in one small zstd frame.
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, l
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
 from gemmar_aot.store.lockfile import parse_lock
+from gemmar_aot.store.record_index import (RecordIndex, RecordIndexError, RecordMissingError, build_index_from_store,
+                                           index_path)
 
 #: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
 WHEEL_FORMAT = 1
@@ -165,6 +173,8 @@ PACK_ARCPATH = f"store/{PACK_FILE}"
 #: The lock inside the package: its canonical JSON in one zstd frame (``artifact_model.read_lock``
 #: reads either form); deflated JSON was 41% of the reference wheel, this is a third smaller.
 LOCK_ARCNAME = "lock.json.zst"
+#: The lock's record index, beside it (``record_index.index_path(LOCK_ARCNAME)``).
+INDEX_ARCNAME = index_path(LOCK_ARCNAME).name
 #: What wheels of gemmar-aot before LOCK_ARCNAME named their lock (plain JSON); inspect still reads them.
 OLD_LOCK_ARCNAME = "lock.json"
 
@@ -343,6 +353,20 @@ def _load_raws(lock: Mapping[str, Any], store_root: Path) -> dict[str, bytes]:
     return raws
 
 
+def _record_index(lock: Lock, store_root: Path) -> bytes | None:
+    """The lock's record index, made from the store's records (None when the store lacks one of
+    them: such a wheel loads as wheels before the index did, its lock entries unbound). A record
+    that is not the one the lock names is an error: the wheel would be refused at load."""
+    from gemmar_aot.store import Store
+
+    try:
+        return build_index_from_store(lock, Store(store_root, readonly=True))
+    except RecordMissingError:
+        return None
+    except RecordIndexError as e:
+        raise WheelError(f"no wheel written: {e}") from None
+
+
 def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_root: str | os.PathLike,
                     manifest: str | os.PathLike | None, out_dir: str | os.PathLike, *,
                     version: str | None = None, manifest_text: bytes | None = None,
@@ -375,6 +399,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
 
     lock_file = compress_lock(lock, ZSTD_LEVEL)
     raws = _load_raws(lock, Path(store_root))
+    record_index = _record_index(lock, Path(store_root))
     pack, encoding = pack_blobs(raws)
     dict_digest = encoding["dictionary"]
     try:
@@ -402,6 +427,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         "blob_bytes": encoding["blob_bytes"],
         "dictionary_file_bytes": encoding["dictionary_file_bytes"],
         "pack_bytes": len(pack),
+        "record_index": None if record_index is None else {"file": INDEX_ARCNAME, "bytes": len(record_index)},
         "encoding": encoding,
     }
     files: dict[str, bytes] = {
@@ -411,6 +437,8 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         f"{pkg}/store/STORE_FORMAT": f"{STORE_FORMAT}\n".encode(),
         f"{pkg}/{PACK_ARCPATH}": pack,
     }
+    if record_index is not None:
+        files[f"{pkg}/{INDEX_ARCNAME}"] = record_index
     files = {k: files[k] for k in sorted(files)}
     di = f"{dist.replace('-', '_')}-{version}.dist-info"
     files[f"{di}/METADATA"] = _metadata(dist, version, mname, arch, description)
@@ -513,12 +541,35 @@ def _parse_record(text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _index_problems(lock: Lock, lock_name: str, info: Mapping[str, Any], contents: Mapping[str, bytes],
+                    pkg: str) -> list[str]:
+    """What is wrong with the wheel's record index: every line must be its lock's record."""
+    name = f"{pkg}/{index_path(lock_name).name}"
+    data = contents.get(name)
+    if data is None:
+        return [f"{name} is missing (BUILD_INFO.json lists it)"] if info.get("record_index") else []
+    try:
+        index = RecordIndex.from_bytes(data, Path(name))
+    except RecordIndexError as e:
+        return [str(e)]
+    kernels = lock.kernels()
+    got = index.records((k, e.record, e.blob.hash) for k, e in kernels.items())
+    out = []
+    for key, rec in sorted(got.items()):
+        if not isinstance(rec, dict):
+            out.append(f"{name}: " + (f"no record for action key {key}" if rec is None else
+                                      f"the record of action key {key} is {rec.hash}, the lock names "
+                                      f"{kernels[key].record.hash}"))
+    return out
+
+
 def inspect_wheel(path: str | os.PathLike) -> dict:
     """What an artifact wheel holds, and whether it is intact.
 
     Checks every file against RECORD (sha256 and size; files missing from either side),
-    the lock against BUILD_INFO, the manifest text against its sha256, and decodes every
-    blob the lock names against its digest. ``ok`` is False and ``problems`` lists each
+    the lock against BUILD_INFO, the manifest text against its sha256, decodes every
+    blob the lock names against its digest, and checks every line of the record index
+    against the record digest the lock names. ``ok`` is False and ``problems`` lists each
     finding when anything does not match.
     """
     path = Path(path)
@@ -625,6 +676,7 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
                         problems.append(f"{pack_name}: an entry ({prefix}...) for a blob the lock does not name")
             kernels, code_objects = len(lock_keys(lock)), len(sizes)
             cov = coverage(lock)
+            problems.extend(_index_problems(lock, lock_name, info, contents, pkg))
     dist = meta.get("Name")
     eps = contents.get(f"{di}/entry_points.txt", b"").decode("utf-8", errors="replace")
     return {

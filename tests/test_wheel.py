@@ -47,6 +47,7 @@ from gemmar_aot.artifact_model import (
 from gemmar_aot.cli import main
 from gemmar_aot.store import CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend
+import zstandard
 from gemmar_aot.wheel import (
     WheelError,
     check_version,
@@ -810,3 +811,49 @@ def test_conflicting_wheels_are_an_error_naming_both(smoke_wheel, smoke_lock, sm
     assert "gemmar_artifacts_smoke:locate" in msg and "gemmar_artifacts_smoke_rebuilt:locate" in msg
     assert str(env.site / "gemmar_artifacts_smoke" / "lock.json.zst") in msg
     assert str(env.site / "gemmar_artifacts_smoke_rebuilt" / "lock.json.zst") in msg
+
+
+@pytest.mark.compile
+def test_installed_wheel_binds_its_lock_through_the_record_index(smoke_wheel, smoke_lock, smoke_store, tmp_path):
+    """The wheel carries the lock's record index; installed, the runtime reads it (the pack has no
+    records), and a tampered line of it is refused naming both digests."""
+    info = inspect_wheel(smoke_wheel["wheel"])
+    assert info["ok"], info["problems"]
+    env = FreshEnv(tmp_path / "venv")
+    env.pip_install(smoke_wheel["wheel"])
+    index = env.site / smoke_wheel["package"] / "lock.records.zst"
+    assert index.is_file()
+    probe = """
+        import sys
+        from fakes import FakeCommunicator, FakeHipDriver
+        from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
+        from gemmar_aot.runtime.kernel import RecordBinding
+        from gemmar_aot.store import read_lock_file
+        checked = []
+        orig = RecordBinding.check
+        RecordBinding.check = lambda self, *a, **k: checked.append(orig(self, *a, **k)) or checked[-1]
+        try:
+            op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512,
+                                 driver=FakeHipDriver([read_lock_file(sys.argv[1])]), self_test=False)
+        except ArtifactMismatchError as e:
+            print("REFUSED", e)
+            sys.exit(3)
+        index = op.artifacts.record_index(op.artifacts.locks[0])
+        print("BOUND", len(checked), all(checked), index.path)
+    """
+    out = env.run(probe, smoke_store / "locks" / "smoke.lock.json")
+    last = out.stdout.strip().splitlines()[-1].split()
+    assert last[0] == "BOUND" and int(last[1]) > 0 and last[2] == "True" and last[3] == str(index), out.stdout
+    # one line of the installed index relabelled: refused, naming the lock's record digest and the line's
+    lines = zstandard.ZstdDecompressor().decompress(index.read_bytes()).split(b"\n")
+    prefix = json.loads(lines[0])["prefix_hex"]
+    r0 = next(r for r in _smoke_tuple(smoke_lock, 512, 256, "bf16").ranks if r.rank == 0)
+    key = next(le.key for le in r0.launches if le.kind == "reduce")
+    i = next(i for i, line in enumerate(lines[1:], 1) if line[:prefix] == key[:prefix].encode())
+    assert b'"rank":0' in lines[i]
+    lines[i] = lines[i].replace(b'"rank":0', b'"rank":1', 1)
+    index.write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(
+        b"\n".join(lines)))
+    out = env.run(probe, smoke_store / "locks" / "smoke.lock.json", check=False)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "record index holds" in out.stdout and str(index) in out.stdout, out.stdout

@@ -50,8 +50,9 @@ from gemmar_aot.artifact_model import (
     read_lock,
 )
 from gemmar_aot.store import Store
+from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
 
-from .errors import ArtifactConflictError, ArtifactError, ArtifactNotFoundError
+from .errors import ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError
 from .provenance import MoriIdentity
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "LockInfo", "RankEntry", "Source", "TupleKey",
@@ -129,6 +130,7 @@ class Artifacts:
     locks: list[LockInfo] = field(default_factory=list)
     index: dict[TupleKey, dict[int, dict[int, RankEntry]]] = field(default_factory=dict)
     _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
+    _indexes: dict[int, tuple[LockInfo, RecordIndex | None]] = field(default_factory=dict, repr=False)
 
     # ---- building ----
 
@@ -166,6 +168,23 @@ class Artifacts:
         if st is None:
             st = self._stores[source.store_root] = Store(source.store_root, readonly=True)
         return st
+
+    def record_index(self, info: LockInfo) -> RecordIndex | None:
+        """The record index beside ``info``'s lock file (:mod:`gemmar_aot.store.record_index`), read
+        once; None when the lock has none (an older store, a lock given as data): then its
+        records are checked one by one. Raises ArtifactMismatchError when the index is damaged or
+        was written for another lock."""
+        got = self._indexes.get(id(info))
+        if got is not None and got[0] is info:
+            return got[1]
+        index = None
+        if info.source.lock_path is not None:
+            try:
+                index = RecordIndex.read(index_path(info.source.lock_path))
+            except RecordIndexError as exc:
+                raise ArtifactMismatchError(f"{exc} (lock {info.source})") from None
+        self._indexes[id(info)] = (info, index)
+        return index
 
     # ---- queries ----
 

@@ -169,6 +169,7 @@ class _StandaloneOp:
         check_installed_mori(built)  # and the pod's mori is the artifacts' (no communicator to share here)
         images = {}
         binding = RecordBinding()
+        binding.use_indexes(self.artifacts, entries.values())
         for slot, e in entries.items():
             le = e.launches[0]
             digest, size = le.blob.hash, le.blob.size

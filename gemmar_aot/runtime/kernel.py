@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from gemmar_aot.artifact_model import record_digest
 from gemmar_aot.codeobject import CodeObject, KernelMetadata
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
+from gemmar_aot.store.backend import BadRecord, check_record
 
 from .driver import KernArgs
 from .errors import ArtifactMismatchError
@@ -316,23 +317,70 @@ def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
 class RecordBinding:
     """Checks lock entries against the action-cache records they name, reading each record once.
 
-    For every entry: the store's record under the entry's action key must be the one
-    the lock names (``artifact_model.record_digest``), hold the same code object and
-    launch record, and its spec must describe the kernel the lock launches where the
-    entry sits (:func:`binding_problems`). A lock and a store that disagree are
-    refused with a message naming both. A store without records (an artifact wheel
-    ships the lock and the blobs only) cannot be checked here; the wheel's own
-    digests and the lock's blob digests still hold.
+    For every entry: the record under the entry's action key must be the one the lock
+    names (``artifact_model.record_digest``), hold the same code object and launch
+    record, and its spec must describe the kernel the lock launches where the entry sits
+    (:func:`binding_problems`). A lock and a store that disagree are refused with a
+    message naming both.
+
+    Where the records come from: the lock's record index when it has one
+    (:mod:`gemmar_aot.store.record_index`, one file beside the lock, each line verified
+    against the record digest the lock names; see :meth:`use_index`), else the store's
+    record files one by one. A store without records and a lock without an index (an
+    artifact wheel built before the index existed) cannot be checked here; the lock's
+    blob digests still hold.
     """
 
     def __init__(self):
         self._checked: dict[str, Any] = {}  # action key -> the record (None: the store has none)
+        self._indexed: dict[str, Any] = {}  # action key -> (index, the record or the digest its line has)
+
+    def use_index(self, index: Any, entries: Iterable[Any]) -> None:
+        """Take the records of ``entries`` from the record ``index`` of their lock: every line
+        restored, checked against the record digest the lock names, and parsed, in one go.
+        A line that is not the named record is refused when its entry is checked."""
+        todo = [(e.key, e.record, e.blob.hash) for e in entries
+                if e.key not in self._indexed and e.key not in self._checked]
+        for key, got in index.records(todo).items():
+            self._indexed[key] = (index, got)
+
+    def use_indexes(self, artifacts: Any, rank_entries: Iterable[Any]) -> None:
+        """:meth:`use_index` for each lock of ``rank_entries`` (RankEntry) that has a record index."""
+        by_lock: dict[int, tuple[Any, list]] = {}
+        for e in rank_entries:
+            by_lock.setdefault(id(e.lock), (e.lock, []))[1].extend((*e.launches, *e.self_test))
+        for info, launch_entries in by_lock.values():
+            index = artifacts.record_index(info)
+            if index is not None:
+                self.use_index(index, launch_entries)
 
     def check(self, store: Any, entry: Any, pos: EntryPosition, *, lock_where: str) -> bool:
-        """Raise ArtifactMismatchError on a disagreement; False when the store holds no record to check."""
+        """Raise ArtifactMismatchError on a disagreement; False when there is no record to check."""
         key = entry.key
         if key in self._checked:
             record = self._checked[key]
+        elif key in self._indexed:
+            index, got = self._indexed.pop(key)
+            if got is None:
+                raise self._bad(store, entry, pos, lock_where,
+                                f"the lock was made from record {entry.record.hash}, the record index beside it "
+                                f"has no record for that key: it was written for another lock. Delete the "
+                                f"index to check the store's records one by one",
+                                store_where=f"{index.path} (action key {key})")
+            if not isinstance(got, dict):
+                raise self._bad(store, entry, pos, lock_where,
+                                f"the lock was made from record {entry.record.hash} ({entry.record.size} bytes), the "
+                                f"record index holds {got.hash} ({got.size} bytes) for that key",
+                                store_where=f"{index.path} (action key {key})")
+            record = got
+            try:
+                check_record(record, key)
+            except BadRecord as exc:
+                raise self._bad(store, entry, pos, lock_where, f"the record is malformed ({exc})",
+                                store_where=f"{index.path} (action key {key})") from None
+            self._check_record(store, entry, record, pos, lock_where, digest_checked=True,
+                               store_where=f"{index.path} (action key {key})")
+            self._checked[key] = record
         else:
             # the record file alone: the blob is loaded and verified right after, by digest.
             # First the record the lock names, hashed as stored (no re-encoding); anything
@@ -356,34 +404,68 @@ class RecordBinding:
         return True
 
     def _check_record(self, store: Any, entry: Any, record: dict, pos: EntryPosition, lock_where: str, *,
-                      digest_checked: bool = False) -> None:
+                      digest_checked: bool = False, store_where: str | None = None) -> None:
         want = getattr(entry, "record", None)
         if want is not None and not digest_checked:
             got = record_digest(record)
             if got != want:
                 raise self._bad(store, entry, pos, lock_where,
                                 f"the lock was made from record {want}, the store holds {got}")
+        if record.get("key") != entry.key:
+            raise self._bad(store, entry, pos, lock_where, f"the record is for action key {record.get('key')}",
+                            store_where=store_where)
         blob = record.get("blob")
         blob = blob.get("digest") if isinstance(blob, dict) else blob
         if blob != entry.blob.hash:
             raise self._bad(store, entry, pos, lock_where,
-                            f"the lock names code object {entry.blob.hash[:16]}, the record {str(blob)[:16]}")
+                            f"the lock names code object {entry.blob.hash[:16]}, the record {str(blob)[:16]}",
+                            store_where=store_where)
+        raw = record.get("launch") or {}
+        if _launch_json_identity(raw) == _lock_launch_identity(entry.launch):
+            return  # the same JSON (the common case, no parse); else compare them as launch records
         try:
-            launch = LaunchRecord.from_json(record.get("launch") or {})
+            launch = LaunchRecord.from_json(raw)
         except LaunchRecordError as exc:
-            raise self._bad(store, entry, pos, lock_where, f"the record's launch record is malformed ({exc})") from None
+            raise self._bad(store, entry, pos, lock_where, f"the record's launch record is malformed ({exc})",
+                            store_where=store_where) from None
         if _launch_identity(launch) != _launch_identity(entry.launch):
-            raise self._bad(store, entry, pos, lock_where, "the lock's launch record is not the record's")
+            raise self._bad(store, entry, pos, lock_where, "the lock's launch record is not the record's",
+                            store_where=store_where)
 
     @staticmethod
-    def _bad(store: Any, entry: Any, pos: EntryPosition, lock_where: str, why: str) -> ArtifactMismatchError:
-        describe = getattr(store, "describe_record", None)
-        store_where = describe(entry.key) if describe else str(store.record_path(entry.key))
+    def _bad(store: Any, entry: Any, pos: EntryPosition, lock_where: str, why: str, *,
+             store_where: str | None = None) -> ArtifactMismatchError:
+        if store_where is None:
+            describe = getattr(store, "describe_record", None)
+            store_where = describe(entry.key) if describe else str(store.record_path(entry.key))
         return ArtifactMismatchError(
             f"the lock and the store disagree about {pos.kind} for M={pos.m} rank {pos.rank} (action key "
             f"{entry.key[:16]}): {why}. Lock: {lock_where}. Store record: {store_where}. Rebuild the manifest "
             f"into this store (gemmar-aot build) so both come from one build, or point artifacts= at the lock "
             f"that store was built with")
+
+
+_LAUNCH_IDENTITY_CACHE: dict[int, tuple] = {}
+
+
+def _lock_launch_identity(rec: Any) -> tuple:
+    """The JSON identity of a lock's launch record (cached per object: a lock shares a few)."""
+    got = _LAUNCH_IDENTITY_CACHE.get(id(rec))
+    if got is None or got[0] is not rec:
+        got = _LAUNCH_IDENTITY_CACHE[id(rec)] = (rec, _launch_json_identity(rec.to_json()))
+        if len(_LAUNCH_IDENTITY_CACHE) > 4096:
+            _LAUNCH_IDENTITY_CACHE.clear()
+    return got[1]
+
+
+def _launch_json_identity(d: Any) -> tuple:
+    """A launch record's JSON without its kernel symbol (the lock stores records once, symbol-free)."""
+    if not isinstance(d, dict):
+        return (None,)
+    return tuple((k, d.get(k)) for k in _LAUNCH_FIELDS)
+
+
+_LAUNCH_FIELDS = ("params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block", "stream_param")
 
 
 def _launch_identity(rec: Any) -> tuple:

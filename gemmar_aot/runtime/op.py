@@ -362,6 +362,7 @@ class GemmAllReduceOp:
         codes: dict[str, Any] = {}
         verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
         binding = RecordBinding()
+        binding.use_indexes(self.artifacts, entries.values())
         for m, e in sorted(entries.items()):
             store = self.artifacts.store(e.lock.source)
             for le in (*e.launches, *e.self_test):

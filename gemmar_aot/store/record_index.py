@@ -1,0 +1,272 @@
+"""A lock's record index: every action-cache record a lock was made from, in one file.
+
+The runtime binds each lock entry to the record it was made from (the lock names each
+record's digest, :func:`gemmar_aot.artifact_model.record_digest`; see
+``gemmar_aot.runtime.kernel.RecordBinding``). Reading those records one file at a time
+costs a rank 53 file opens, zstd frames and JSON texts at startup. The build therefore
+writes, next to each lock file, the records that lock names in one file::
+
+    locks/<manifest>.lock.json        the lock
+    locks/<manifest>.records.zst      its record index (an artifact wheel: lock.records.zst)
+
+Format (schema :data:`INDEX_SCHEMA`): one zstd frame, with its content size and checksum, of
+newline-separated lines:
+
+* line 0, a header (canonical JSON): ``{"format": "gemmar-aot record index", "schema": 1,
+  "kernels": N, "prefix_hex": P}``;
+* lines 1..N, one per action key, sorted: the key's first P hex digits (P >= 8, enough to
+  tell the lock's keys apart), then the record's *hashing form* (the exact bytes whose sha256
+  the lock names as the record's digest), abridged by the record's own action key and blob
+  digest, which the lock already holds: ``"key":""`` and ``"blob":{"digest":""`` stand for
+  them (the reader puts the lock's values back). A form starting with ``=`` is the hashing
+  form verbatim (written when abridging would not round trip).
+
+Nothing in the index is trusted by itself. A reader restores each line it needs with the
+lock's key and blob digest and compares the sha256 and size with the record digest the lock
+names for that key: a tampered line, or a line of another record, is refused naming both
+digests; a key the index lacks means it was written for another lock, and is refused too.
+A lock without an index (an older store, a lock handed over as data) is checked against the
+records one by one, as before.
+
+Deterministic: the same lock (and so the same named records) gives the same index bytes for a
+given libzstd. Runtime-safe: standard library + ``zstandard``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gemmar_aot.artifact_model import LOCK_SUFFIX, RECORD_VOLATILE_FIELDS, Digest
+from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.canonical_json import canonical_json
+
+from .errors import StoreError
+
+INDEX_SCHEMA = 1
+INDEX_FORMAT = "gemmar-aot record index"
+INDEX_SUFFIX = ".records.zst"
+#: The lock names an artifact wheel ships (``wheel.LOCK_ARCNAME``) and older ones, whose index
+#: is ``lock.records.zst`` beside them.
+_LOCK_SUFFIXES = (LOCK_SUFFIX, ".json.zst", ".json")
+ZSTD_LEVEL = 19
+#: Key prefixes name the lines: at least this many hex digits (32 bits; longer when two keys of one
+#: lock share one). A prefix only finds a line: the line is verified against the lock's digest.
+MIN_PREFIX_HEX = 8
+#: An index larger than this when decompressed is refused (the reference lock's is ~1.4 MB).
+MAX_INDEX_BYTES = 256 << 20
+_VERBATIM = b"="
+
+
+class RecordIndexError(StoreError):
+    """A record index that cannot be used: damaged, another schema, or written for another lock."""
+
+
+class RecordMissingError(RecordIndexError):
+    """A record the lock names is not in the store (no index can be made from it)."""
+
+
+def index_path(lock_path: str | os.PathLike) -> Path:
+    """Where the record index of the lock at ``lock_path`` lives: beside it, ``<name>.records.zst``."""
+    p = Path(lock_path)
+    name = p.name
+    for suffix in _LOCK_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return p.with_name(name[: -len(suffix)] + INDEX_SUFFIX)
+    return p.with_name(name + INDEX_SUFFIX)
+
+
+def hashing_form(record: Mapping[str, Any]) -> bytes:
+    """The bytes :func:`~gemmar_aot.artifact_model.record_digest` hashes for ``record``."""
+    return canonical_json({k: v for k, v in record.items() if k not in RECORD_VOLATILE_FIELDS}).encode()
+
+
+def _markers(key: str, blob: str) -> tuple[bytes, bytes, bytes, bytes]:
+    return (b'"key":"' + key.encode() + b'"', b'"key":""',
+            b'"blob":{"digest":"' + blob.encode() + b'"', b'"blob":{"digest":""')
+
+
+def _restore(line: bytes, key: str, blob: str) -> bytes:
+    if line[:1] == _VERBATIM:
+        return line[1:]
+    full_key, short_key, full_blob, short_blob = _markers(key, blob)
+    return line.replace(short_blob, full_blob, 1).replace(short_key, full_key, 1)
+
+
+def _abridge(form: bytes, key: str, blob: str) -> bytes:
+    full_key, short_key, full_blob, short_blob = _markers(key, blob)
+    line = form.replace(full_key, short_key, 1).replace(full_blob, short_blob, 1)
+    return line if _restore(line, key, blob) == form else _VERBATIM + form
+
+
+def prefix_length(keys: Sequence[str]) -> int:
+    """The shortest key prefix (at least :data:`MIN_PREFIX_HEX` hex digits) that tells ``keys`` (sorted) apart."""
+    n = MIN_PREFIX_HEX
+    while n < 64 and any(a[:n] == b[:n] for a, b in zip(keys, keys[1:])):
+        n += 4
+    return n
+
+
+def encode_index(entries: Mapping[str, tuple[bytes, str]], *, level: int = ZSTD_LEVEL) -> bytes:
+    """The index bytes of ``entries``: action key -> (the record's hashing form, its blob digest)."""
+    keys = sorted(entries)
+    n = prefix_length(keys)
+    head = canonical_json({"format": INDEX_FORMAT, "schema": INDEX_SCHEMA, "kernels": len(keys),
+                           "prefix_hex": n}).encode()
+    lines = [head]
+    for k in keys:
+        form, blob = entries[k]
+        if b"\n" in form:
+            raise ValueError(f"record {k}: a hashing form holds no newline (canonical JSON escapes them)")
+        lines.append(k[:n].encode() + _abridge(form, k, blob))
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(
+        b"\n".join(lines))
+
+
+def build_index(kernels: Mapping[str, Any], record_of: Callable[[str], Mapping[str, Any] | None]) -> bytes:
+    """The index for a lock whose kernels are ``kernels`` (action key -> LaunchEntry, e.g.
+    ``Lock.kernels()``); ``record_of(key)`` gives each record. Every record must be the one the
+    lock names (its digest): raises RecordIndexError naming both otherwise, or when one is absent."""
+    entries = {}
+    for key, e in kernels.items():
+        rec = record_of(key)
+        if rec is None:
+            raise RecordMissingError(f"no record for action key {key} ({e.kind}); the lock names record "
+                                   f"{e.record.hash}: rebuild the manifest into this store")
+        form = hashing_form(rec)
+        got = Digest.of(form)
+        if got != e.record:
+            raise RecordIndexError(f"the record under action key {key} ({e.kind}) is {got.hash} ({got.size} "
+                                   f"bytes), the lock names {e.record.hash} ({e.record.size} bytes): rebuild "
+                                   f"the manifest into this store so both come from one build")
+        entries[key] = (form, e.blob.hash)
+    return encode_index(entries)
+
+
+def write_index(path: str | os.PathLike, data: bytes) -> Path:
+    """Publish index bytes atomically at ``path``."""
+    atomic_write_bytes(path, data)
+    return Path(path)
+
+
+def lock_action_keys(lock: Any) -> list[str]:
+    """A lock's action keys, sorted, without building its launch entries (``RankLaunches.launch_keys``)."""
+    keys: set[str] = set()
+    for t in lock.tuples:
+        for r in t.ranks:
+            launches, self_test = r.launch_keys()
+            keys.update(launches)
+            keys.update(self_test)
+    return sorted(keys)
+
+
+class RecordIndex:
+    """A record index read for one lock: its lines by action-key prefix.
+
+    :meth:`read` checks the file; :meth:`records` restores, verifies and parses the lines asked for.
+    """
+
+    def __init__(self, path: Path, lines: dict[bytes, bytes], prefix_hex: int):
+        self.path = path
+        self._lines = lines
+        self._prefix = prefix_hex
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "RecordIndex | None":
+        """The index at ``path``; None when there is no file. Raises RecordIndexError when it is
+        damaged or of another schema."""
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return cls.from_bytes(data, path)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: Path) -> "RecordIndex":
+        import zstandard
+
+        fix = (f"rebuild the manifest (gemmar-aot build) to rewrite the lock and its index together, or "
+               f"delete {path} to check the records one by one")
+        try:
+            params = zstandard.get_frame_parameters(data)
+            if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
+                    or params.content_size > MAX_INDEX_BYTES):
+                raise RecordIndexError(f"{path}: not a record index (its zstd frame has no checksum or no "
+                                       f"plausible size); {fix}")
+            text = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_INDEX_BYTES)
+        except zstandard.ZstdError as exc:
+            raise RecordIndexError(f"{path}: the record index does not decompress ({exc}): the file is "
+                                   f"damaged or was modified; {fix}") from None
+        lines = text.split(b"\n")
+        try:
+            head = json.loads(lines[0])
+        except ValueError:
+            head = None
+        if not isinstance(head, dict) or head.get("format") != INDEX_FORMAT:
+            raise RecordIndexError(f"{path}: not a gemmar-aot record index (bad header); {fix}")
+        if head.get("schema") != INDEX_SCHEMA:
+            raise RecordIndexError(f"{path}: record index schema {head.get('schema')!r}, this gemmar-aot reads "
+                                   f"{INDEX_SCHEMA}; {fix}")
+        n = head.get("prefix_hex")
+        if type(n) is not int or not MIN_PREFIX_HEX <= n <= 64 or head.get("kernels") != len(lines) - 1:
+            raise RecordIndexError(f"{path}: a damaged record index header ({lines[0][:200]!r}); {fix}")
+        by_prefix = {line[:n]: line for line in lines[1:]}
+        if len(by_prefix) != len(lines) - 1:
+            raise RecordIndexError(f"{path}: two record lines share a key prefix; {fix}")
+        return cls(path, by_prefix, n)
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def records(self, wanted: Iterable[tuple[str, Digest, str]]) -> dict[str, dict | Digest | None]:
+        """For each (action key, record digest the lock names, blob digest the lock names): the
+        parsed record when its restored line is that record; else the digest the line has, or
+        None when the index has no line for the key (it was written for another lock).
+
+        All the verified lines are parsed in one ``json.loads``."""
+        ok: list[str] = []
+        forms: list[bytes] = []
+        out: dict[str, dict | Digest | None] = {}
+        seen: set[str] = set()
+        sha256 = hashlib.sha256
+        n = self._prefix
+        for key, want, blob in wanted:
+            if key in seen:
+                continue
+            seen.add(key)
+            line = self._lines.get(key[:n].encode())
+            if line is None:
+                out[key] = None
+                continue
+            form = _restore(line[n:], key, blob)
+            if len(form) == want.size and sha256(form).hexdigest() == want.hash:
+                ok.append(key)
+                forms.append(form)
+            else:
+                out[key] = Digest.of(form)
+        if forms:
+            try:
+                parsed = json.loads(b"[" + b",".join(forms) + b"]")
+            except ValueError as exc:  # pragma: no cover - verified canonical JSON always parses
+                raise RecordIndexError(f"{self.path}: verified record lines do not parse ({exc})") from None
+            out.update(zip(ok, parsed))
+        return out
+
+
+def build_index_from_store(lock: Any, store: Any) -> bytes:
+    """:func:`build_index` for ``lock`` from the records in ``store`` (a :class:`~gemmar_aot.store.Store`):
+    for a store written before the build wrote indexes, and for an artifact wheel."""
+    kernels = lock.kernels()
+
+    def record_of(key: str) -> Mapping[str, Any] | None:
+        return store.read_record_named(key, kernels[key].record) or store.read_record_file(key)
+
+    return build_index(kernels, record_of)

@@ -1,0 +1,175 @@
+"""The record index beside a lock (gemmar_aot.store.record_index): one file instead of a record per kernel.
+
+The runtime's lock<->record binding (issue 9) reads the records a lock names from it; every
+line is checked against the record digest the lock names, so the index can only be refused,
+never trusted into accepting another record. Runs against the real smoke build.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from fakes import FakeCommunicator, FakeHipDriver
+from gemmar_aot.artifact_model import Digest, read_lock, write_lock
+from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
+from gemmar_aot.store import Store
+from gemmar_aot.store.record_index import (
+    RecordIndex,
+    RecordIndexError,
+    build_index_from_store,
+    encode_index,
+    hashing_form,
+    index_path,
+    write_index,
+)
+
+N, K, WORLD = 1024, 256, 2
+
+
+def _op(artifacts, lock, rank=0):
+    return GemmAllReduceOp(FakeCommunicator(rank=rank, nranks=WORLD), n=N, k=K, m_max=512,
+                           driver=FakeHipDriver([lock]), self_test=False, artifacts=artifacts)
+
+
+def _copy(smoke_store: Path, tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "store"
+    shutil.copytree(smoke_store, root)
+    return root, root / "locks" / "smoke.lock.json"
+
+
+def _lines(path: Path) -> list[bytes]:
+    return zstandard.ZstdDecompressor().decompress(path.read_bytes()).split(b"\n")
+
+
+def _write_lines(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(b"\n".join(lines)))
+
+
+def _no_record_files(monkeypatch):
+    """Reading a record file from the store fails the test: the index must serve every record."""
+    def refuse(self, key, *a):
+        raise AssertionError(f"record {key} read from the store, not from the index")
+    monkeypatch.setattr(Store, "read_record_named", refuse)
+    monkeypatch.setattr(Store, "read_record_file", refuse)
+
+
+def test_the_build_writes_an_index_every_line_of_which_is_its_lock_s_record(smoke_store, smoke_lock):
+    path = index_path(smoke_store / "locks" / "smoke.lock.json")
+    assert path == smoke_store / "locks" / "smoke.records.zst" and path.is_file()
+    index = RecordIndex.read(path)
+    kernels = smoke_lock.kernels()
+    assert len(index) == len(kernels)
+    got = index.records((k, e.record, e.blob.hash) for k, e in kernels.items())
+    store = Store(smoke_store, readonly=True)
+    for key, rec in got.items():
+        assert isinstance(rec, dict), key
+        assert rec == store.read_record_named(key, kernels[key].record)  # byte for byte the named record
+    # the build's index and one made afterwards from the store's records are the same bytes
+    assert build_index_from_store(smoke_lock, store) == path.read_bytes()
+
+
+def test_the_runtime_reads_the_index_not_the_record_files(smoke_store, smoke_lock, monkeypatch):
+    _no_record_files(monkeypatch)
+    op = _op(smoke_store, smoke_lock)
+    assert op.m_values == (256, 512)
+    op.close()
+
+
+def test_a_missing_index_falls_back_to_the_record_files(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    root, lock_path = _copy(smoke_store, tmp_path)
+    index_path(lock_path).unlink()
+    read = []
+    orig = Store.read_record_named
+    monkeypatch.setattr(Store, "read_record_named", lambda self, key, want: read.append(key) or orig(self, key, want))
+    op = _op(root, smoke_lock)
+    op.close()
+    assert read and set(read) == {le.key for e in op._entries.values() for le in (*e.launches, *e.self_test)}
+
+
+def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke_lock, tmp_path):
+    root, lock_path = _copy(smoke_store, tmp_path)
+    path = index_path(lock_path)
+    lines = _lines(path)
+    head, prefix = lines[0], len(lines[1]) - len(lines[1].lstrip(b"0123456789abcdef"))
+    # the rank-0 reduce at M=512: relabel it as rank 1's (what a lock pointing at the wrong rank's
+    # phase kernel would need the record to say)
+    key = next(le.key for t in smoke_lock.tuples if t.id.transport == "fused-sdma" and t.id.k == K
+               and t.id.m == 512 and t.id.gather_dtype == "bf16" for r in t.ranks if r.rank == 0
+               for le in r.launches if le.kind == "reduce")
+    i = next(i for i, line in enumerate(lines) if line.startswith(key[:prefix].encode()))
+    assert b'"rank":0' in lines[i]
+    lines[i] = lines[i].replace(b'"rank":0', b'"rank":1')
+    _write_lines(path, lines)
+    want = smoke_lock.kernels()[key].record
+    with pytest.raises(ArtifactMismatchError) as ei:
+        _op(root, smoke_lock)
+    msg = str(ei.value)
+    assert want.hash in msg and str(path) in msg and "record index holds" in msg
+    got = Digest.of(lines[i][prefix:].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
+        b'"blob":{"digest":""', f'"blob":{{"digest":"{smoke_lock.kernels()[key].blob.hash}"'.encode()))
+    assert got.hash in msg  # both digests: the lock's and the line's
+    assert head == lines[0]
+
+
+def test_an_index_written_for_another_lock_is_refused(smoke_store, smoke_lock, tmp_path):
+    root, lock_path = _copy(smoke_store, tmp_path)
+    # the index of a lock without the K=256 tuples beside the whole lock
+    other = read_lock(lock_path)
+    from dataclasses import replace
+
+    other = replace(other, tuples=tuple(t for t in other.tuples if t.id.k != K))
+    write_index(index_path(lock_path), build_index_from_store(other, Store(root, readonly=True)))
+    with pytest.raises(ArtifactMismatchError, match=r"has no record for that key: it was written for another lock"):
+        _op(root, smoke_lock)
+
+
+def test_a_lock_whose_records_are_all_in_the_index_is_served(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    """A subset of the lock (a tuple dropped by hand) keeps the index: each line it uses is checked."""
+    from dataclasses import replace
+
+    root, lock_path = _copy(smoke_store, tmp_path)
+    write_lock(lock_path, replace(smoke_lock, tuples=tuple(t for t in smoke_lock.tuples if t.id.k == K)))
+    _no_record_files(monkeypatch)
+    _op(root, smoke_lock).close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "schema"])
+def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_lock, tmp_path, damage):
+    root, lock_path = _copy(smoke_store, tmp_path)
+    path = index_path(lock_path)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x40
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        lines = _lines(path)
+        lines[0] = lines[0].replace(b'"schema":1', b'"schema":99')
+        _write_lines(path, lines)
+    with pytest.raises(ArtifactMismatchError, match="delete .*smoke.records.zst to check the records one by one"):
+        _op(root, smoke_lock)
+
+
+def test_abridging_falls_back_to_the_verbatim_form_when_it_would_not_round_trip(tmp_path):
+    key, blob = "a" * 64, "b" * 64
+    plain = {"schema": 1, "key": key, "blob": {"digest": blob, "size": 3}, "spec": {"kind": "gemm"}}
+    tricky = {**plain, "aaa": {"key": ""}}  # an earlier '"key":""' than the record's own key
+    entries = {key: (hashing_form(plain), blob), "c" * 64: (hashing_form({**tricky, "key": "c" * 64}), blob)}
+    path = tmp_path / "x.records.zst"
+    path.write_bytes(encode_index(entries))
+    lines = _lines(path)
+    assert lines[1][8:].startswith(b"{") and b"a" * 64 not in lines[1] and b"b" * 64 not in lines[1]  # abridged
+    assert lines[2][8:].startswith(b"=")  # verbatim
+    index = RecordIndex.read(path)
+    got = index.records([(k, Digest.of(f), blob) for k, (f, _b) in entries.items()])
+    assert got[key] == plain and got["c" * 64]["aaa"] == {"key": ""}
+    # a wrong digest gives the line's own; an unknown key gives None
+    assert index.records([(key, Digest.of(b"x"), blob)])[key] == Digest.of(entries[key][0])
+    assert index.records([("d" * 64, Digest.of(b"x"), blob)])["d" * 64] is None
+    with pytest.raises(RecordIndexError, match="not a gemmar-aot record index"):
+        RecordIndex.from_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(b"{}\n"), path)
