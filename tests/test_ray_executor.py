@@ -1,10 +1,12 @@
 """``gemmar-aot build --executor ray`` against a real local Ray cluster on loopback.
 
-The cluster (tests/raycluster.py) is real ``ray start`` processes: a head and a worker
+The clusters (tests/raycluster.py) are real ``ray start`` processes: a head and a worker
 node, each with one CPU, plus nodes that individual tests add (one that is SIGKILLed
-mid-build, one with a different toolchain). Builds run through the CLI in a
-subprocess (the driver), compiles through the real FlyDSL on the nodes. Only the
-processes the fixture started are stopped, by PID.
+mid-build, one with a different toolchain); and, first, a head without CPUs whose worker
+nodes come and go (one joins late with a different toolchain, the last good one dies).
+Builds run through the CLI (or the Python API) in a subprocess (the driver), compiles
+through the real FlyDSL on the nodes. Only the processes the fixtures started are
+stopped, by PID.
 
 The first tests need no cluster: optional-import hygiene and the pure checks.
 """
@@ -120,6 +122,165 @@ def test_a_toolchain_mismatch_names_each_differing_ingredient():
 
 
 # ---------------------------------------------------------------- a real cluster
+
+def _odd_toolchain(tmp_path: Path) -> tuple[Path, int, int]:
+    """A valid toolchain that differs from the real one in one ingredient (the opt level):
+    the real one's files, linked, with its own toolchain.json. Returns (root, ours, theirs)."""
+    from gemmar_aot.toolchain import toolchain_root
+    from gemmar_aot.toolchain.fingerprint import fingerprint_digest
+
+    real = toolchain_root()
+    other = tmp_path / "other-toolchain"
+    other.mkdir()
+    for entry in real.iterdir():
+        if entry.name != "toolchain.json":
+            (other / entry.name).symlink_to(entry)
+    fp = json.loads((real / "toolchain.json").read_text())
+    ours = fp["flydsl_opt_level"]
+    fp["flydsl_opt_level"] = theirs = 3 if ours != 3 else 2
+    fp["digest"] = fingerprint_digest(fp)
+    (other / "toolchain.json").write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
+    return other, ours, theirs
+
+
+#: A build driven through the Python API with a short wait for CPUs (the CLI waits 120 s).
+_DRIVER = """
+import json, sys
+from gemmar_aot.build import run_build
+from gemmar_aot.compiler.ray_executor import RayExecutor
+from gemmar_aot.errors import GemmarError
+
+ex = RayExecutor(sys.argv[1], no_cpu_timeout=float(sys.argv[4]))
+try:
+    s = run_build(sys.argv[2], store=sys.argv[3], progress=False, executor=ex)
+except GemmarError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+finally:
+    ex.close()
+print(json.dumps(s))
+"""
+
+
+def _wait_for(what: str, cond, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the build ended ({proc.returncode}) before {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="class")
+def bare():
+    """A head without CPUs; the tests add (and kill) worker nodes."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    from raycluster import LocalRayCluster
+
+    c = LocalRayCluster()
+    try:
+        c.start_head(num_cpus=0)
+        c.wait_for_nodes(1)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.compile  # the slow tier: a cluster of its own, node starts, small compiles
+class TestAClusterThatLosesItsCPUs:
+    """A head without CPUs, worker nodes that come and go: no build waits forever, a node
+    with another toolchain never compiles, the build finishes on the nodes that match.
+
+    The tests run in order on one cluster (class scope: it is stopped, by PID, before the
+    module's own cluster starts)."""
+
+    def test_a_cluster_without_cpus_fails_at_once_and_says_how_to_fix_it(self, bare, tmp_path):
+        m = _manifest(tmp_path, "ray-nocpu", "256")
+        t0 = time.monotonic()
+        rc, out, err = _ray_build(bare, m, tmp_path / "s", timeout=120)
+        assert rc == 2, (out, err[-3000:])
+        assert time.monotonic() - t0 < 90
+        assert f"the Ray cluster at {bare.address} has no node with CPUs to compile on" in err
+        assert f"ray start --address {bare.address}" in err and "drop --executor ray" in err
+        assert not (tmp_path / "s" / "ac").exists()
+
+    def test_a_node_that_joins_late_with_another_toolchain_refuses_and_the_build_goes_on(self, bare, tmp_path):
+        odd, ours, theirs = _odd_toolchain(tmp_path)
+        w1 = bare.add_node("w1", num_cpus=1)
+        bare.wait_for_nodes(2)
+        m = _manifest(tmp_path, "ray-late", "256")
+        err_path = tmp_path / "driver.err"
+        with open(err_path, "w") as err_file:
+            p = subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(m), "--store", str(tmp_path / "s"),
+                                  "--executor", "ray", "--ray-address", bare.address, "--json", "-q"],
+                                 stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=ROOT, env=bare.env)
+        try:
+            # The check before the build passed on w1 (it runs a compile task); then w1 dies, so
+            # the only CPU the build can be offered is the late node's. The driver waits (up to
+            # its no-CPU timeout, 120 s) for a node that matches: w3.
+            _wait_for("a compile task on w1", lambda: w1.workers("ray::compile_on_node"), 300, p)
+            bare.kill_node(w1)
+            bare.add_node("late", num_cpus=1, env={"GEMMAR_AOT_TOOLCHAIN": str(odd)})
+            _wait_for("the late node's refusal", lambda: "node 'late'" in err_path.read_text(), 240, p)
+            bare.add_node("w3", num_cpus=1)
+            out, _ = p.communicate(timeout=600)
+        finally:
+            _stop(p)
+        err = err_path.read_text()
+        assert p.returncode == 0, err[-4000:]
+        assert "warning: node 'late'" in err and "refuses to compile" in err and "the build goes on without it" in err
+        assert f"fingerprint.flydsl_opt_level: driver {ours}, node {theirs}" in err
+        s = json.loads(out)
+        assert s["failed"] == 0 and s["compiled"] == s["distinct_specs"] == 3
+        ex = s["executor"]
+        [(name, why)] = ex["refused_nodes"].items()
+        assert "'late'" in name and f"driver {ours}, node {theirs}" in why
+        # each refused task ran again elsewhere, once: the label selector keeps it off "late"
+        assert 1 <= ex["resubmitted"] <= 3
+        assert sum(ex["specs_by_node"].values()) == 3
+        assert all("'w3'" in node for node in ex["specs_by_node"]), ex["specs_by_node"]
+
+    def test_when_only_refusing_nodes_are_left_the_build_stops_and_names_them(self, bare, tmp_path):
+        [w3] = [n for n in bare.nodes if n.name == "w3"]
+        bare.kill_node(w3)
+        bare.wait_for_nodes(2, timeout=120)  # the head and the late node
+        m = _manifest(tmp_path, "ray-none", "256")
+        rc, out, err = _ray_build(bare, m, tmp_path / "s", timeout=300)
+        assert rc == 2, (out, err[-3000:])
+        assert "has no node with the driver's toolchain to compile on" in err
+        assert "node 'late'" in err and "fingerprint.flydsl_opt_level" in err and "fix: add worker nodes" in err
+        assert not (tmp_path / "s" / "ac").exists()
+
+    def test_a_build_whose_last_cpu_dies_stops_after_the_timeout(self, bare, tmp_path):
+        w4 = bare.add_node("w4", num_cpus=1)
+        bare.wait_for_nodes(3)
+        m = _manifest(tmp_path, "ray-lost", "[256, 512]")
+        p = subprocess.Popen([sys.executable, "-c", _DRIVER, bare.address, str(m), str(tmp_path / "s"), "10"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=bare.env)
+        try:
+            _wait_for("a compile task on w4", lambda: w4.workers("ray::compile_on_node"), 300, p)
+            bare.kill_node(w4)
+            t_kill = time.monotonic()
+            out, err = p.communicate(timeout=300)
+        finally:
+            _stop(p)
+        # Ray notices the dead node (~15 s), then the driver waits 10 s for a usable CPU.
+        assert p.returncode == 2, (out, err[-3000:])
+        assert time.monotonic() - t_kill < 150
+        assert "has had no node with CPUs and the driver's toolchain for 10 s" in err
+        assert "spec(s) were not compiled (every kernel that finished is in the store)" in err
+        assert "fix: add worker nodes" in err
+
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -243,31 +404,20 @@ def test_a_killed_worker_node_loses_only_its_in_flight_tasks(cluster, tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.compile  # no compile, but it shares the slow tier's cluster
-def test_a_node_with_a_different_toolchain_refuses_and_is_named(cluster, tmp_path):
-    from gemmar_aot.toolchain import toolchain_root
-    from gemmar_aot.toolchain.fingerprint import fingerprint_digest
-
-    # A valid toolchain that differs in one ingredient: the real one, but a different opt level.
-    real = toolchain_root()
-    other = tmp_path / "other-toolchain"
-    other.mkdir()
-    for entry in real.iterdir():
-        if entry.name != "toolchain.json":
-            (other / entry.name).symlink_to(entry)
-    fp = json.loads((real / "toolchain.json").read_text())
-    ours = fp["flydsl_opt_level"]
-    fp["flydsl_opt_level"] = theirs = 3 if ours != 3 else 2
-    fp["digest"] = fingerprint_digest(fp)
-    (other / "toolchain.json").write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
-
-    cluster.add_node("odd", num_cpus=1, env={"GEMMAR_AOT_TOOLCHAIN": str(other)})
+@pytest.mark.compile
+def test_a_node_with_a_different_toolchain_is_named_and_left_out(cluster, tmp_path):
+    odd, ours, theirs = _odd_toolchain(tmp_path)
+    cluster.add_node("odd", num_cpus=1, env={"GEMMAR_AOT_TOOLCHAIN": str(odd)})
     alive = sum(1 for n in cluster.nodes if n.pids())
     cluster.wait_for_nodes(alive)
     m = _manifest(tmp_path, "ray-odd", "256")
     rc, out, err = _ray_build(cluster, m, tmp_path / "s", timeout=600)
-    assert rc == 2, (out, err[-3000:])
+    assert rc == 0, (out, err[-3000:])
     assert "node 'odd'" in err and "refuses to compile" in err
     assert "1 ingredient(s)" in err and f"fingerprint.flydsl_opt_level: driver {ours}, node {theirs}" in err
     assert "node 'w1'" not in err and "node 'head'" not in err  # only the odd node refuses
-    assert not (tmp_path / "s" / "ac").exists()  # nothing was compiled or stored
+    s = json.loads(out)
+    assert s["failed"] == 0 and s["compiled"] == 3
+    assert [n for n in s["executor"]["refused_nodes"] if "'odd'" in n]
+    assert not any("'odd'" in node for node in s["executor"]["specs_by_node"]), s["executor"]
+    assert s["jobs"] == 2  # the CPUs of the nodes that match (head and w1)

@@ -21,9 +21,17 @@ Failures: a builder error is data, reported exactly as the local executor report
 A node or worker that dies loses only the tasks it was running: Ray re-runs them
 (``max_retries``) on the nodes that are left. A group that dies on every attempt is
 split and its specs retried alone, so the one that kills workers is named and fails
-like a local spec whose worker died; the others still build. Nodes with a different
-toolchain stop the build before anything is compiled (every node with CPUs is asked
-first) or, if one joins later, when its first task refuses.
+like a local spec whose worker died; the others still build.
+
+A node with a different toolchain never compiles. Every node with CPUs is asked before
+the build starts, and a node that joins later refuses its first task. Each refusal is
+printed as a warning, naming the node and every ingredient that differs. The node is
+then left out: the refused task and every later task carry a Ray label selector that
+excludes it, and the build goes on on the nodes that match. A cluster with no such node
+at the start stops the build at once; one that loses its last such node mid-build (dead,
+or refused) gets ``no_cpu_timeout`` seconds for one to join, then the build stops with an
+error naming the refusals and the fix. A build never waits forever on a cluster that
+cannot run it.
 
 Ray is optional (``pip install 'gemmar-aot[ray]'``): only this module imports it, and
 only inside functions, so the base install, the local build and the runtime never do.
@@ -49,8 +57,10 @@ from gemmar_aot.spec import KernelSpec
 MAX_RETRIES = 3
 #: Seconds to wait for every node's answer to the toolchain check before compiling.
 PROBE_TIMEOUT_S = 180.0
-#: Seconds without any node that has a CPU before the remaining specs are failed.
+#: Seconds without any usable node (alive, with CPUs, toolchain not refused) before the build stops.
 NO_CPU_TIMEOUT_S = 120.0
+#: Ray's built-in label that every node carries: its node id (for the label selector).
+NODE_ID_LABEL = "ray.io/node-id"
 #: How many times a result that does not match its reported digest is compiled again.
 MAX_CORRUPT_RESULTS = 2
 
@@ -189,16 +199,20 @@ class RayExecutor:
     """
 
     def __init__(self, address: str | None = None, *, toolchain_root: str | None = None,
-                 debug_locations: bool = False, toolchain_profile: str | None = None):
+                 debug_locations: bool = False, toolchain_profile: str | None = None,
+                 no_cpu_timeout: float = NO_CPU_TIMEOUT_S):
         from gemmar_aot.toolchain import load_toolchain
 
         self.address = address
+        self.no_cpu_timeout = no_cpu_timeout
         self.debug_locations = debug_locations
         # the driver's (profile's) toolchain: every node must match
         self.fingerprint = load_toolchain(toolchain_root, toolchain_profile).fingerprint
         self.jobs = 0  # the cluster's CPUs, once connected
         self.specs_by_node: dict[str, int] = {}
         self.resubmitted = 0
+        #: node id -> why it refuses (its toolchain differs): it gets no more tasks.
+        self.refused: dict[str, str] = {}
         #: Where the driver's own time goes (the overhead Ray adds on this side).
         self.seconds = {"connect": 0.0, "toolchain_check": 0.0, "store_writes": 0.0}
         self._ray = None
@@ -208,6 +222,7 @@ class RayExecutor:
     def info(self) -> dict:
         return {"name": "ray", "address": self.address, "cluster_cpus": self.jobs,
                 "specs_by_node": dict(sorted(self.specs_by_node.items())), "resubmitted": self.resubmitted,
+                "refused_nodes": {self._names.get(n, n): why for n, why in sorted(self.refused.items())},
                 "driver_seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
     def close(self) -> None:
@@ -263,30 +278,58 @@ class RayExecutor:
                                             f"{n.get('NodeManagerHostname', '?')}, {n.get('NodeManagerAddress', '?')})")
         return self._names.get(node_id, f"node {node_id[:12]}")
 
+    def _usable_cpus(self, ray) -> float:
+        """CPUs of the alive nodes whose toolchain was not refused (the ones our tasks can use)."""
+        return sum(n.get("Resources", {}).get("CPU", 0) for n in ray.nodes()
+                   if n.get("Alive") and n["NodeID"] not in self.refused)
+
+    def _no_usable_node(self, why: str) -> RayExecutorError:
+        refusals = "".join(f"\n{refusal_message(self._names.get(n, f'node {n[:12]}'), r)}"
+                           for n, r in sorted(self.refused.items()))
+        return RayExecutorError(
+            f"the Ray cluster at {self.address} {why}{refusals}\n  fix: add worker nodes with CPUs and this "
+            f"toolchain (on each: `make setup` of the same gemmar-aot commit, then `ray start --address "
+            f"{self.address}`), or build here with the local executor (drop --executor ray)")
+
+    def _refuse(self, ray, node_id: str, why: str) -> None:
+        """Leave ``node_id`` out of the build from now on, and say so once."""
+        if node_id in self.refused:
+            return
+        self.refused[node_id] = why
+        self._names.pop(node_id, None)  # a node that joined late: look its name up again
+        print(f"warning: {refusal_message(self._name(ray, node_id), why)}\n  (the build goes on without it)",
+              file=sys.stderr, flush=True)
+
+    def _options(self) -> dict:
+        """Where a compile task may run: anywhere but on the nodes that refused."""
+        if not self.refused:
+            return {}
+        ids = sorted(self.refused)
+        return {"label_selector": {NODE_ID_LABEL: f"!{ids[0]}" if len(ids) == 1 else f"!in({','.join(ids)})"}}
+
     def _preflight(self, ray, expected: dict) -> None:
         """Ask every node with CPUs for its toolchain check before anything compiles."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
         if not nodes:
-            raise RayExecutorError(f"the Ray cluster at {self.address} has no node with CPUs to compile on\n"
-                                   f"  fix: add worker nodes (ray start --address {self.address})")
-        self.jobs = int(sum(n["Resources"]["CPU"] for n in nodes))
+            raise self._no_usable_node("has no node with CPUs to compile on")
         probe = ray.remote(probe_node)
         refs = [probe.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
             n["NodeID"], soft=False)).remote(expected) for n in nodes]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
-        refusals = []
         for ref in ready:
             try:
                 ans = ray.get(ref)
             except ray.exceptions.RayError:
                 continue  # a node that died while answering; its tasks go elsewhere
             if ans["refused"]:
-                refusals.append(refusal_message(self._name(ray, ans["node_id"]), ans["refused"]))
+                self._refuse(ray, ans["node_id"], ans["refused"])
         # A node that did not answer in time is still checked by each task it runs.
-        if refusals:
-            raise RayExecutorError("\n".join(refusals))
+        good = [n for n in nodes if n["NodeID"] not in self.refused]
+        if not good:
+            raise self._no_usable_node("has no node with the driver's toolchain to compile on")
+        self.jobs = int(sum(n["Resources"]["CPU"] for n in good))
 
     # ---- the build
 
@@ -297,31 +340,32 @@ class RayExecutor:
         t0 = time.perf_counter()
         self._preflight(ray, expected)
         self.seconds["toolchain_check"] += time.perf_counter() - t0
-        remote = ray.remote(compile_on_node).options(num_cpus=1, max_retries=MAX_RETRIES,
-                                                     scheduling_strategy="SPREAD")
+        remote = ray.remote(compile_on_node)
+        base = {"num_cpus": 1, "max_retries": MAX_RETRIES, "scheduling_strategy": "SPREAD"}
         inflight = self._inflight
 
         def submit(flight: _Flight) -> None:
             items = [(t.spec.to_json(), t.key, t.ingredients) for t in flight.batch]
-            inflight[remote.remote(items, expected, self.debug_locations)] = flight
+            ref = remote.options(**base, **self._options()).remote(items, expected, self.debug_locations)
+            inflight[ref] = flight
 
         for b in make_batches(tasks, costs):  # most expensive first: Ray dispatches in order
             submit(_Flight(b))
         no_cpu_since: float | None = None
         while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=5.0)
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(5.0, self.no_cpu_timeout / 2))
             if not ready:
-                if ray.cluster_resources().get("CPU", 0) > 0:
+                if self._usable_cpus(ray) > 0:
                     no_cpu_since = None
                 elif no_cpu_since is None:
                     no_cpu_since = time.monotonic()
-                elif time.monotonic() - no_cpu_since > NO_CPU_TIMEOUT_S:
-                    for ref, flight in list(inflight.items()):
-                        ray.cancel(ref, force=True)
-                        del inflight[ref]
-                        for t in flight.batch:
-                            yield t.spec, CompileResult(t.spec.spec_id, False, 0.0, error=(
-                                f"no Ray node with CPUs was left for {NO_CPU_TIMEOUT_S:.0f} s"))
+                elif time.monotonic() - no_cpu_since > self.no_cpu_timeout:
+                    # close() cancels what is still in flight; every result that arrived is stored.
+                    which = "with CPUs and the driver's toolchain" if self.refused else "with CPUs"
+                    left = sum(len(f.batch) for f in inflight.values())
+                    raise self._no_usable_node(
+                        f"has had no node {which} for {self.no_cpu_timeout:.0f} s; {left} spec(s) were not "
+                        f"compiled (every kernel that finished is in the store)")
                 continue
             no_cpu_since = None
             flight = inflight.pop(ready[0])
@@ -350,8 +394,12 @@ class RayExecutor:
                       f"compiling this spec, on each of {MAX_RETRIES + 1} attempts on Ray "
                       f"({type(e).__name__}: {first})"))]
         node = self._name(ray, answer["node_id"])
-        if answer["refused"]:
-            raise RayExecutorError(refusal_message(node, answer["refused"]))
+        if answer["refused"]:  # a node that joined after the check: never again, the task elsewhere
+            # (if no usable node is left, the wait for one is bounded by no_cpu_timeout)
+            self._refuse(ray, answer["node_id"], answer["refused"])
+            self.resubmitted += len(flight.batch)
+            submit(flight)
+            return []
         out: list[tuple[Task, CompileResult]] = []
         problems: list[str] = []
         if len(answer["results"]) != len(flight.batch):
