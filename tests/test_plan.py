@@ -97,9 +97,10 @@ def test_smoke_manifest_counts():
     assert by_kind["sdma-phases:gather_barrier"] == 2
     assert by_kind["sdma-phases:pull"] == 2
     assert by_kind["sdma-phases:dequantize"] == 2
-    # One unfused GEMM for split-sdma and split-lsa, plus Mxfp8GemmOp's narrow (M=256) and wide
-    # (M=9216) tiles; one all-reduce per rank; one skinny GEMM per bucket (1 and 32).
-    assert by_kind["gemm-only:gemm"] == 3
+    # One unfused GEMM per rank shared by split-sdma and split-lsa (mori's benchmark builds it per
+    # rank), plus Mxfp8GemmOp's narrow (M=256) and wide (M=9216) tiles; one all-reduce per rank;
+    # one skinny GEMM per bucket (1 and 32).
+    assert by_kind["gemm-only:gemm"] == 2 + 2
     assert by_kind["split-lsa:lsa_ar"] == 2
     assert by_kind["gemv:gemv"] == 2
 
@@ -145,11 +146,18 @@ def test_modes_share_what_is_the_same_kernel():
     # split-sdma's per-call kernels are fused-sdma's self-test plus the unfused GEMM.
     assert set(one["split-sdma"]) - set(one["fused-sdma"]) == {
         i for i, s in one["split-sdma"].items() if s.kind == "gemm"}
-    # Both split modes run the one unfused GEMM, which is Mxfp8GemmOp's kernel at mxfp8.
+    # Both split modes run the same unfused GEMMs: one per rank with the tuple's queue count (1),
+    # as mori's benchmark builds them (rank and queues are in the kernel's name).
     gemm = lambda mode: {i for i, s in one[mode].items() if s.kind == "gemm"}  # noqa: E731
-    assert gemm("split-sdma") == gemm("split-lsa") and len(gemm("split-lsa")) == 1
-    split_mx = {s.spec_id for s in _one_mode("split-sdma", quant="mxfp8").specs if s.kind == "gemm"}
-    assert split_mx <= mxfp8_wide
+    assert gemm("split-sdma") == gemm("split-lsa") and len(gemm("split-lsa")) == 2
+    split = sorted((s for s in one["split-lsa"].values() if s.kind == "gemm"), key=lambda s: s.rank)
+    assert [(s.rank, s.param_dict()["builder"]["sdma_queues"]) for s in split] == [(0, 1), (1, 1)]
+    # At mxfp8 rank 0's differs from Mxfp8GemmOp's wide tile in the queue count alone (its 8).
+    split_mx = [s for s in _one_mode("split-sdma", quant="mxfp8").specs if s.kind == "gemm" and s.rank == 0][0]
+    wide = [s for s in _one_mode("gemm-only", m=9216).specs if s.spec_id in mxfp8_wide][0]
+    b_split, b_wide = split_mx.param_dict()["builder"], wide.param_dict()["builder"]
+    assert {k for k in b_wide if b_wide[k] != b_split[k]} == {"sdma_queues"} and b_wide["sdma_queues"] == 8
+    assert split_mx.param_dict()["cfg"] == wide.param_dict()["cfg"]
     # fused-lsa differs from fused-sdma in its GEMMs (transport lsa) and its reduce only.
     diff = {(s.kind, s.rank) for i, s in one["fused-lsa"].items() if i not in one["fused-sdma"]}
     assert diff == {("gemm", 0), ("gemm", 1), ("reduce", 0), ("reduce", 1)}
@@ -186,7 +194,7 @@ def test_mode_comparison_manifest_counts():
     assert {t.workload.transport for t in plan.tuples} == {"fused-sdma", "split-sdma", "split-lsa", "fused-lsa",
                                                            "gemv"}
     assert plan.distinct_by_kind() == {
-        "fused-sdma:gemm": 8, "fused-lsa:gemm": 8, "gemm-only:gemm": 1, "gemv:gemv": 6,
+        "fused-sdma:gemm": 8, "fused-lsa:gemm": 8, "gemm-only:gemm": 8, "gemv:gemv": 6,
         "sdma-phases:drain": 8, "sdma-phases:gather": 8, "sdma-phases:scatter": 8,
         "sdma-phases:reduce": 16,  # fused-lsa's reads its own slice from its recv slot
         "split-lsa:lsa_ar": 8,

@@ -270,10 +270,10 @@ def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
 
     ``spec`` is the record's ``spec`` (the build's KernelSpec JSON). Only what the
     spec carries is compared (never the recipe's name: several modes share one phase
-    recipe), and only where the kernel depends on it: a GEMM built
-    with ``fuse=False`` is rank- and window-free (the build shares it across ranks and
-    its config is a placeholder), and a phase
-    built from a shape-free config (``capacity_m`` 0: drain, gather_barrier) has no M.
+    recipe), and only where the kernel depends on it: a GEMM built with ``fuse=False``
+    is window-free (its config is a placeholder; its rank is in its symbol, so it is
+    compared like every other kernel's), and a phase built from a shape-free config
+    (``capacity_m`` 0: drain, gather_barrier) has no M.
     """
     if not isinstance(spec, dict):
         return ["the record has no spec"]
@@ -286,8 +286,7 @@ def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
     differs("kind", spec.get("kind"), pos.kind)
     params = spec.get("params") if isinstance(spec.get("params"), dict) else {}
     builder = params.get("builder") if isinstance(params.get("builder"), dict) else {}
-    if builder.get("fuse", True) is not False:
-        differs("rank", spec.get("rank"), pos.rank)
+    differs("rank", spec.get("rank"), pos.rank)
     if pos.kind == "gemm" and "fuse" in builder:  # the mode is in the GEMM: fused (and over what), or not
         fused = pos.transport.startswith("fused-")
         differs("fused GEMM", builder.get("fuse"), fused)

@@ -69,7 +69,7 @@ def run(scenarios: list[dict], stub_path: str, *, fast: bool = True) -> list[dic
         ops = Operands()
         if sc.transport in BENCHMARK_MODES:
             # mori's builders, with the op module shimmed above (from_gpu_ptr, CCODevCommRequirements)
-            results.append(_run_benchmark_mode(sc, stub, stream, ops, t0))
+            results.append(_run_benchmark_mode(sc, classes[rule][0], stub, stream, ops, t0))
             print(f"oracle: {sc.name}: {len(results[-1]['launches'])} launches in {results[-1]['seconds']} s",
                   file=sys.stderr, flush=True)
             continue
@@ -140,19 +140,32 @@ def _run_standalone(sc, cls, stub, stream, ops, t0) -> dict:
 #:
 #: What the oracle takes from mori's op instead of the benchmark, because our runtime serves
 #: these modes on a ``GemmAllReduceOp``'s window (one window for every M up to m_max): the
-#: ``ArConfig`` from ``op._build_cfg`` (the benchmark builds one per run at exactly M, with
-#: ``recv_slots=0`` for split-lsa), the window size from ``GemmAllReduceOp.window_bytes_for``,
-#: the counter slot by our rule (shim 5), the op's default ``sdma_queues`` (1; the
-#: benchmark's default is 8), the op's block_m per quant, and its A-scale flattening
-#: ``op._flatten_a_scale`` (the benchmark's ``sa.t().reshape(-1).contiguous()`` is the same
-#: physical order, but a copy, whose address would map to no operand).
+#: window, its handle and the dev comm are those of mori's ``GemmAllReduceOp`` of the same
+#: shape, constructed on the communicator double (the benchmark allocates them itself, at
+#: exactly M; for split-lsa its dev comm asks for no SDMA queues, which no launch carries);
+#: the ``ArConfig`` from ``op._build_cfg`` (the benchmark builds one per run at exactly M,
+#: with ``recv_slots=0`` for split-lsa), the counter slot by our rule (shim 5), the op's
+#: default ``sdma_queues`` (1; the benchmark's default is 8), the op's block_m per quant, and
+#: its A-scale flattening ``op._flatten_a_scale`` (the benchmark's
+#: ``sa.t().reshape(-1).contiguous()`` is the same physical order, but a copy, whose address
+#: would map to no operand).
+#:
+#: The self-test (``("self_test", m)`` steps; our runtime runs one at construction): the
+#: benchmark has none (it validates a timed run's sum on the device). For split-sdma and
+#: fused-lsa the oracle is mori's own ``GemmAllReduceOp.self_test(m)`` on that same op and
+#: window (op.py ``self_test``: ``parts["order"]``, scatter -> reduce -> gather, whatever the
+#: mode), which is what our runtime runs for them. mori has no self-test of an LSA
+#: all-reduce; our split-lsa self-test launches its all-reduce kernel alone over an input of
+#: rank + 1, so its oracle is the launch the benchmark's ``once()`` makes after the GEMM,
+#: ``lsa_ar(dc.ptr, win.handle)`` at that M (default m_max, as mori's self-test defaults).
+#: Only launches are compared: nothing executes on the double, so no verdict can pass.
 BENCHMARK = "ROCm/mori benchmark/cco/flydsl/gemm_ar/bench_gemm_ar.py @ fc89289489cc, run()"
 BENCHMARK_MODES = ("split-sdma", "split-lsa", "fused-lsa")
 #: GemmAllReduceOp's default queue count (op.py: ``sdma_queues=1``), what our runtime's tuples use.
 OP_SDMA_QUEUES = 1
 
 
-def _run_benchmark_mode(sc, stub, stream, ops, t0) -> dict:
+def _run_benchmark_mode(sc, MoriOp, stub, stream, ops, t0) -> dict:
     """A mode without an op class: mori's builders, launched in the benchmark's order (BENCHMARK)."""
     import flydsl.expr as fx
     import mori.ops.gemm_ar.op as op_mod
@@ -171,25 +184,14 @@ def _run_benchmark_mode(sc, stub, stream, ops, t0) -> dict:
     fused = mode == "fused-lsa"  # fused-sdma is mori's op, not this path
     needs_sdma = mode in ("split-sdma", "fused-lsa")
     queues = OP_SDMA_QUEUES
-    m_max = op_mod.padded_m(sc.m_max, ws, bm)
-    max_shapes = op_mod.default_max_shapes(m_max, ws, bm)
-    window_bytes = op_mod.GemmAllReduceOp.window_bytes_for(
-        ws, m_max=m_max, n=sc.n, block_m=bm, gather_dtype=sc.gather_dtype,
-        gather_transport=sc.gather_transport, max_shapes=max_shapes)
 
     comm = FakeCommunicator(rank=rank, nranks=ws)
     shims.COMMUNICATORS.append(comm)
     stub.clear()
-    mem = comm.alloc_mem(window_bytes)
-    win = comm.register_window(mem.ptr, mem.size)
-    op_mod.from_gpu_ptr(mem.ptr, (window_bytes,), torch.uint8).zero_()
-    reqs = op_mod.CCODevCommRequirements()
-    reqs.gda_connection_type = op_mod.GDA_CONNECTION_NONE
-    reqs.gda_signal_count = 0
-    reqs.gda_counter_count = 0
-    if needs_sdma:
-        reqs.sdma_queue_count = queues
-    dc = comm.create_dev_comm(reqs)
+    # The window, its handle and the dev comm: mori's op of this shape (see BENCHMARK).
+    op = MoriOp(comm, **sc.op_kwargs(), sdma_queues=queues)
+    m_max, max_shapes = op.m_max, op_mod.default_max_shapes(op.m_max, ws, bm)
+    mem, win, dc = op.mem, op.win, op.dev_comm
 
     built: dict[int, tuple] = {}
 
@@ -211,12 +213,25 @@ def _run_benchmark_mode(sc, stub, stream, ops, t0) -> dict:
             built[m] = (gemm, parts, lsa_ar, c)
         return built[m]
 
+    verdicts = []
     for kind, m in sc.steps:
+        stream_arg = fx.Stream(torch.cuda.current_stream())
+        if kind == "self_test" and mode == "split-lsa":
+            # mori has no LSA self-test: the benchmark's all-reduce launch at that M (BENCHMARK)
+            kernels(m or m_max)[2](dc.ptr, win.handle, stream=stream_arg)
+            verdicts.append("not mori's: the benchmark's lsa_ar launch (mori has no LSA self-test)")
+            continue
+        if kind == "self_test":
+            try:  # mori's own self-test on this op's window
+                op.self_test(m)
+                verdicts.append("passed")
+            except RuntimeError as exc:
+                verdicts.append(f"failed: {exc}")
+            continue
         if kind != "call":
-            raise ValueError(f"{sc.name}: mori's benchmark has no {kind} for {mode}; only calls are compared")
+            raise ValueError(f"{sc.name}: unknown step {kind!r}")
         a, b, a_scale, b_scale = ops.get(sc, m)
         gemm, parts, lsa_ar, c = kernels(m)
-        stream_arg = fx.Stream(torch.cuda.current_stream())
         gemm(a.contiguous().view(torch.int8).view(-1), b.contiguous().view(torch.int8).view(-1), c.view(-1),
              op_mod._flatten_a_scale(a_scale, m, sc.k // 128), b_scale.reshape(-1), m, sc.n, dc.ptr, win.handle,
              stream=stream_arg)
@@ -228,10 +243,11 @@ def _run_benchmark_mode(sc, stub, stream, ops, t0) -> dict:
         parts["gather"](dc.ptr, win.handle, stream=stream_arg)
 
     launches = [launch_json(r) for r in stub.launches()]
-    amap = address_map(window=(mem.ptr, window_bytes), dev_comm=int(dc.ptr), win=int(win.handle),
+    amap = address_map(window=(mem.ptr, op.window_bytes), dev_comm=int(dc.ptr), win=int(win.handle),
                        stream=stream.cuda_stream, operands=ops)
+    op.close()
     shims.COMMUNICATORS.remove(comm)
-    return {"scenario": sc.to_json(), "launches": launches, "address_map": amap, "self_test": [],
+    return {"scenario": sc.to_json(), "launches": launches, "address_map": amap, "self_test": verdicts,
             "seconds": round(time.perf_counter() - t0, 3), "benchmark": BENCHMARK}
 
 

@@ -159,7 +159,9 @@ def gemv_scenario() -> Scenario:
 
 #: The modes mori has no op class for (its builders + repository benchmark are the oracle:
 #: tests/parity/oracle.py BENCHMARK), at manifests/smoke.toml's shapes: world 2, N 1024,
-#: K 256, blockscale, bf16 wire, m_max 512; M goes down, up and down (256 and 512).
+#: K 256, blockscale, bf16 wire, m_max 512; self_test at m_max (what our constructor runs),
+#: M down, up and down (256 and 512), then self_test at 256. The self-test's oracle is
+#: mori's GemmAllReduceOp.self_test, or for split-lsa the benchmark's all-reduce launch.
 BENCHMARK_MODES = ("split-sdma", "split-lsa", "fused-lsa")
 
 
@@ -169,8 +171,7 @@ def benchmark_mode_scenarios() -> list[Scenario]:
         granule = 2 * 128
         for rank in _ranks(2):
             out.append(Scenario(name=f"{transport}-w2-r{rank}", world=2, rank=rank, n=N, k=K, m_max=2 * granule,
-                                steps=(("call", granule), ("call", 2 * granule), ("call", granule)),
-                                transport=transport))
+                                steps=_up_down(granule), transport=transport))
     return out
 
 
