@@ -442,7 +442,7 @@ def test_m_sequence_uses_each_m_own_kernels_and_slot(smoke_store, smoke_lock, ra
         out = op(a, b, a_scale, b_scale)
         t, r = tuple_entry(smoke_lock, m=m, rank=rank)
         assert [l.digest for l in drv.launches] == [e.blob.hash for e in r.launches]
-        assert [sorted(l.kinds) for l in drv.launches] == [["gemm"], ["drain"], ["reduce"], ["gather"]]
+        drv.assert_roles(["gemm", "drain", "reduce", "gather"])
         gemm = drv.launches[0]
         assert gemm.kernel.endswith(f"_r{rank}") and gemm.kernel == r.launches[0].symbol
         assert gemm.grid == ((m // 128) * (N // 256), 1, 1) and gemm.block == (512, 1, 1)
@@ -630,8 +630,7 @@ def test_fp8_wire_miss_lists_the_wire(smoke_store, smoke_lock):
     assert op.m_values == (512,)
     drv.clear()
     op(*operands(512))
-    assert [sorted(l.kinds) for l in drv.launches] == [["gemm"], ["drain"], ["reduce"], ["quantize"],
-                                                      ["gather_barrier"], ["pull"]]
+    drv.assert_roles(["gemm", "drain", "reduce", "quantize", "gather_barrier", "pull"])
     with pytest.raises(ArtifactMissingError) as ei:
         op(*operands(256))
     assert 'gather_dtype = "fp8"' in ei.value.manifest_lines
@@ -694,14 +693,14 @@ def test_self_test_launch_order_and_failure_message(smoke_store, smoke_lock):
     msg = str(ei.value)
     assert "BUILD_CCO_SDMA" in msg and "MORI_ENABLE_SDMA" in msg and "M=512" in msg and "3 was expected" in msg
     _t, r = tuple_entry(smoke_lock, m=512, rank=1)
-    assert [sorted(l.kinds)[0] for l in drv.launches] == ["scatter", "reduce", "gather"]
+    drv.assert_roles(["scatter", "reduce", "gather"])
     assert [l.digest for l in drv.launches] == [e.blob.hash for e in r.self_test]
     assert drv.syncs == [drv.stream]  # synchronised once, after the sequence
     assert bool((op._plans[512].input == 2).all())  # rank 1 wrote rank + 1
     drv.clear()
     with pytest.raises(SelfTestError, match="M=256"):
         op.self_test(256)
-    assert drv.launches[0].kinds == {"scatter"}
+    assert "scatter" in drv.launches[0].kinds
     op.close()
 
 

@@ -99,7 +99,7 @@ def test_collective_modes_launch_their_recorded_sequence(smoke_store, smoke_lock
     drv.clear()
     with pytest.raises(Exception, match="self-test failed"):  # nothing executes: the check must fail
         op.self_test()
-    assert [sorted(l.kinds) for l in drv.launches] == [[k] for k in SELF_TESTS[transport]]
+    drv.assert_roles(SELF_TESTS[transport])
     assert [l.digest for l in drv.launches] == [_digest(e) for e in r.self_test]
     op.close()
 
@@ -164,8 +164,7 @@ def test_supports_per_transport(smoke_store):
 def test_fp8_wire_with_the_sdma_gather(smoke_store, smoke_lock):
     op, _c, drv = make_ar(smoke_store, smoke_lock, gather_dtype="fp8", gather_transport="sdma")
     op(*blockscale_operands(512))
-    assert [sorted(l.kinds) for l in drv.launches] == [["gemm"], ["drain"], ["reduce"], ["quantize"], ["gather"],
-                                                       ["dequantize"]]
+    drv.assert_roles(["gemm", "drain", "reduce", "quantize", "gather", "dequantize"])
     op.close()
 
 
@@ -175,7 +174,7 @@ def test_fused_mxfp8_gemm_block_m_256(smoke_store, smoke_lock):
     op(*mxfp8_operands(512))
     gemm = drv.launches[0]
     assert gemm.grid == ((512 // 256) * (N // 256), 1, 1)
-    assert [sorted(l.kinds) for l in drv.launches] == [["gemm"], ["drain"], ["reduce"], ["gather"]]
+    drv.assert_roles(["gemm", "drain", "reduce", "gather"])
     op.close()
 
 
