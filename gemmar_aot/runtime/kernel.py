@@ -188,20 +188,11 @@ class PreparedLaunch:
         self.struct.pack_into(self.args.buf, 0, *self.values)
 
 
-def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: KernelMetadata, function: Any,
-                   fixed: dict[int, int], per_call: Sequence[int], where: str) -> PreparedLaunch:
-    """Resolve a launch whose host parameters are ``fixed`` (index -> value) except ``per_call``.
-
-    The stream parameter is neither: it is passed to the driver, never packed.
-    Raises LaunchRecordError when grid, block or an argument would need per-call
-    evaluation, or a parameter is left unassigned.
-    """
-    n = len(record.params)
-    per_call = tuple(per_call)
+def _launch_shape(record: LaunchRecord, per_call: tuple[int, ...], where: str) -> tuple[tuple[int, ...], dict]:
+    """What :func:`prepare_launch` derives from a launch record alone: the kernel arguments packed per
+    call (as ``slot_of``: per-call parameter -> argument index) after checking that grid, block and
+    every other argument depend on fixed parameters only. Raises LaunchRecordError."""
     stream = record.stream_param
-    missing = [i for i in range(n) if i not in fixed and i not in per_call and i != stream]
-    if missing:
-        raise LaunchRecordError(f"{where}: host parameters {missing} of {record.kernel} have no value")
     deps = _dependencies(record)
     varying = set(per_call) | {stream}
     for what, xs in (("grid", record.grid), ("block", record.block)):
@@ -209,33 +200,69 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
             if _operand_deps(x, deps) & varying:
                 raise LaunchRecordError(f"{where}: the {what} of {record.kernel} depends on per-call "
                                         f"parameters; the runtime resolves it once per M")
-    params = [fixed.get(i, 0) for i in range(n)]
-    grid, block, kvals = record.resolve(params)
-    why = block_mismatch(kernel, tuple(int(b) for b in block))
-    if why:
-        raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- rebuild "
-                                    f"it (gemmar-aot build)")
-    values: list = []
     slot_of: dict[int, int] = {}
-    for i, (x, t) in enumerate(zip(record.kernel_args, record.kernel_arg_types)):
-        d = _operand_deps(x, deps)
+    for i, x in enumerate(record.kernel_args):
         if isinstance(x, str) and x.startswith("p") and int(x[1:]) in per_call:
             slot_of[int(x[1:])] = i
-            values.append(0)
-        elif d & varying:
+        elif _operand_deps(x, deps) & varying:
             raise LaunchRecordError(f"{where}: argument {i} of {record.kernel} is computed from per-call "
                                     f"parameters; the runtime packs only plain parameters per call")
-        else:
-            values.append(_to_signed(kvals[i], t))
     unused = [p for p in per_call if p not in slot_of]
     if unused:
         raise LaunchRecordError(f"{where}: per-call parameters {unused} of {record.kernel} reach no kernel argument")
-    st = kernarg_struct(kernel, record.kernel_arg_types)
+    return tuple(slot_of[p] for p in per_call), slot_of
+
+
+def _struct_for(kernel: KernelMetadata, types: tuple[str, ...], cache: dict | None) -> struct.Struct:
+    """:func:`kernarg_struct`, shared by kernels of one argument layout (``cache``: per construction)."""
+    if cache is None:
+        return kernarg_struct(kernel, types)
+    layout = (types, kernel.kernarg_size, tuple((a.offset, a.size) for a in explicit_args(kernel)))
+    st = cache.get(layout)
+    if st is None:
+        st = cache[layout] = kernarg_struct(kernel, types)
+    return st
+
+
+def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: KernelMetadata, function: Any,
+                   fixed: dict[int, int], per_call: Sequence[int], where: str,
+                   cache: dict | None = None) -> PreparedLaunch:
+    """Resolve a launch whose host parameters are ``fixed`` (index -> value) except ``per_call``.
+
+    The stream parameter is neither: it is passed to the driver, never packed.
+    Raises LaunchRecordError when grid, block or an argument would need per-call
+    evaluation, or a parameter is left unassigned. ``cache`` (a dict kept for one
+    construction) shares what depends on the record's program and the kernel's argument
+    layout alone between the launches that have them in common (a GEMM per M).
+    """
+    n = len(record.params)
+    per_call = tuple(per_call)
+    stream = record.stream_param
+    missing = [i for i in range(n) if i not in fixed and i not in per_call and i != stream]
+    if missing:
+        raise LaunchRecordError(f"{where}: host parameters {missing} of {record.kernel} have no value")
+    shape_key = (_launch_identity(record), per_call)
+    shape = None if cache is None else cache.get(shape_key)
+    if shape is None:
+        shape = _launch_shape(record, per_call, where)
+        if cache is not None:
+            cache[shape_key] = shape
+    slots, slot_of = shape
+    params = [fixed.get(i, 0) for i in range(n)]
+    grid, block, kvals = record.resolve(params)
+    block = tuple(int(b) for b in block)
+    why = block_mismatch(kernel, block)
+    if why:
+        raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- rebuild "
+                                    f"it (gemmar-aot build)")
+    per_call_args = set(slot_of.values())
+    values = [0 if i in per_call_args else _to_signed(v, t)
+              for i, (v, t) in enumerate(zip(kvals, record.kernel_arg_types))]
+    st = _struct_for(kernel, record.kernel_arg_types, cache)
     args = KernArgs(kernel.kernarg_size)
     launch = PreparedLaunch(kind=kind, kernel=record.kernel, digest=digest, function=function,
-                            grid=tuple(int(g) for g in grid), block=tuple(int(b) for b in block),
-                            args=args, struct=st, values=values,
-                            slots=tuple(slot_of[p] for p in per_call))
+                            grid=tuple(int(g) for g in grid), block=block,
+                            args=args, struct=st, values=values, slots=slots)
     launch.pack()
     return launch
 

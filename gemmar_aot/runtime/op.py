@@ -45,11 +45,12 @@ next call; one instance is not safe to use concurrently.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from gemmar_aot import rules
-from gemmar_aot.artifact_model import FUSED_SDMA, LaunchEntry
+from gemmar_aot.artifact_model import FUSED_SDMA, LaunchEntry, WindowLayout
 from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
@@ -283,8 +284,9 @@ class GemmAllReduceOp:
                 self.dev_comm = comm.create_dev_comm(dev_comm_requirements(comm, sdma_queues))
                 comm.barrier()
                 self._closed = False
+                shared: dict = {}  # what the M values' launches have in common, derived once
                 for m, e in sorted(entries.items()):
-                    self._plans[m] = self._make_plan(e, images, functions)
+                    self._plans[m] = self._make_plan(e, images, functions, shared)
                 if self_test:
                     self.self_test()
                 if self_test_gemm:
@@ -339,7 +341,8 @@ class GemmAllReduceOp:
                 raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.id.block_n}")
             if first is None:
                 first = e
-            else:
+                first_shared = [getattr(lay, f) for f in _SHARED_WINDOW_FIELDS]
+            elif [getattr(lay, f) for f in _SHARED_WINDOW_FIELDS] != first_shared:
                 # Only the per-M values (lay.call) may differ between the M values of one window.
                 diff = _differing_fields(first.layout.shared().flat(), lay.shared().flat())
                 if diff:
@@ -393,7 +396,7 @@ class GemmAllReduceOp:
                              slot=e.layout.call.slot, m_max=e.layout.m_max, n=i.n, k=i.k, quant=i.quant,
                              gather_dtype=i.gather_dtype, gather_transport=i.gather_transport, block_m=i.block_m)
 
-    def _make_plan(self, e: RankEntry, images, functions) -> _Plan:
+    def _make_plan(self, e: RankEntry, images, functions, shared: dict | None = None) -> _Plan:
         m = e.m
         lay = e.layout
         launches = list(e.launches)
@@ -419,7 +422,7 @@ class GemmAllReduceOp:
             return prepare_launch(kind=le.kind, digest=d, record=rec, kernel=images[d][1],
                                   function=functions[d], where=f"{e.where} {le.kind}",
                                   fixed={rec.args[0].params[0]: dev_comm, rec.args[1].params[0]: win},
-                                  per_call=())
+                                  per_call=(), cache=shared)
 
         g = launches[0]
         rec = g.launch
@@ -446,7 +449,7 @@ class GemmAllReduceOp:
         d = g.blob.hash
         gemm = prepare_launch(kind="gemm", digest=d, record=rec, kernel=images[d][1], function=functions[d],
                               where=f"{e.where} gemm", fixed=fixed,
-                              per_call=(a.params[0], b.params[0], asc.params[0], bsc.params[0]))
+                              per_call=(a.params[0], b.params[0], asc.params[0], bsc.params[0]), cache=shared)
         import torch
 
         return _Plan(
@@ -739,6 +742,10 @@ class GemmAllReduceOp:
         state = "closed" if self._closed else f"M {list(self.m_values)}"
         return (f"<gemmar_aot GemmAllReduceOp n={self.n} k={self.k} world={self.world_size} rank={self.rank} "
                 f"{self.quant} wire={self.gather_dtype} m_max={self.m_max} {self.transport}: {state}>")
+
+
+#: A window layout's fields but the per-M values (``call``): what one window's M values share.
+_SHARED_WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(WindowLayout) if f.name != "call")
 
 
 def _differing_fields(a: dict, b: dict) -> list[str]:

@@ -124,6 +124,7 @@ class DirectoryBackend(CacheBackend):
         #: quarantined, dictionaries_restored, blobs_written, records_written.
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._blob_dir_str = os.path.join(str(self.root), "blobs", "sha256")
 
     def __repr__(self) -> str:
         return f"DirectoryBackend({str(self.root)!r})"
@@ -339,8 +340,17 @@ class DirectoryBackend(CacheBackend):
                                        f"is intact)", path=path, digest=digest, reason=str(e)) from None
 
     def load_blob(self, digest: str, size: int | None = None) -> bytes:
-        """The verified bytes of blob ``digest``. Raises BlobNotFoundError or CorruptArtifactError."""
-        return self.decode_file(self.blob_path(digest), digest, size)
+        """The verified bytes of blob ``digest``. Raises BlobNotFoundError or CorruptArtifactError.
+
+        The hot path of a runtime's startup (one call per code object): the file is opened by a
+        string path; a :class:`~pathlib.Path` is made only for an error."""
+        check_hex64(digest, "blob digest")
+        try:
+            with open(f"{self._blob_dir_str}/{digest[:2]}/{digest}{BLOB_SUFFIX}", "rb") as f:
+                data = f.read()
+            return self.codec.decode(data, digest, size)
+        except (OSError, BadBlob, SizeMismatch):
+            return self.decode_file(self.blob_path(digest), digest, size)  # the error, from the careful path
 
     def get_blob(self, digest: Digest) -> bytes | None:
         try:
