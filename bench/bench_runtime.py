@@ -10,7 +10,9 @@ Usage::
 (a) **Startup**: constructing ``gemmar_aot.runtime.GemmAllReduceOp`` for one rank of
     ``manifests/dsv4-pro-wo_b.toml`` (N 7168, K 2048, world 8, 13 M values x (GEMM +
     drain/reduce/gather + the self-test's scatter/reduce/gather)) up to ready: read and
-    index the lock, check every layout, read + zstd-decode + sha256-verify every blob,
+    index the lock, check every layout, bind every lock entry to its action-cache record
+    (from the lock's record index when the store has one, else record by record), read +
+    zstd-decode + sha256-verify every blob,
     parse and check each code object against its launch record, "load" it, allocate
     and zero the window, create the dev comm, and resolve every M's launches. The
     driver here is a stand-in whose module load is a code-object parse: the real
@@ -110,6 +112,9 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
     from gemmar_aot.artifact_model import read_lock
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
     from gemmar_aot.runtime.kernel import RecordBinding
+    from gemmar_aot.store.record_index import index_path
+
+    index = index_path(store)  # the lock's record index: the binding reads it when present
 
     names = ("lock_read", "lock_read_and_index", "construct_to_ready", "construct_to_ready_without_parse_in_driver",
              "construct_to_ready_without_record_binding")
@@ -133,7 +138,8 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
         # above so machine load affects both alike: the difference is what the check costs
         drv, comm = BenchDriver(parse=True), FakeCommunicator(rank, WORLD, lazy=True)
         name = "construct_to_ready_without_record_binding"
-        with mock.patch.object(RecordBinding, "check", lambda *a, **k: False):
+        with mock.patch.object(RecordBinding, "check", lambda *a, **k: False), \
+                mock.patch.object(RecordBinding, "use_indexes", lambda *a, **k: None):
             op = _timed(lambda: GemmAllReduceOp(comm, n=N, k=K, m_max=M_MAX, artifacts=store, driver=drv,
                                                 self_test=False), wall[name], cpu[name])
         op.close()
@@ -146,6 +152,7 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
         **info,
         "rank": rank,
         "lock_bytes": store.stat().st_size,
+        "record_index_bytes": index.stat().st_size if index.is_file() else None,
         **{f"{n}_ms": _stats(wall[n]) for n in names},
         **{f"{n}_cpu_ms": _stats(cpu[n]) for n in names},
         "record_binding_share_of_cpu": round(1 - statistics.median(cpu["construct_to_ready_without_record_binding"])
@@ -249,7 +256,8 @@ def main() -> int:
     s = res["startup"]
     print(f"(a) startup to ready, rank {s['rank']}: {len(s['m_values'])} M values, {s['launch_entries']} launch "
           f"entries, {s['distinct_blobs']} distinct code objects ({s['blob_bytes']:,} bytes), window "
-          f"{s['window_bytes']:,} bytes; lock file {s['lock_bytes']:,} bytes")
+          f"{s['window_bytes']:,} bytes; lock file {s['lock_bytes']:,} bytes, record index "
+          f"{str(s['record_index_bytes']) + ' bytes' if s['record_index_bytes'] else 'none (records read one by one)'}")
     for key, label in (("lock_read_ms", "lock read + validate"),
                        ("lock_read_and_index_ms", "lock read + index"),
                        ("construct_to_ready_ms", "construct -> ready (module load = parse)"),

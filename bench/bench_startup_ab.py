@@ -1,16 +1,23 @@
-"""Startup of one rank, measured the same way for any gemmar-aot checkout (for A/B comparisons).
+"""Startup of one rank, measured the same way for several gemmar-aot checkouts, interleaved (A/B).
 
 Usage::
 
-    python bench/bench_startup_ab.py CHECKOUT LOCK [--repeat N]
+    python bench/bench_startup_ab.py ARM [ARM ...] LOCK [--rounds 6] [--repeat 10] [--json-out FILE]
 
-imports ``gemmar_aot`` (and the bench's driver and the test doubles) from CHECKOUT, then
-measures ``load_artifacts(LOCK)`` (the lock read and indexed) and constructing
-``GemmAllReduceOp`` for rank 0 of the reference manifest up to ready, as
-``bench_runtime.py`` does. Reports process-CPU and wall minima (and the wall median) and
-the load average: run it for the two checkouts one after the other, on a busy machine
-more than once, and compare the CPU minima. For an old checkout, give it a lock its own
-``gemmar-aot build`` wrote (its lock schema), e.g. from ``git worktree add /tmp/old REV``.
+An ARM is a checkout directory, optionally ``CHECKOUT=OTHER_LOCK`` to measure it on another
+lock (an old checkout needs a lock its own build wrote; the same checkout on a copy of the
+store without its record index measures the index). Every round runs each arm once, in
+turn, in a fresh interpreter that imports ``gemmar_aot`` (and the bench's driver and the
+test doubles) from that checkout and measures ``--repeat`` times, after one warm-up:
+``load_artifacts(LOCK)`` (the lock read and indexed) and constructing ``GemmAllReduceOp``
+for rank 0 of the reference manifest up to ready, as ``bench_runtime.py`` does. Arms are
+interleaved A B A B ..., so a machine whose load changes affects every arm alike.
+
+Reported per arm: process-CPU median and minimum, wall median, over every run of every
+round, and the load average before and after. On a shared machine compare CPU medians of
+arms measured in one invocation; never numbers from two invocations.
+
+With one arm and no options it behaves as before (one checkout, ``--repeat`` runs).
 """
 
 from __future__ import annotations
@@ -18,18 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkout", type=Path)
-    ap.add_argument("lock", type=Path)
-    ap.add_argument("--repeat", type=int, default=30)
-    a = ap.parse_args()
-    root = a.checkout.resolve()
+def worker(checkout: Path, lock: Path, repeat: int) -> dict:
+    root = checkout.resolve()
     sys.path[:0] = [str(root), str(root / "bench"), str(root / "tests")]
     from bench_runtime import M_MAX, WORLD, BenchDriver, K, N
     from fakes import FakeCommunicator
@@ -38,11 +42,10 @@ def main() -> int:
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
 
     if not Path(gemmar_aot.__file__).resolve().is_relative_to(root):
-        print(f"gemmar_aot was imported from {gemmar_aot.__file__}, not {root}", file=sys.stderr)
-        return 2
+        raise SystemExit(f"gemmar_aot was imported from {gemmar_aot.__file__}, not {root}")
 
     def construct():
-        op = GemmAllReduceOp(FakeCommunicator(0, WORLD, lazy=True), n=N, k=K, m_max=M_MAX, artifacts=a.lock,
+        op = GemmAllReduceOp(FakeCommunicator(0, WORLD, lazy=True), n=N, k=K, m_max=M_MAX, artifacts=lock,
                              driver=BenchDriver(True), self_test=False)
         op.close()
 
@@ -53,16 +56,68 @@ def main() -> int:
             fn()
             cpu.append((time.process_time() - c) * 1e3)
             wall.append((time.perf_counter() - t) * 1e3)
-        return {"cpu_min_ms": round(min(cpu), 2), "wall_min_ms": round(min(wall), 2),
-                "wall_median_ms": round(sorted(wall)[n // 2], 2)}
+        return {"cpu_ms": cpu, "wall_ms": wall}
 
     construct()  # imports, caches
-    load = os.getloadavg()
-    res = {"checkout": str(root), "lock_bytes": a.lock.stat().st_size,
-           "lock_read_and_index": measure(lambda: load_artifacts(a.lock), 2 * a.repeat),
-           "construct_to_ready": measure(construct, a.repeat)}
-    res["load_average_before_after"] = [round(x, 2) for x in load + os.getloadavg()]
-    print(json.dumps(res, indent=1, sort_keys=True))
+    return {"lock_read_and_index": measure(lambda: load_artifacts(lock), repeat),
+            "construct_to_ready": measure(construct, repeat)}
+
+
+def _summary(runs: dict) -> dict:
+    cpu, wall = runs["cpu_ms"], runs["wall_ms"]
+    return {"cpu_median_ms": round(statistics.median(cpu), 2), "cpu_min_ms": round(min(cpu), 2),
+            "wall_median_ms": round(statistics.median(wall), 2), "n": len(cpu)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("arms", nargs="+", help="CHECKOUT or CHECKOUT=LOCK, ..., then the default LOCK")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=30, help="constructions per arm and round")
+    ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if len(a.arms) < 2:
+        ap.error("give at least one checkout and the lock")
+    *arms, default_lock = a.arms
+    if a.worker:
+        print(json.dumps(worker(Path(arms[0]), Path(default_lock), a.repeat)))
+        return 0
+    parsed = []
+    for arm in arms:
+        checkout, _, lock = arm.partition("=")
+        parsed.append((arm, Path(checkout), Path(lock or default_lock)))
+    runs: dict[str, dict[str, dict[str, list]]] = {
+        arm: {m: {"cpu_ms": [], "wall_ms": []} for m in ("lock_read_and_index", "construct_to_ready")}
+        for arm, _c, _l in parsed}
+    load_before = os.getloadavg()
+    loads = []
+    for _ in range(a.rounds):
+        for arm, checkout, lock in parsed:
+            out = subprocess.run([sys.executable, __file__, str(checkout), str(lock), "--worker", "--repeat",
+                                  str(a.repeat)], capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                print(f"{arm}: {out.stderr.strip()}", file=sys.stderr)
+                return 2
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            for m, r in got.items():
+                for k in ("cpu_ms", "wall_ms"):
+                    runs[arm][m][k].extend(r[k])
+        loads.append(round(os.getloadavg()[0], 2))
+    res = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "rounds": a.rounds, "repeat_per_round": a.repeat,
+        "load_average_before_after": [round(x, 2) for x in load_before + os.getloadavg()],
+        "load_1min_after_each_round": loads,
+        "arms": {arm: {"checkout": str(checkout.resolve()), "lock": str(lock),
+                       "lock_bytes": lock.stat().st_size,
+                       **{m: _summary(r) for m, r in runs[arm].items()}}
+                 for arm, checkout, lock in parsed},
+    }
+    text = json.dumps(res, indent=1, sort_keys=True)
+    if a.json_out:
+        a.json_out.write_text(text + "\n")
+    print(text)
     return 0
 
 
