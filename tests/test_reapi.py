@@ -50,7 +50,7 @@ ActionResultPB = _classes()
 _hex = st.text("0123456789abcdef", min_size=64, max_size=64)
 _files = st.lists(st.builds(reapi.OutputFile, path=st.text(min_size=1, max_size=40),
                             digest=st.builds(reapi.Digest, _hex, st.integers(0, 2**40)),
-                            is_executable=st.booleans()), max_size=4)
+                            is_executable=st.booleans(), contents=st.binary(max_size=64)), max_size=4)
 
 
 @settings(max_examples=200, deadline=None)
@@ -60,8 +60,8 @@ def test_protobuf_reads_what_we_write_and_we_read_what_it_writes(files, exit_cod
     ours = reapi.encode_action_result(ar)
     theirs = ActionResultPB.FromString(ours)
     assert theirs.exit_code == exit_code
-    assert [(f.path, f.digest.hash, f.digest.size_bytes, f.is_executable) for f in theirs.output_files] == \
-           [(f.path, f.digest.hash, f.digest.size_bytes, f.is_executable) for f in files]
+    assert [(f.path, f.digest.hash, f.digest.size_bytes, f.is_executable, f.contents) for f in theirs.output_files] == \
+           [(f.path, f.digest.hash, f.digest.size_bytes, f.is_executable, f.contents) for f in files]
     # Deterministic and canonical: protobuf's own serialisation of the same message is byte-equal.
     assert theirs.SerializeToString(deterministic=True) == ours
     assert reapi.decode_action_result(theirs.SerializeToString()) == ar
@@ -69,11 +69,12 @@ def test_protobuf_reads_what_we_write_and_we_read_what_it_writes(files, exit_cod
 
 def test_unknown_fields_are_skipped_and_garbage_is_refused():
     m = ActionResultPB()
-    f = m.output_files.add(path=reapi.RECORD_PATH, contents=b"inline bytes we do not use")
+    f = m.output_files.add(path=reapi.RECORD_PATH, contents=b"inlined record bytes")
     f.digest.hash, f.digest.size_bytes = "ab" * 32, 7
     m.stdout_raw = b"a server may add fields"
     ar = reapi.decode_action_result(m.SerializeToString())
     assert ar.file(reapi.RECORD_PATH).digest == reapi.Digest("ab" * 32, 7)
+    assert ar.file(reapi.RECORD_PATH).contents == b"inlined record bytes"
     assert ar.file(reapi.CODE_PATH) is None
     good = m.SerializeToString()
     for bad in (good[:-3], b"\x12\xff\xff\xff\xff\x0f", b"\x00\x01", b"\x13"):

@@ -153,13 +153,32 @@ def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(
     with pytest.raises(CorruptArtifactError, match="sha256"):
         b.get_blob(d)
     assert seen and seen[0][0] == f"cas/{d.hash}" and seen[0][1] == code[:-7]
-    # the record's own blob evicted: a miss, not an error
-    rb = record_bytes(_record(key, code))
-    (nginx.data / "cas" / hashlib.sha256(rb).hexdigest()).unlink()
-    assert b.get_record(key) is None
-    # entries that do not hold together are refused, never half-used
+    # the record rides inline in the ActionResult; without it (an older client, or a server
+    # that drops inlined contents) the reader fetches /cas/, and that blob evicted is a miss
     from gemmar_aot.store import reapi
 
+    rb = record_bytes(_record(key, code))
+    (nginx.data / "cas" / hashlib.sha256(rb).hexdigest()).unlink()
+    assert b.get_record(key) == _record(key, code)  # from the inlined copy, checked against its digest
+    ar = reapi.decode_action_result((nginx.data / "ac" / key).read_bytes())
+    plain = reapi.ActionResult(tuple(reapi.OutputFile(f.path, f.digest) for f in ar.output_files))
+    (nginx.data / "ac" / key).write_bytes(reapi.encode_action_result(plain))
+    assert b.get_record(key) is None
+    b.put_blob(rb)
+    assert b.get_record(key) == _record(key, code)  # fetched from /cas/ when not inlined
+    # an inlined record that does not hash to its digest is refused and handed to quarantine
+    k4 = "4" * 64
+    b.put_record(k4, _record(k4, code))
+    good_ar = (nginx.data / "ac" / k4).read_bytes()
+    inlined = reapi.decode_action_result(good_ar).file(reapi.RECORD_PATH).contents
+    forged = inlined.replace(b'"kernel": "k"', b'"kernel": "x"')
+    assert forged != inlined and len(forged) == len(inlined)
+    (nginx.data / "ac" / k4).write_bytes(good_ar.replace(inlined, forged))
+    seen.clear()
+    with pytest.raises(CorruptArtifactError, match="sha256"):
+        b.get_record(k4)
+    assert seen and seen[0][0] == f"ac/{k4}" and seen[0][1] == forged
+    # entries that do not hold together are refused, never half-used
     k2, k3 = "5" * 64, "6" * 64
     rec2 = _record(k2, code)
     b.put_record(k2, rec2)

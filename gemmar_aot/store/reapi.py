@@ -7,7 +7,7 @@ files, named by :class:`Digest` and stored in ``/cas/``. Only these fields are w
 or read (field numbers from the proto)::
 
     message Digest       { string hash = 1; int64 size_bytes = 2; }
-    message OutputFile   { string path = 1; Digest digest = 2; bool is_executable = 4; }
+    message OutputFile   { string path = 1; Digest digest = 2; bool is_executable = 4; bytes contents = 5; }
     message ActionResult { repeated OutputFile output_files = 2; int32 exit_code = 4; }
 
 Decoding skips every other field (a server or another client may add some) and
@@ -42,6 +42,9 @@ class OutputFile:
     path: str
     digest: Digest
     is_executable: bool = False
+    #: The file's bytes inlined (REAPI's ``contents``); empty when only the digest is given.
+    #: A reader checks them against ``digest`` exactly as it would the ``/cas/`` copy.
+    contents: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -165,11 +168,13 @@ def encode_output_file(f: OutputFile) -> bytes:
     out = _len_field(1, f.path.encode("utf-8")) + _len_field(2, encode_digest(f.digest))
     if f.is_executable:
         out += _tag(4, _VARINT) + _varint(1)
+    if f.contents:
+        out += _len_field(5, bytes(f.contents))
     return out
 
 
 def decode_output_file(buf: bytes) -> OutputFile:
-    path, digest, exe = "", Digest("", 0), False
+    path, digest, exe, contents = "", Digest("", 0), False, b""
     for field, wire, val in _fields(buf, "OutputFile"):
         if field == 1:
             _expect(wire, _LEN, "OutputFile", field)
@@ -183,7 +188,10 @@ def decode_output_file(buf: bytes) -> OutputFile:
         elif field == 4:
             _expect(wire, _VARINT, "OutputFile", field)
             exe = bool(val)
-    return OutputFile(path, digest, exe)
+        elif field == 5:
+            _expect(wire, _LEN, "OutputFile", field)
+            contents = bytes(val)
+    return OutputFile(path, digest, exe, contents)
 
 
 def encode_action_result(ar: ActionResult) -> bytes:
