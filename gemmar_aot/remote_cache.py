@@ -5,8 +5,8 @@ byte verified by the backend before it is kept -- and what this build compiles, 
 locally and the remote lacks, is written through, blob before record.
 
 - :meth:`RemoteSession.lookup` resolves the local misses against the remote: requests
-  in parallel (a warm fresh checkout is ~1300 small GETs; one at a time they would
-  dominate the build), and writes into the local store in this thread, in order. Fetched
+  in parallel (a warm fresh checkout is ~850 small GETs; one at a time they would
+  dominate the build), each thread writing what it fetched into the local store. Fetched
   entries are written at zstd level 3 and without fsync: two fsyncs and a level-19
   compress per entry were ~40 ms, 17 s for the reference manifest, and buy nothing
   here -- every local read verifies (a torn file is quarantined, not used) and the
@@ -117,34 +117,37 @@ class RemoteSession:
         """key -> record for the ``keys`` the remote has, each verified and now in the local store."""
         if not keys or self.backend.down:
             return {}
+        local = self.writer.local
 
         def fetch(key):
+            # Fetch, verify and write in the same thread: the local writes (two new files and
+            # often a fan-out directory per entry) are the larger part of a hit, and their
+            # syscalls overlap with the other threads' requests and writes.
             if self.backend.down:
-                return key, None, None
+                return key, None
             try:
                 got = self.backend.get_record_json(key)
                 if got is None:
-                    return key, None, None
+                    return key, None
                 code = self.backend.get_blob(record_digest(got[0]))  # verified, or raises
                 if code is None:
                     with self._lock:
                         self.counts["record_without_blob"] += 1  # evicted: a miss, not an error
-                return key, got, code
+                    return key, None
             except CorruptArtifactError as e:
                 self.problem(f"entry {key}", e)  # refused; on_corrupt quarantined the bytes
+                return key, None
             except Exception as e:  # noqa: BLE001 - a remote failure is a miss, never fatal here
                 self.problem(f"lookup of {key}", e)
-            return key, None, None
+                return key, None
+            local.put_blob(code)  # blob before record
+            return key, local.put_record_json(key, got[1])
 
         found: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=min(self.jobs, len(keys)), thread_name_prefix="lookup") as pool:
-            for key, got, code in pool.map(fetch, keys):
-                if code is None:
-                    continue
-                rec, text = got
-                local = self.writer.local
-                local.put_blob(code)  # blob before record
-                found[key] = local.put_record_json(key, text)
+            for key, rec in pool.map(fetch, keys):
+                if rec is not None:
+                    found[key] = rec
         self.counts["remote_hits"] += len(found)
         return found
 
