@@ -9,6 +9,9 @@
 #   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers,
 #                PROFILE=nightly for another toolchain profile)
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
+#   make setup-py312   a Python 3.12 build environment beside .venv (.venv312, .toolchain312)
+#                for tests/test_keys_travel.py (PYTHON312=/path/to/python3.12; ~4 GB: PyPI's
+#                torch 2.13.0 for cp312 is the CUDA build). Not part of setup or CI.
 #   make clean   remove .venv and .toolchain
 
 PYTHON      ?= python3
@@ -22,11 +25,12 @@ PYTEST_ARGS ?=
 TOOLCHAIN   ?= all
 # The profile `make build` compiles with (empty: $$GEMMAR_AOT_TOOLCHAIN_PROFILE, else default).
 PROFILE     ?=
+PYTHON312   ?= python3.12
 
 # pip install runs again when pyproject.toml changes.
 DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
 
-.PHONY: setup build test lint clean
+.PHONY: setup setup-py312 build test lint clean
 
 setup: $(DEPS_STAMP)
 	$(VPY) -m gemmar_aot.toolchain setup --profile $(TOOLCHAIN)
@@ -39,6 +43,15 @@ $(DEPS_STAMP): pyproject.toml | $(VPY)
 	$(VENV)/bin/pip install -e '.[build,test,ray]'
 	touch $@
 
+# Its own toolchain (toolchain.json records the Python), linking the same cco bitcode as
+# .venv's: the bitcode's sha256 is a key ingredient, how it was built is not.
+setup-py312: setup
+	$(PYTHON312) -m venv .venv312
+	.venv312/bin/pip install -e '.[build]'
+	GEMMAR_AOT_TOOLCHAIN=$(CURDIR)/.toolchain312 \
+	MORI_CCO_BC=$$($(VPY) -c 'from gemmar_aot.toolchain import load_toolchain; print(load_toolchain(profile="default").cco_bc)') \
+	.venv312/bin/python -m gemmar_aot.toolchain setup --profile default
+
 build: setup
 	$(VENV)/bin/gemmar-aot build $(MANIFEST) --out $(OUT)$(if $(strip $(JOBS)), -j $(JOBS))$(if $(strip $(PROFILE)), --toolchain $(PROFILE))
 
@@ -49,4 +62,4 @@ lint: setup
 	$(VENV)/bin/ruff check gemmar_aot kernels tests bench --select F,E9
 
 clean:
-	rm -rf $(VENV) .toolchain
+	rm -rf $(VENV) .toolchain .venv312 .toolchain312
