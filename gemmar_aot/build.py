@@ -43,12 +43,13 @@ def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
 
 def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp: dict) -> Lock:
     """The runtime's entry point: every tuple and rank -> ordered launches. Deterministic."""
-    entries: dict[str, LaunchEntry] = {}
+    entries: dict[object, LaunchEntry] = {}
 
     def entry(spec) -> LaunchEntry:
-        e = entries.get(spec.spec_id)
+        e = entries.get(spec)  # by the spec itself: its spec_id hashes canonical JSON, once per spec
         if e is None:
-            e = entries[spec.spec_id] = launch_entry(spec.kind, keys[spec.spec_id], records[spec.spec_id])
+            sid = spec.spec_id
+            e = entries[spec] = launch_entry(spec.kind, keys[sid], records[sid])
         return e
 
     tuples = []
@@ -181,12 +182,15 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     try:
         # The (spawned) local workers load the same profile: they inherit it from the environment.
         with terminate_as_interrupt(), _env(PROFILE_ENV, tc.profile.name):
+            # spec_id is sha256 over canonical JSON (~50 us): computed once per spec here rather
+            # than at each of the ~13 uses per spec below (0.2-0.3 s of a 424-spec warm build).
+            ids = {s: s.spec_id for s in plan.specs}
             keys: dict[str, str] = {}
             ingr: dict[str, dict] = {}
             with maybe_phase(trace, "keys", specs=len(plan.specs)):
                 for s in plan.specs:
-                    ingr[s.spec_id] = ingredients(s, fp)
-                    keys[s.spec_id] = action_key(ingr[s.spec_id])
+                    ingr[ids[s]] = ingredients(s, fp)
+                    keys[ids[s]] = action_key(ingr[ids[s]])
 
             selected = [s for s in plan.specs if not only or s.kind in only]
             if shard is not None:
@@ -196,23 +200,23 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             records: dict[str, dict] = {}
             with maybe_phase(trace, "store look-ups", specs=len(selected)):
                 for s in selected:
-                    rec = st.get_record(keys[s.spec_id], verify=True)
+                    rec = st.get_record(keys[ids[s]], verify=True)
                     if rec is not None:
-                        records[s.spec_id] = rec
+                        records[ids[s]] = rec
                     elif local is not None and session is None:
                         local.start()  # at the first miss: workers import while the look-ups go on
             local_hits = len(records)
             remote_hits = 0
             if session is not None:
                 with maybe_phase(trace, "remote look-ups", specs=len(selected) - local_hits):
-                    found = session.lookup([keys[s.spec_id] for s in selected if s.spec_id not in records])
+                    found = session.lookup([keys[ids[s]] for s in selected if ids[s] not in records])
                 for s in selected:
-                    if keys[s.spec_id] in found:
-                        records[s.spec_id] = found[keys[s.spec_id]]
+                    if keys[ids[s]] in found:
+                        records[ids[s]] = found[keys[ids[s]]]
                 remote_hits = len(found)
                 session.backfill({keys[sid]: rec for sid, rec in records.items()
                                   if keys[sid] not in found})
-            todo = [Task(s, keys[s.spec_id], ingr[s.spec_id]) for s in selected if s.spec_id not in records]
+            todo = [Task(s, keys[ids[s]], ingr[ids[s]]) for s in selected if ids[s] not in records]
             if todo and local is not None:
                 local.start()
             hits = len(records)
