@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -36,9 +37,11 @@ from raycluster import LocalRayCluster  # noqa: E402  (the tests' real local clu
 def _build(manifest: str, store: Path, extra: list[str], env: dict) -> dict:
     cmd = [sys.executable, "-m", "gemmar_aot", "build", manifest, "--store", str(store), "--json", "-q", *extra]
     load0 = os.getloadavg()
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
     s = json.loads(proc.stdout)
@@ -52,10 +55,13 @@ def _build(manifest: str, store: Path, extra: list[str], env: dict) -> dict:
         "jobs": s["jobs"],
         "spec_seconds": s["cpu_seconds"],
         "worker_cpu_seconds": s.get("worker_cpu_seconds"),
+        # user+sys of the build command and the processes it waited for: for -j N its compile
+        # workers too; for Ray the driver alone (the nodes' workers are not its children)
+        "process_tree_cpu_seconds": round(kids1.ru_utime - kids0.ru_utime + kids1.ru_stime - kids0.ru_stime, 2),
         "executor": s.get("executor"),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "lock": (store / "locks" / f"{s['manifest']}.lock.json").read_bytes(),
+        "lock": Path(s["lock_file"]).read_bytes(),  # (named per toolchain profile)
     }
 
 
