@@ -124,6 +124,7 @@ class DirectoryBackend(CacheBackend):
         #: quarantined, dictionaries_restored, blobs_written, records_written.
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._init_lock = threading.Lock()  # init() runs from the remote cache's look-up threads
         self._blob_dir_str = os.path.join(str(self.root), "blobs", "sha256")
 
     def __repr__(self) -> str:
@@ -195,6 +196,14 @@ class DirectoryBackend(CacheBackend):
             raise StoreError(f"{self.root} was opened read-only")
         if self.format == STORE_FORMAT and (self.root / FORMAT_FILE).exists():
             return
+        with self._init_lock:
+            # Another thread may have been creating the layout: between its first mkdir and
+            # its format file, read_store_format would refuse the directory as foreign.
+            if self.format == STORE_FORMAT and (self.root / FORMAT_FILE).exists():
+                return
+            self._init_layout()
+
+    def _init_layout(self) -> None:
         fmt = read_store_format(self.root)
         if fmt is not None and fmt != STORE_FORMAT:
             migrate(self, fmt)
