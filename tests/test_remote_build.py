@@ -237,9 +237,12 @@ def test_concurrent_builders_on_one_remote(nginx, tmp_path):
         outs.append(json.loads(out))
     assert all(o["failed"] == 0 and o["remote"]["errors"] == 0 for o in outs)
     assert _lock_bytes(tmp_path / "s0", "tiny") == _lock_bytes(tmp_path / "s1", "tiny")
-    assert assert_remote_is_consistent(nginx) == 3
+    # As many kernels as the lock names (split modes build a GEMM per rank, so not a fixed count).
+    n = len(_lock_entries(tmp_path / "s0", "tiny"))
+    assert n == outs[0]["distinct_specs"] and n >= 3
+    assert assert_remote_is_consistent(nginx) == n
     third = _build(tmp_path / "s2", nginx.url, manifest)
-    assert (third["compiled"], third["remote_hits"]) == (0, 3)
+    assert (third["compiled"], third["remote_hits"]) == (0, n)
     assert _lock_bytes(tmp_path / "s2", "tiny") == _lock_bytes(tmp_path / "s0", "tiny")
 
 
