@@ -247,12 +247,12 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
         if n != f"{di}/RECORD":
             h = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             assert rec[n] == (h, str(len(data)))
-    # fixed zip metadata: date, permissions, system; blobs stored, text deflated
+    # fixed zip metadata: date, permissions, system; zstd frames stored, the pack and text deflated
     with zipfile.ZipFile(whl) as zf:
         for zi in zf.infolist():
             assert zi.date_time == (1980, 1, 1, 0, 0, 0)
             assert zi.external_attr >> 16 == 0o100644 and zi.create_system == 3
-            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith((".pack", ".zst"))
+            assert zi.compress_type == (zipfile.ZIP_STORED if zi.filename.endswith(".zst")
                                         else zipfile.ZIP_DEFLATED)
     # BUILD_INFO
     info = json.loads(files[f"{pkg}/BUILD_INFO.json"])
