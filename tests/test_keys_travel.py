@@ -31,7 +31,8 @@ pytestmark = pytest.mark.compile
 ROOT = Path(__file__).resolve().parent.parent
 PY312 = Path(os.environ.get("GEMMAR_AOT_TEST_PYTHON312") or ROOT / ".venv312" / "bin" / "python")
 TC312 = Path(os.environ.get("GEMMAR_AOT_TEST_TOOLCHAIN312") or ROOT / ".toolchain312")
-# A GEMM, a one-shot all-reduce and its self-test twin: three specs, ~10 s per side.
+# Split-lsa, world 2: a GEMM per rank (as mori's benchmark builds them), the one-shot
+# all-reduce and its self-test twin: four specs, a few seconds per side.
 TINY = """
 [manifest]
 name = "tiny"
@@ -87,7 +88,8 @@ def test_the_same_spec_under_python_3_11_and_3_12_has_the_same_key_and_code_obje
     for name, (python, toolchain) in sides.items():
         summary[name] = _build(python, toolchain, manifest, tmp_path / name)
         entries[name] = _entries(tmp_path / name)
-        assert summary[name]["compiled"] == summary[name]["distinct_specs"] == 3 and summary[name]["failed"] == 0
+        assert summary[name]["compiled"] == summary[name]["distinct_specs"] == len(entries[name]) >= 3
+        assert summary[name]["failed"] == 0
 
     # The two sides really are different environments ...
     fps = {name: json.loads((Path(tc) / "toolchain.json").read_text()) for name, (_, tc) in sides.items()}
@@ -98,7 +100,7 @@ def test_the_same_spec_under_python_3_11_and_3_12_has_the_same_key_and_code_obje
     assert summary["3.11"]["toolchain"] != summary["3.12"]["toolchain"]
     # ... with the same cco bitcode (a key ingredient), and every kernel gets the same key ...
     assert fps["3.11"]["cco_bitcode"]["sha256"] == fps["3.12"]["cco_bitcode"]["sha256"]
-    assert set(entries["3.11"]) == set(entries["3.12"]) and len(entries["3.11"]) == 3
+    assert set(entries["3.11"]) == set(entries["3.12"])
     # ... and the same bytes, as each compiler wrote and the store verified them.
     def same_parts(rec: dict) -> dict:
         return {k: v for k, v in rec.items() if k != "compile_seconds"}  # a timing, not an output
