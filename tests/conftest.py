@@ -70,6 +70,22 @@ def hip_stub(hipstub_lib):
     return HipStub(hipstub_lib)
 
 
+@pytest.fixture(scope="session")
+def test_co(tmp_path_factory) -> bytes:
+    """A clang-built gfx950 code object of small test kernels (tests/hipstub), built once per session."""
+    import hipstub
+
+    return hipstub.build_test_code_object(tmp_path_factory.mktemp("co") / "kernels.co")
+
+
+@pytest.fixture(scope="session")
+def gfx942_co(tmp_path_factory) -> bytes:
+    """The same kernels for another GPU (gfx942): what a gfx950 device must refuse."""
+    import hipstub
+
+    return hipstub.build_test_code_object(tmp_path_factory.mktemp("co942") / "kernels.co", mcpu="gfx942")
+
+
 @pytest.fixture
 def nginx(tmp_path):
     """A real nginx with WebDAV PUT on a free 127.0.0.1 port, stopped (by PID) afterwards."""

@@ -10,21 +10,10 @@ import struct
 
 import pytest
 
-import hipstub as hs
 from fakes import FakeHipDriver, roles_of
 from gemmar_aot.codeobject import parse_code_object
 from gemmar_aot.runtime.driver import KernArgs
 from note_oracle import NoteError, read_note
-
-
-@pytest.fixture(scope="module")
-def test_co(tmp_path_factory) -> bytes:
-    return hs.build_test_code_object(tmp_path_factory.mktemp("co") / "kernels.co")
-
-
-@pytest.fixture(scope="module")
-def gfx942_co(tmp_path_factory) -> bytes:
-    return hs.build_test_code_object(tmp_path_factory.mktemp("co942") / "kernels.co", mcpu="gfx942")
 
 
 def _fill_args(ptr: int, value: int = 7, n: int = 64, size: int = 24) -> KernArgs:

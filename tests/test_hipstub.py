@@ -26,16 +26,6 @@ from gemmar_aot.runtime.errors import HipError
 from gemmar_aot.runtime.hip import HipDriver
 
 
-@pytest.fixture(scope="module")
-def test_co(tmp_path_factory) -> bytes:
-    return hs.build_test_code_object(tmp_path_factory.mktemp("co") / "kernels.co")
-
-
-@pytest.fixture(scope="module")
-def gfx942_co(tmp_path_factory) -> bytes:
-    return hs.build_test_code_object(tmp_path_factory.mktemp("co942") / "kernels.co", mcpu="gfx942")
-
-
 @pytest.fixture()
 def driver(hip_stub, hipstub_lib):
     hip_stub.clear()
