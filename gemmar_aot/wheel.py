@@ -129,8 +129,14 @@ def names(manifest_name: str) -> tuple[str, str]:
     return dist, dist.replace("-", "_")
 
 
-def default_version(lock_bytes: bytes) -> str:
-    return f"{DEFAULT_PUBLIC_VERSION}+{hashlib.sha256(lock_bytes).hexdigest()[:12]}"
+def default_version(lock_bytes: bytes, profile: str | None = None) -> str:
+    """``1.0.0+<first 12 hex of the lock's sha256>``; a toolchain profile other than the default
+    is named in the local label (``1.0.0+nightly.<hex>``), so the two wheels of one manifest
+    tell themselves apart by version as well as by content."""
+    label = hashlib.sha256(lock_bytes).hexdigest()[:12]
+    if profile and profile != "default":
+        label = f"{profile}.{label}"
+    return f"{DEFAULT_PUBLIC_VERSION}+{label}"
 
 
 def check_version(version: str) -> str:
@@ -395,7 +401,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
                          f"the manifest, then make the wheel")
     arch = lock.arch
     dist, pkg = names(mname)
-    version = check_version(version) if version else default_version(lock_bytes)
+    version = check_version(version) if version else default_version(lock_bytes, lock.toolchain.profile)
 
     lock_file = compress_lock(lock, ZSTD_LEVEL)
     raws = _load_raws(lock, Path(store_root))
@@ -461,6 +467,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         "manifest": mname,
         "arch": arch,
         "toolchain": lock.toolchain.digest,
+        "toolchain_profile": lock.toolchain.profile or "default",
         "wheel_bytes": len(data),
         "wheel_sha256": hashlib.sha256(data).hexdigest(),
         "kernels": build_info["kernels"],
@@ -512,11 +519,13 @@ def _atomic_write(dest: Path, data: bytes) -> None:
 def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, store: str | os.PathLike | None = None,
                 jobs: int | None = None, version: str | None = None, progress: bool = True,
                 toolchain_root: str | None = None, remote: str | None = None,
-                remote_read_only: bool = False, remote_required: bool = False) -> dict:
+                remote_read_only: bool = False, remote_required: bool = False,
+                toolchain_profile: str | None = None) -> dict:
     """Build ``manifest`` into the store (compiling only misses), then write its wheel into ``out_dir``.
 
     ``remote*``: the shared remote cache, as for ``run_build`` (a CI packaging job after
-    sharded builds finds every kernel there).
+    sharded builds finds every kernel there). ``toolchain_profile``: as for ``run_build``; the
+    wheel carries that profile's lock (and says so in BUILD_INFO.json and its version).
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
@@ -524,7 +533,8 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
 
     summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                         progress=progress, toolchain_root=toolchain_root, remote=remote,
-                        remote_read_only=remote_read_only, remote_required=remote_required)
+                        remote_read_only=remote_read_only, remote_required=remote_required,
+                        toolchain_profile=toolchain_profile)
     if summary["failed"] or not summary["lock_file"]:
         raise WheelBuildFailed(summary)
     out = wheel_from_lock(summary["lock_file"], summary["store"], manifest, out_dir, version=version)

@@ -172,7 +172,9 @@ def test_names_version_and_requires():
     assert names("dsv4-pro-wo_b") == ("gemmar-artifacts-dsv4-pro-wo-b", "gemmar_artifacts_dsv4_pro_wo_b")
     assert names("Smoke.V2__x") == ("gemmar-artifacts-smoke-v2-x", "gemmar_artifacts_smoke_v2_x")
     v = default_version(b"lock bytes")
-    assert v == "1.0.0+" + _sha(b"lock bytes")[:12]
+    assert v == "1.0.0+" + _sha(b"lock bytes")[:12] == default_version(b"lock bytes", "default")
+    assert default_version(b"lock bytes", "nightly") == "1.0.0+nightly." + _sha(b"lock bytes")[:12]
+    assert check_version(default_version(b"lock bytes", "nightly"))
     assert check_version("2.1.0rc1") == "2.1.0rc1" and check_version("1.0.0+b7.x") == "1.0.0+b7.x"
     for bad in ("v1.0", "1.0-1", "01.0", "1.0.0+", "1.0.0+UP"):
         with pytest.raises(WheelError, match="PEP 440"):
@@ -329,7 +331,7 @@ def test_inspect_reports_and_verifies(synth, tmp_path):
     assert sz["raw_bytes"] == s["raw_bytes"] and sz["blob_bytes"] == s["blob_bytes"] < sz["raw_bytes"]
     res = _run("inspect", s["wheel"])
     assert res.exit_code == 0, res.output
-    for text in ("gemmar-artifacts-synth-test-v1", "arch gfx950", "toolchain " + "ab" * 32, "sha256 " + _sha(SYNTH_MANIFEST),
+    for text in ("gemmar-artifacts-synth-test-v1", "arch gfx950", "toolchain default " + "ab" * 32, "sha256 " + _sha(SYNTH_MANIFEST),
                  "M=256,512 N=1024 K=256 world=2 blockscale wire=bf16", "wire=fp8/lsa", f"{r['code_objects']} code objects",
                  "raw code objects", "| transport = \"fused-sdma\"", "verified:"):
         assert text in res.output, text
@@ -476,6 +478,67 @@ def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatc
     assert arts.store(arts.sources[0]).readonly
     digest = lock.tuples[0].ranks[0].launches[0].blob.hash
     assert arts.store(arts.sources[0]).load_blob(digest) == Store(root).load_blob(digest)
+
+
+#: One cheap tuple (split-lsa, world 2: a GEMM per rank and the one-shot all-reduce).
+TINY = """
+[manifest]
+name = "tiny"
+
+[[tuple]]
+transport = "split-lsa"
+m = 256
+n = 1024
+k = 256
+world = 2
+quant = "blockscale"
+"""
+
+
+@pytest.mark.compile
+def test_a_wheel_per_toolchain_profile(tmp_path, monkeypatch):
+    """`gemmar-aot wheel --toolchain nightly` packages the nightly profile's lock and kernels and says
+    so; the default profile's wheel of the same manifest, from the same store, is another wheel."""
+    import importlib
+
+    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.runtime import load_artifacts
+    from gemmar_aot.store import dumps_lock
+
+    monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", raising=False)
+    manifest = tmp_path / "tiny.toml"
+    manifest.write_text(TINY)
+    store = tmp_path / "store"
+    made = {}
+    for profile in ("nightly", "default"):
+        r = CliRunner().invoke(main, ["wheel", str(manifest), "--store", str(store), "--out", str(tmp_path / profile),
+                                      "-j", "2", "--toolchain", profile, "--json"])
+        assert r.exit_code == 0, r.output
+        made[profile] = json.loads(r.output)
+    n, d = made["nightly"], made["default"]
+    assert n["toolchain_profile"] == "nightly" and d["toolchain_profile"] == "default"
+    assert n["build"]["lock_file"].endswith("tiny.nightly.lock.json") and d["build"]["lock_file"].endswith("tiny.lock.json")
+    assert n["version"].startswith("1.0.0+nightly.") and "nightly" not in d["version"]
+    assert n["distribution"] == d["distribution"]  # one name: a pod installs the wheel of its own mori
+    assert n["toolchain"] != d["toolchain"] and n["wheel_sha256"] != d["wheel_sha256"]
+    info = inspect_wheel(n["wheel"])
+    assert info["ok"], info["problems"]
+    assert info["toolchain"]["profile"] == "nightly"
+    # the wheel's lock is the nightly build's, byte for byte, and its code objects are that store's
+    members = _members(Path(n["wheel"]))
+    packed = Lock.from_bytes(members[f"{n['package']}/lock.json.zst"])
+    assert packed.toolchain.profile == "nightly"
+    assert dumps_lock(packed) == dumps_lock(read_lock(Path(n["build"]["lock_file"])))
+    site_dir = tmp_path / "site"
+    with zipfile.ZipFile(n["wheel"]) as zf:
+        zf.extractall(site_dir)
+    monkeypatch.syspath_prepend(str(site_dir))
+    arts = load_artifacts(importlib.import_module(n["package"]).locate())
+    nightly_blobs = {le.blob.hash for le in packed.kernels().values()}
+    default_blobs = {le.blob.hash for le in read_lock(Path(d["build"]["lock_file"])).kernels().values()}
+    assert nightly_blobs != default_blobs  # the GEMMs at least change bytes between the profiles
+    st = arts.store(arts.sources[0])
+    assert all(st.load_blob(h) == Store(store).load_blob(h) for h in nightly_blobs)
 
 
 def test_failed_build_writes_no_wheel(tmp_path, monkeypatch):

@@ -38,10 +38,13 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
               help="Shared remote cache to fetch from (and upload to), as for build. [env: GEMMAR_AOT_REMOTE]")
 @click.option("--remote-read-only", is_flag=True, help="Fetch from the remote cache, never upload.")
 @click.option("--remote-required", is_flag=True, help="A failing remote cache is an error (exit 2).")
+@click.option("--toolchain", "toolchain", default=None, metavar="PROFILE",
+              help="Toolchain profile to build and package (default: $GEMMAR_AOT_TOOLCHAIN_PROFILE, else "
+                   "'default'); a wheel holds one profile's lock, for pods with that profile's mori.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, version: str | None,
-              remote: str | None, remote_read_only: bool, remote_required: bool,
+              remote: str | None, remote_read_only: bool, remote_required: bool, toolchain: str | None,
               as_json: bool, quiet: bool) -> None:
     """Build MANIFEST (compiling only what the store misses) and write ONE installable wheel.
 
@@ -55,7 +58,8 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     try:
         s = build_wheel(manifest, out, store=store, jobs=jobs, version=version,
                         progress=not (quiet or as_json), remote=(remote or "").strip() or None,
-                        remote_read_only=remote_read_only, remote_required=remote_required)
+                        remote_read_only=remote_read_only, remote_required=remote_required,
+                        toolchain_profile=toolchain)
     except WheelBuildFailed as exc:
         if as_json:
             click.echo(json.dumps({"wheel": None, "error": str(exc), "build": exc.summary}, indent=2,
@@ -72,7 +76,7 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
                f"{b['compiled']} compiled ({b['wall_seconds']:.1f}s) -> {b['store']}")
     click.echo(f"wheel: {s['wheel']}")
     click.echo(f"  {s['distribution']} {s['version']} (import {s['package']}), {s['arch']}, "
-               f"toolchain {str(s['toolchain'])[:12]}")
+               f"toolchain {s['toolchain_profile']} {str(s['toolchain'])[:12]}")
     click.echo(f"  {s['kernels']} kernels, {s['code_objects']} code objects: raw {_mib(s['raw_bytes'])}, "
                f"blobs {_mib(s['blob_bytes'])}"
                + (f" + dictionary {s['dictionary_file_bytes']:,d} B" if s["dictionary"] else "")
@@ -104,7 +108,7 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
                f"requires {', '.join(r['requires_dist']) or '-'}")
     click.echo(f"  entry points: {'; '.join(r['entry_points']) or 'NONE (the runtime will not find it)'}")
     click.echo(f"  arch {r['arch']} (code object v{r['code_object_version']}), built by {r['generator']}")
-    click.echo(f"  toolchain {tc.get('digest')}")
+    click.echo(f"  toolchain {tc.get('profile') or 'default'} {tc.get('digest')}")
     if inner:
         click.echo("    " + ", ".join(f"{k}={inner[k]}" for k in sorted(inner)
                                       if k in ("flydsl_version", "linker", "python", "opt_level")))
