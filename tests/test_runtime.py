@@ -793,3 +793,21 @@ def test_coverage_beyond_the_window_rebuilds_everything(smoke_store):
     res = _cli(["coverage", "--store", str(smoke_store), "--tokens", "1..512", "--world", "2", "--n", "1000",
                 "--k", "256"])
     assert res.exit_code == 2 and "N must be a multiple" in res.output
+
+
+def test_unload_modules_releases_every_module_even_when_one_fails():
+    """close() of either op: one failing hipModuleUnload must not leak the other modules."""
+    from gemmar_aot.runtime.driver import unload_modules
+
+    class Driver:
+        unloaded: list = []
+
+        def unload_module(self, module):
+            if module == "bad":
+                raise RuntimeError("hipModuleUnload failed for bad")
+            self.unloaded.append(module)
+
+    drv, modules, errors = Driver(), ["a", "bad", "c"], []
+    unload_modules(drv, modules, errors)
+    assert modules == [] and drv.unloaded == ["c", "a"]  # newest first, as they were loaded
+    assert [str(e) for e in errors] == ["hipModuleUnload failed for bad"]

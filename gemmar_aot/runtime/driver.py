@@ -74,3 +74,14 @@ class Driver(Protocol):
 def arch_base(gcn_arch_name: str) -> str:
     """``"gfx950:sramecc+:xnack-"`` -> ``"gfx950"``."""
     return str(gcn_arch_name).split(":", 1)[0].strip()
+
+
+def unload_modules(driver: Driver, modules: list, errors: list) -> None:
+    """Unload every module in ``modules`` (emptying it, newest first); an error is appended to
+    ``errors`` and the rest are still unloaded, so a close releases all it can."""
+    while modules:
+        module = modules.pop()
+        try:
+            driver.unload_module(module)
+        except Exception as exc:  # noqa: BLE001 - collected; the caller raises the first
+            errors.append(exc)

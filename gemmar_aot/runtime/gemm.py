@@ -35,7 +35,7 @@ from gemmar_aot.artifact_model import GEMM_ONLY, GEMV, TupleKey
 from gemmar_aot.launch import LaunchRecord
 
 from .artifacts import load_artifacts
-from .driver import Driver, KernArgs, arch_base
+from .driver import Driver, KernArgs, arch_base, unload_modules
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .kernel import (EntryPosition, RecordBinding, _dependencies, _operand_deps, _to_signed, kernarg_struct,
                      verify_code_object)
@@ -244,12 +244,7 @@ class _StandaloneOp:
         self._closed = True
         self._launches.clear()
         errors = []
-        while self._modules:
-            module = self._modules.pop()
-            try:
-                self._driver.unload_module(module)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
+        unload_modules(self._driver, self._modules, errors)
         if errors:
             raise errors[0]
 

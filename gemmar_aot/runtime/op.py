@@ -54,7 +54,7 @@ from gemmar_aot.artifact_model import FUSED_SDMA, LaunchEntry, WindowLayout
 from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
-from .driver import Driver, arch_base
+from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
 from .kernel import EntryPosition, PreparedLaunch, RecordBinding, prepare_launch, verify_code_object
 from .manifest_lines import manifest_snippet, nearest
@@ -702,12 +702,7 @@ class GemmAllReduceOp:
                 except Exception as exc:  # noqa: BLE001
                     errors.append(exc)
         self.win = self.mem = None
-        while self._modules:
-            module = self._modules.pop()
-            try:
-                self._driver.unload_module(module)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
+        unload_modules(self._driver, self._modules, errors)
         if errors:
             raise errors[0]
 
