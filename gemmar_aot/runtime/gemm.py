@@ -40,6 +40,7 @@ from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissin
 from .kernel import (EntryPosition, RecordBinding, _dependencies, _operand_deps, _to_signed, kernarg_struct,
                      verify_code_object)
 from .manifest_lines import manifest_snippet
+from .memory import resolve_device
 from .operands import _FNUZ_REASON, check_operands
 
 log = logging.getLogger("gemmar_aot.runtime")
@@ -198,7 +199,7 @@ class _StandaloneOp:
 
             driver = HipDriver()
         self._driver = driver
-        self.device = _device(device)
+        self.device = resolve_device(device)
         dev_arch = arch_base(driver.device_arch(self.device))
         for _data, _kern, e in images.values():
             if e.lock.arch != dev_arch:
@@ -258,17 +259,6 @@ class _StandaloneOp:
         if self._closed:
             raise RuntimeError(f"this {type(self).__name__} has been closed")
         return self._driver.current_stream(self.device)
-
-
-def _device(device: Any):
-    import torch
-
-    if device is not None:
-        dev = torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        return dev
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _check_out(out, m: int, n: int, device):

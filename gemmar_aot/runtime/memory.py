@@ -83,14 +83,18 @@ def device_context(device: Any):
     return contextlib.nullcontext()
 
 
-def communicator_device(comm: Any):
-    """The device the communicator's memory lives on: ``comm.device`` if it says, else torch's current GPU."""
-    dev = getattr(comm, "device", None)
+def resolve_device(device: Any):
+    """``device`` as a torch device with its index filled in; None (or a bare "cuda") is torch's current GPU."""
     import torch
 
-    if dev is not None:
-        dev = torch.device(dev)
+    if device is not None:
+        dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         return dev
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def communicator_device(comm: Any):
+    """The device the communicator's memory lives on: ``comm.device`` if it says, else torch's current GPU."""
+    return resolve_device(getattr(comm, "device", None))
