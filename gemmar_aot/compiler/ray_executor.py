@@ -14,8 +14,9 @@ cluster. On a node a task
 
 The driver checks each returned code object against the sha256 the node reported
 (and that the record fields describe the spec it asked for) and is the only process
-that writes the store (under the same per-key claim as local
-builders, so a concurrent local build of the same key is not duplicated in the store).
+that writes the store (from a few writer threads, so storing keeps up with a large
+cluster; under the same per-key claim as local builders, so a concurrent local build of
+the same key is not duplicated in the store).
 
 Failures: a builder error is data, reported exactly as the local executor reports it.
 A node or worker that dies loses only the tasks it was running: Ray re-runs them
@@ -43,7 +44,9 @@ import contextlib
 import hashlib
 import logging
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
@@ -59,6 +62,12 @@ MAX_RETRIES = 3
 PROBE_TIMEOUT_S = 180.0
 #: Seconds without any usable node (alive, with CPUs, toolchain not refused) before the build stops.
 NO_CPU_TIMEOUT_S = 120.0
+#: Threads that write verified results into the store. The driver is the only writer process;
+#: a few threads keep its ~5 ms per kernel (zstd -19, two fsyncs) off the critical path of a
+#: cluster that returns results faster than one thread can store them.
+STORE_WRITERS = 4
+#: How often the driver looks for finished store writes while it waits on the cluster.
+WRITE_POLL_S = 0.05
 #: Ray's built-in label that every node carries: its node id (for the label selector).
 NODE_ID_LABEL = "ray.io/node-id"
 #: How many times a result that does not match its reported digest is compiled again.
@@ -218,6 +227,8 @@ class RayExecutor:
         self._ray = None
         self._inflight: dict[Any, _Flight] = {}
         self._names: dict[str, str] = {}
+        self._writer: ThreadPoolExecutor | None = None  # the store writes, while a build runs
+        self._lock = threading.Lock()  # the counters the writer threads update
 
     def info(self) -> dict:
         return {"name": "ray", "address": self.address, "cluster_cpus": self.jobs,
@@ -352,28 +363,51 @@ class RayExecutor:
         for b in make_batches(tasks, costs):  # most expensive first: Ray dispatches in order
             submit(_Flight(b))
         no_cpu_since: float | None = None
-        while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(5.0, self.no_cpu_timeout / 2))
-            if not ready:
-                if self._usable_cpus(ray) > 0:
-                    no_cpu_since = None
-                elif no_cpu_since is None:
-                    no_cpu_since = time.monotonic()
-                elif time.monotonic() - no_cpu_since > self.no_cpu_timeout:
-                    # close() cancels what is still in flight; every result that arrived is stored.
-                    which = "with CPUs and the driver's toolchain" if self.refused else "with CPUs"
-                    left = sum(len(f.batch) for f in inflight.values())
-                    raise self._no_usable_node(
-                        f"has had no node {which} for {self.no_cpu_timeout:.0f} s; {left} spec(s) were not "
-                        f"compiled (every kernel that finished is in the store)")
-                continue
-            no_cpu_since = None
-            flight = inflight.pop(ready[0])
-            for t, res in self._settle(ray, ready[0], flight, submit, store):
-                yield t.spec, res
+        writes: list[tuple[Task, Future]] = []  # verified results being stored, in arrival order
+        # Leaving this block (done, an error, or the caller closing the generator) waits for the
+        # writes in flight, so every verified result that arrived is in the store.
+        with ThreadPoolExecutor(max_workers=STORE_WRITERS, thread_name_prefix="ray-store") as self._writer:
+            while inflight:
+                wait = WRITE_POLL_S if writes else min(5.0, self.no_cpu_timeout / 2)
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait)
+                while writes and writes[0][1].done():
+                    t, f = writes.pop(0)
+                    yield t.spec, f.result()
+                if not ready:
+                    if writes:
+                        continue  # waiting on our own writes, not on the cluster
+                    no_cpu_since = self._check_cpus(ray, inflight, no_cpu_since)
+                    continue
+                no_cpu_since = None
+                flight = inflight.pop(ready[0])
+                for t, res in self._settle(ray, ready[0], flight, submit, store):
+                    if isinstance(res, Future):
+                        writes.append((t, res))
+                    else:
+                        yield t.spec, res
+            for t, f in writes:
+                yield t.spec, f.result()
+        self._writer = None
 
-    def _settle(self, ray, ref, flight: _Flight, submit, store) -> list[tuple[Task, CompileResult]]:
-        """The results one finished Ray task gives; resubmits what must run again."""
+    def _check_cpus(self, ray, inflight, no_cpu_since: float | None) -> float | None:
+        """After a wait with no result: raise when the cluster has had no usable CPU for too long;
+        returns since when it has had none (None: it has some)."""
+        if self._usable_cpus(ray) > 0:
+            return None
+        if no_cpu_since is None:
+            return time.monotonic()
+        if time.monotonic() - no_cpu_since > self.no_cpu_timeout:
+            # close() cancels what is still in flight; every result that arrived is stored.
+            which = "with CPUs and the driver's toolchain" if self.refused else "with CPUs"
+            left = sum(len(f.batch) for f in inflight.values())
+            raise self._no_usable_node(
+                f"has had no node {which} for {self.no_cpu_timeout:.0f} s; {left} spec(s) were not "
+                f"compiled (every kernel that finished is in the store)")
+        return no_cpu_since
+
+    def _settle(self, ray, ref, flight: _Flight, submit, store) -> list[tuple[Task, CompileResult | Future]]:
+        """The results one finished Ray task gives; resubmits what must run again. A verified
+        compiled result comes back as the Future of its store write (see :meth:`_store`)."""
         try:
             answer = ray.get(ref)
         except ray.exceptions.RayTaskError as e:
@@ -409,8 +443,11 @@ class RayExecutor:
                 bad = verify_result(t, res, code, digest)
                 if bad:
                     problems.append(bad)
+                elif res.ok:
+                    self.specs_by_node[node] = self.specs_by_node.get(node, 0) + 1
+                    out.append((t, self._writer.submit(self._store, store, t, res, code)))
                 else:
-                    out.append((t, self._store(store, t, res, code, node)))
+                    out.append((t, res))
         if problems:
             done = {t.spec for t, _ in out}
             again = [t for t in flight.batch if t.spec not in done]
@@ -423,11 +460,9 @@ class RayExecutor:
                     f"{'; '.join(problems)}"))) for t in again]
         return out
 
-    def _store(self, store, task: Task, res: CompileResult, code: bytes | None, node: str) -> CompileResult:
-        """The one writer: put a verified result in the store under the task's key."""
-        if not res.ok:
-            return res
-        self.specs_by_node[node] = self.specs_by_node.get(node, 0) + 1
+    def _store(self, store, task: Task, res: CompileResult, code: bytes) -> CompileResult:
+        """Put a verified result in the store under the task's key (in a writer thread of the
+        driver, the one process that writes the store)."""
         t0 = time.perf_counter()
         try:
             with store.claim(task.key) as claim:
@@ -435,7 +470,8 @@ class RayExecutor:
                     return replace(res, record=claim.hit, hit=True)
                 return replace(res, record=claim.put(code, res.record))
         finally:
-            self.seconds["store_writes"] += time.perf_counter() - t0
+            with self._lock:  # summed over the writer threads: CPU-ish time, not wall time
+                self.seconds["store_writes"] += time.perf_counter() - t0
 
 
 def _import_ray():
