@@ -118,7 +118,6 @@ class RemoteSession:
         if not keys or self.backend.down:
             return {}
         local = self.writer.local
-        local.init()  # once, before the threads that write into it
 
         def fetch(key):
             # Fetch, verify and write in the same thread: the local writes (two new files and

@@ -124,7 +124,7 @@ class DirectoryBackend(CacheBackend):
         #: quarantined, dictionaries_restored, blobs_written, records_written.
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._init_lock = threading.Lock()  # init() runs from the remote cache's look-up threads
+        self._init_lock = threading.Lock()  # the first writes into a new store may come from many threads
         self._blob_dir_str = os.path.join(str(self.root), "blobs", "sha256")
 
     def __repr__(self) -> str:
@@ -197,8 +197,8 @@ class DirectoryBackend(CacheBackend):
         if self.format == STORE_FORMAT and (self.root / FORMAT_FILE).exists():
             return
         with self._init_lock:
-            # Another thread may have been creating the layout: between its first mkdir and
-            # its format file, read_store_format would refuse the directory as foreign.
+            # One thread at a time: first writers racing through here refused each other's
+            # half-made layout as "not written by gemmar-aot" (tests/test_store_threads.py).
             if self.format == STORE_FORMAT and (self.root / FORMAT_FILE).exists():
                 return
             self._init_layout()
