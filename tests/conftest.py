@@ -86,6 +86,30 @@ def gfx942_co(tmp_path_factory) -> bytes:
     return hipstub.build_test_code_object(tmp_path_factory.mktemp("co942") / "kernels.co", mcpu="gfx942")
 
 
+#: One cheap tuple: split-lsa at world 2 (a GEMM per rank, the one-shot all-reduce and its
+#: self-test twin), a few seconds to compile.
+TINY_MANIFEST = """
+[manifest]
+name = "tiny"
+
+[[tuple]]
+transport = "split-lsa"
+m = 256
+n = 1024
+k = 256
+world = 2
+quant = "blockscale"
+"""
+
+
+@pytest.fixture
+def tiny_manifest(tmp_path) -> Path:
+    """``tiny.toml`` (:data:`TINY_MANIFEST`) in the test's directory."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY_MANIFEST)
+    return p
+
+
 @pytest.fixture
 def nginx(tmp_path):
     """A real nginx with WebDAV PUT on a free 127.0.0.1 port, stopped (by PID) afterwards."""

@@ -31,20 +31,6 @@ pytestmark = pytest.mark.compile
 ROOT = Path(__file__).resolve().parent.parent
 PY312 = Path(os.environ.get("GEMMAR_AOT_TEST_PYTHON312") or ROOT / ".venv312" / "bin" / "python")
 TC312 = Path(os.environ.get("GEMMAR_AOT_TEST_TOOLCHAIN312") or ROOT / ".toolchain312")
-# Split-lsa, world 2: a GEMM per rank (as mori's benchmark builds them), the one-shot
-# all-reduce and its self-test twin: four specs, a few seconds per side.
-TINY = """
-[manifest]
-name = "tiny"
-
-[[tuple]]
-transport = "split-lsa"
-m = 256
-n = 1024
-k = 256
-world = 2
-quant = "blockscale"
-"""
 
 
 def _py312_problem() -> str | None:
@@ -75,14 +61,13 @@ def _entries(store: Path) -> dict[str, dict]:
     return {key: st.get_record(key, verify=True) for key, _ in st.local.iter_record_files()}
 
 
-def test_the_same_spec_under_python_3_11_and_3_12_has_the_same_key_and_code_object(tmp_path):
+def test_the_same_spec_under_python_3_11_and_3_12_has_the_same_key_and_code_object(tmp_path, tiny_manifest):
     problem = _py312_problem()
     if problem:
         pytest.skip(problem)
     from gemmar_aot.toolchain.paths import toolchain_root
 
-    manifest = tmp_path / "tiny.toml"
-    manifest.write_text(TINY)
+    manifest = tiny_manifest
     sides = {"3.11": (sys.executable, str(toolchain_root())), "3.12": (str(PY312), str(TC312))}
     summary, entries = {}, {}
     for name, (python, toolchain) in sides.items():

@@ -25,19 +25,6 @@ pytestmark = pytest.mark.compile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
-TINY = """
-[manifest]
-name = "tiny"
-
-[[tuple]]
-transport = "split-lsa"
-m = 256
-n = 1024
-k = 256
-world = 2
-quant = "blockscale"
-"""
-
 
 def _copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.lock", "*.claim", "quarantine"))
@@ -223,9 +210,8 @@ def test_read_only_fetches_and_never_uploads(smoke_store, nginx, tmp_path):
         assert s["remote"]["read_only"]
 
 
-def test_concurrent_builders_on_one_remote(nginx, tmp_path):
-    manifest = tmp_path / "tiny.toml"
-    manifest.write_text(TINY)
+def test_concurrent_builders_on_one_remote(nginx, tmp_path, tiny_manifest):
+    manifest = tiny_manifest
     cmd = [sys.executable, "-m", "gemmar_aot", "build", str(manifest), "-j", "1", "--json", "-q",
            "--remote", nginx.url]
     procs = [subprocess.Popen(cmd + ["--store", str(tmp_path / f"s{i}")], stdout=subprocess.PIPE,

@@ -480,23 +480,9 @@ def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatc
     assert arts.store(arts.sources[0]).load_blob(digest) == Store(root).load_blob(digest)
 
 
-#: One cheap tuple (split-lsa, world 2: a GEMM per rank and the one-shot all-reduce).
-TINY = """
-[manifest]
-name = "tiny"
-
-[[tuple]]
-transport = "split-lsa"
-m = 256
-n = 1024
-k = 256
-world = 2
-quant = "blockscale"
-"""
-
 
 @pytest.mark.compile
-def test_a_wheel_per_toolchain_profile(tmp_path, monkeypatch):
+def test_a_wheel_per_toolchain_profile(tmp_path, tiny_manifest, monkeypatch):
     """`gemmar-aot wheel --toolchain nightly` packages the nightly profile's lock and kernels and says
     so; the default profile's wheel of the same manifest, from the same store, is another wheel."""
     import importlib
@@ -506,8 +492,7 @@ def test_a_wheel_per_toolchain_profile(tmp_path, monkeypatch):
     from gemmar_aot.store import dumps_lock
 
     monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", raising=False)
-    manifest = tmp_path / "tiny.toml"
-    manifest.write_text(TINY)
+    manifest = tiny_manifest
     store = tmp_path / "store"
     made = {}
     for profile in ("nightly", "default"):
