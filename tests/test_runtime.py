@@ -800,7 +800,8 @@ def test_unload_modules_releases_every_module_even_when_one_fails():
     from gemmar_aot.runtime.driver import unload_modules
 
     class Driver:
-        unloaded: list = []
+        def __init__(self):
+            self.unloaded = []
 
         def unload_module(self, module):
             if module == "bad":
