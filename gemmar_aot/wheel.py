@@ -83,6 +83,7 @@ from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, l
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
 from gemmar_aot.store.lockfile import parse_lock
+from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 from gemmar_aot.store.record_index import (RecordIndex, RecordIndexError, RecordMissingError, build_index_from_store,
                                            index_path)
 
@@ -134,7 +135,7 @@ def default_version(lock_bytes: bytes, profile: str | None = None) -> str:
     is named in the local label (``1.0.0+nightly.<hex>``), so the two wheels of one manifest
     tell themselves apart by version as well as by content."""
     label = hashlib.sha256(lock_bytes).hexdigest()[:12]
-    if profile and profile != "default":
+    if profile and profile != DEFAULT_PROFILE:
         label = f"{profile}.{label}"
     return f"{DEFAULT_PUBLIC_VERSION}+{label}"
 
@@ -467,7 +468,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         "manifest": mname,
         "arch": arch,
         "toolchain": lock.toolchain.digest,
-        "toolchain_profile": lock.toolchain.profile or "default",
+        "toolchain_profile": lock.toolchain.profile or DEFAULT_PROFILE,
         "wheel_bytes": len(data),
         "wheel_sha256": hashlib.sha256(data).hexdigest(),
         "kernels": build_info["kernels"],

@@ -93,6 +93,7 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
 
     Exit code 1 when anything was modified after the wheel was built.
     """
+    from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
     from gemmar_aot.wheel import inspect_wheel
 
     r = inspect_wheel(wheel)
@@ -108,7 +109,7 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
                f"requires {', '.join(r['requires_dist']) or '-'}")
     click.echo(f"  entry points: {'; '.join(r['entry_points']) or 'NONE (the runtime will not find it)'}")
     click.echo(f"  arch {r['arch']} (code object v{r['code_object_version']}), built by {r['generator']}")
-    click.echo(f"  toolchain {tc.get('profile') or 'default'} {tc.get('digest')}")
+    click.echo(f"  toolchain {tc.get('profile') or DEFAULT_PROFILE} {tc.get('digest')}")
     if inner:
         click.echo("    " + ", ".join(f"{k}={inner[k]}" for k in sorted(inner)
                                       if k in ("flydsl_version", "linker", "python", "opt_level")))
