@@ -46,6 +46,7 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
@@ -363,7 +364,7 @@ class RayExecutor:
         for b in make_batches(tasks, costs):  # most expensive first: Ray dispatches in order
             submit(_Flight(b))
         no_cpu_since: float | None = None
-        writes: list[tuple[Task, Future]] = []  # verified results being stored, in arrival order
+        writes: deque[tuple[Task, Future]] = deque()  # verified results being stored, in arrival order
         # Leaving this block (done, an error, or the caller closing the generator) waits for the
         # writes in flight, so every verified result that arrived is in the store.
         with ThreadPoolExecutor(max_workers=STORE_WRITERS, thread_name_prefix="ray-store") as self._writer:
@@ -371,7 +372,7 @@ class RayExecutor:
                 wait = WRITE_POLL_S if writes else min(5.0, self.no_cpu_timeout / 2)
                 ready, _ = ray.wait(list(inflight), num_returns=1, timeout=wait)
                 while writes and writes[0][1].done():
-                    t, f = writes.pop(0)
+                    t, f = writes.popleft()
                     yield t.spec, f.result()
                 if not ready:
                     if writes:
