@@ -182,40 +182,36 @@ def parse_code_object(data: bytes) -> CodeObject:
     if e_shoff == 0 or e_shentsize != 64 or e_shoff + e_shnum * 64 > len(data):
         raise CodeObjectError("section header table is missing or truncated")
 
-    sections = []
-    links = []
-    for i in range(e_shnum):
-        (sh_name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, _es) = struct.unpack_from(
-            "<IIQQQQIIQQ", data, e_shoff + i * 64
-        )
+    table = data[e_shoff : e_shoff + e_shnum * 64]
+    sections = []  # (sh_name, sh_type, sh_offset, sh_size, sh_link)
+    for i, (sh_name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, _es) in enumerate(
+            struct.iter_unpack("<IIQQQQIIQQ", table)):
         if sh_type != 8 and sh_offset + sh_size > len(data):  # 8 = SHT_NOBITS
             raise CodeObjectError(f"section {i} extends past the end of the file (truncated?)")
-        sections.append((sh_name, sh_type, sh_offset, sh_size))
-        links.append(sh_link)
+        sections.append((sh_name, sh_type, sh_offset, sh_size, sh_link))
     if e_shstrndx >= len(sections):
         raise CodeObjectError("bad section-name string table index")
-    _, _, str_off, str_size = sections[e_shstrndx]
-
-    def sec_name(off: int) -> str:
-        end = data.find(b"\0", str_off + off, str_off + str_size)
-        return data[str_off + off : end].decode("ascii", "replace")
+    str_off, str_size = sections[e_shstrndx][2:4]
 
     meta: dict[str, Any] | None = None
     comment = ""
     undefined: set[str] = set()
-    for idx, (sh_name, sh_type, off, size) in enumerate(sections):
-        if sh_type in (SHT_SYMTAB, SHT_DYNSYM) and links[idx] < len(sections):
-            _, _, s_off, s_size = sections[links[idx]]
-            for pos in range(off + 24, off + size - 23, 24):  # entry 0 is the null symbol
-                st_name, _info, _other, st_shndx = struct.unpack_from("<IBBH", data, pos)
+    for sh_name, sh_type, off, size, link in sections:
+        if sh_type in (SHT_SYMTAB, SHT_DYNSYM) and link < len(sections):
+            s_off, s_size = sections[link][2:4]
+            # entry 0 is the null symbol; st_shndx 0 (SHN_UNDEF) with a name is an undefined symbol
+            for st_name, _info, _other, st_shndx, _v, _s in struct.iter_unpack(
+                    "<IBBHQQ", data[off + 24 : off + 24 + (size - 24) // 24 * 24] if size >= 24 else b""):
                 if st_shndx == 0 and st_name:
                     end = data.find(b"\0", s_off + st_name, s_off + s_size)
                     undefined.add(data[s_off + st_name : end].decode("ascii", "replace"))
-        name = sec_name(sh_name)
-        if name == ".comment":
-            comment = " ".join(
-                s.decode("utf-8", "replace") for s in data[off : off + size].split(b"\0") if s
-            )
+        # only the .comment section is looked up by name (a bytes compare first: names are rarely it)
+        if data.startswith(b".comment", str_off + sh_name):
+            end = data.find(b"\0", str_off + sh_name, str_off + str_size)
+            if data[str_off + sh_name : end] == b".comment":
+                comment = " ".join(
+                    s.decode("utf-8", "replace") for s in data[off : off + size].split(b"\0") if s
+                )
         if sh_type != SHT_NOTE:
             continue
         pos, end = off, off + size
