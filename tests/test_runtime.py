@@ -812,3 +812,33 @@ def test_unload_modules_releases_every_module_even_when_one_fails():
     unload_modules(drv, modules, errors)
     assert modules == [] and drv.unloaded == ["c", "a"]  # newest first, as they were loaded
     assert [str(e) for e in errors] == ["hipModuleUnload failed for bad"]
+
+
+def test_construction_runs_without_the_cyclic_gc_and_gives_it_back(smoke_store, smoke_lock):
+    """Getting ready pauses the collector (runtime.gc_pause) and restores the state it found,
+    on success, on failure, and when the application had disabled it itself."""
+    import gc
+
+    class Watching(FakeHipDriver):
+        def load_module(self, image):
+            seen.append(gc.isenabled())
+            return super().load_module(image)
+
+    assert gc.isenabled()
+    seen: list[bool] = []
+    op, _comm, _drv = make_op(smoke_store, smoke_lock, driver=Watching([smoke_lock]))
+    op.close()
+    assert seen and not any(seen) and gc.isenabled()
+
+    seen.clear()
+    with pytest.raises(ValueError):
+        make_op(smoke_store, smoke_lock, quant="int4")  # refused before anything is loaded
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        op, _comm, _drv = make_op(smoke_store, smoke_lock, driver=Watching([smoke_lock]))
+        op.close()
+        assert not gc.isenabled()  # the application's choice stands
+    finally:
+        gc.enable()

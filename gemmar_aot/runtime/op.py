@@ -56,6 +56,7 @@ from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
+from .gc_pause import gc_paused
 from .kernel import EntryPosition, PreparedLaunch, RecordBinding, prepare_launch, verify_code_object
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
@@ -160,6 +161,7 @@ class GemmAllReduceOp:
     artifacts were built for (it is compiled into every kernel).
     """
 
+    @gc_paused()  # getting ready makes ~10^4 acyclic objects: no collection in between (gc_pause)
     def __init__(self, comm, *, n: int, k: int, m_max: int, block_m: int | None = None,
                  block_n: int = DEFAULT_BLOCK_N, sdma_queues: int = 1, gather_dtype: str = "bf16",
                  gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
