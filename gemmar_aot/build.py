@@ -32,7 +32,7 @@ from gemmar_aot.artifact_model import (
 )
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.launch import LaunchRecord
-from gemmar_aot.store.record_index import build_index, index_path, write_index
+from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
 
 
 def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
@@ -285,7 +285,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             # The record index first, then the lock: a reader that finds the new index beside the
             # old lock refuses it (another lock's key set), never serves a mix of the two.
             by_key = {keys[sid]: rec for sid, rec in records.items()}
-            write_index(index_path(lock_path), build_index(lock.kernels(), by_key.get))
+            index = build_index(lock.kernels(), by_key.get, groups=lock_rank_groups(lock))
+            write_index(index_path(lock_path), index)
             lock_file = write_lock(lock_path, lock)
     summary = {
         "manifest": manifest.name,

@@ -7,6 +7,7 @@ never trusted into accepting another record. Runs against the real smoke build.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import zstandard
 
 from fakes import FakeCommunicator, FakeHipDriver
 from gemmar_aot.artifact_model import Digest, read_lock, write_lock
+from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import (
@@ -41,12 +43,23 @@ def _copy(smoke_store: Path, tmp_path: Path) -> tuple[Path, Path]:
     return root, root / "locks" / "smoke.lock.json"
 
 
-def _lines(path: Path) -> list[bytes]:
-    return zstandard.ZstdDecompressor().decompress(path.read_bytes()).split(b"\n")
+def _frames(path: Path) -> tuple[dict, list[list[bytes]]]:
+    """An index file taken apart with zstd alone (not the reader under test): header, lines per group."""
+    obj = zstandard.ZstdDecompressor().decompressobj()
+    head = json.loads(obj.decompress(path.read_bytes()))
+    rest, groups = obj.unused_data, []
+    for nbytes, _prefixes in head["groups"]:
+        groups.append(zstandard.ZstdDecompressor().decompress(rest[:nbytes]).split(b"\n"))
+        rest = rest[nbytes:]
+    assert rest == b""
+    return head, groups
 
 
-def _write_lines(path: Path, lines: list[bytes]) -> None:
-    path.write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(b"\n".join(lines)))
+def _write_frames(path: Path, head: dict, groups: list[list[bytes]]) -> None:
+    cctx = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
+    frames = [cctx.compress(b"\n".join(lines)) for lines in groups]
+    head = {**head, "groups": [[len(f), p] for f, (_n, p) in zip(frames, head["groups"])]}
+    path.write_bytes(cctx.compress(canonical_json(head).encode()) + b"".join(frames))
 
 
 def _no_record_files(monkeypatch):
@@ -93,26 +106,74 @@ def test_a_missing_index_falls_back_to_the_record_files(smoke_store, smoke_lock,
 def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke_lock, tmp_path):
     root, lock_path = _copy(smoke_store, tmp_path)
     path = index_path(lock_path)
-    lines = _lines(path)
-    head, prefix = lines[0], len(lines[1]) - len(lines[1].lstrip(b"0123456789abcdef"))
+    head, groups = _frames(path)
+    prefix = head["prefix_hex"]
     # the rank-0 reduce at M=512: relabel it as rank 1's (what a lock pointing at the wrong rank's
     # phase kernel would need the record to say)
     key = next(le.key for t in smoke_lock.tuples if t.id.transport == "fused-sdma" and t.id.k == K
                and t.id.m == 512 and t.id.gather_dtype == "bf16" for r in t.ranks if r.rank == 0
                for le in r.launches if le.kind == "reduce")
-    i = next(i for i, line in enumerate(lines) if line.startswith(key[:prefix].encode()))
-    assert b'"rank":0' in lines[i]
-    lines[i] = lines[i].replace(b'"rank":0', b'"rank":1')
-    _write_lines(path, lines)
+    g, i = next((g, i) for g, lines in enumerate(groups) for i, line in enumerate(lines)
+                if line.startswith(key[:prefix].encode()))
+    line = groups[g][i]
+    assert b'"rank":0' in line
+    groups[g][i] = line = line.replace(b'"rank":0', b'"rank":1')
+    _write_frames(path, head, groups)
     want = smoke_lock.kernels()[key].record
     with pytest.raises(ArtifactMismatchError) as ei:
         _op(root, smoke_lock)
     msg = str(ei.value)
     assert want.hash in msg and str(path) in msg and "record index holds" in msg
-    got = Digest.of(lines[i][prefix:].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
+    got = Digest.of(line[prefix:].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
         b'"blob":{"digest":""', f'"blob":{{"digest":"{smoke_lock.kernels()[key].blob.hash}"'.encode()))
     assert got.hash in msg  # both digests: the lock's and the line's
-    assert head == lines[0]
+
+
+def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, smoke_lock, tmp_path):
+    head, groups = _frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
+    n = head["prefix_hex"]
+    ranks = sorted({r.rank for t in smoke_lock.tuples for r in t.ranks})
+    assert head["schema"] == 2 and len(groups) == len(ranks) > 1
+    seen: set[bytes] = set()
+    for rank, lines in zip(ranks, groups):  # a key in the group of the first rank that launches it
+        want = {le.key[:n].encode() for t in smoke_lock.tuples for r in t.ranks if r.rank == rank
+                for le in (*r.launches, *r.self_test)} - seen
+        assert {line[:n] for line in lines} == want
+        seen |= want
+    root, lock_path = _copy(smoke_store, tmp_path)
+    op = _op(root, smoke_lock, rank=1)
+    index = op.artifacts.record_index(op._entries[256].lock)
+    op.close()
+    assert index._groups[0] is not None and index._groups[1] is None  # rank 0's frame never decompressed
+    # rank 0's frame damaged: rank 1 does not notice, rank 0 is refused naming the index
+    data = bytearray(index_path(lock_path).read_bytes())
+    start = len(data) - sum(nbytes for nbytes, _p in head["groups"])
+    data[start + head["groups"][0][0] // 2] ^= 0x20
+    index_path(lock_path).write_bytes(bytes(data))
+    _op(root, smoke_lock, rank=1).close()
+    with pytest.raises(ArtifactMismatchError, match="smoke.records.zst.*delete"):
+        _op(root, smoke_lock, rank=0)
+
+
+def test_a_group_holding_other_lines_than_its_header_names_is_refused(smoke_store, smoke_lock, tmp_path):
+    root, lock_path = _copy(smoke_store, tmp_path)
+    head, groups = _frames(index_path(lock_path))
+    groups[0], groups[1] = groups[1], groups[0]  # the frames swapped, the header left as it was
+    _write_frames(index_path(lock_path), head, groups)
+    with pytest.raises(ArtifactMismatchError, match="does not hold the lines its header names"):
+        _op(root, smoke_lock)
+
+
+def test_a_schema_1_index_is_still_read(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    """Stores and wheels written before the per-rank groups: one frame, the header line first."""
+    root, lock_path = _copy(smoke_store, tmp_path)
+    head, groups = _frames(index_path(lock_path))
+    lines = sorted(line for g in groups for line in g)
+    old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": 1}).encode()
+    index_path(lock_path).write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
+                                      .compress(b"\n".join([old, *lines])))
+    _no_record_files(monkeypatch)
+    _op(root, smoke_lock).close()
 
 
 def test_an_index_written_for_another_lock_is_refused(smoke_store, smoke_lock, tmp_path):
@@ -142,15 +203,15 @@ def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_loc
     root, lock_path = _copy(smoke_store, tmp_path)
     path = index_path(lock_path)
     data = bytearray(path.read_bytes())
-    if damage == "flip":
-        data[len(data) // 2] ^= 0x40
+    if damage == "flip":  # in the header's frame (the groups' frames: the test above)
+        head, _groups = _frames(path)
+        data[(len(data) - sum(nbytes for nbytes, _p in head["groups"])) // 2] ^= 0x40
         path.write_bytes(bytes(data))
     elif damage == "truncate":
         path.write_bytes(bytes(data[: len(data) // 2]))
     else:
-        lines = _lines(path)
-        lines[0] = lines[0].replace(b'"schema":1', b'"schema":99')
-        _write_lines(path, lines)
+        head, groups = _frames(path)
+        _write_frames(path, {**head, "schema": 99}, groups)
     with pytest.raises(ArtifactMismatchError, match="delete .*smoke.records.zst to check the records one by one"):
         _op(root, smoke_lock)
 
@@ -162,9 +223,9 @@ def test_abridging_falls_back_to_the_verbatim_form_when_it_would_not_round_trip(
     entries = {key: (hashing_form(plain), blob), "c" * 64: (hashing_form({**tricky, "key": "c" * 64}), blob)}
     path = tmp_path / "x.records.zst"
     path.write_bytes(encode_index(entries))
-    lines = _lines(path)
-    assert lines[1][8:].startswith(b"{") and b"a" * 64 not in lines[1] and b"b" * 64 not in lines[1]  # abridged
-    assert lines[2][8:].startswith(b"=")  # verbatim
+    _head, [lines] = _frames(path)  # no groups given: one
+    assert lines[0][8:].startswith(b"{") and b"a" * 64 not in lines[0] and b"b" * 64 not in lines[0]  # abridged
+    assert lines[1][8:].startswith(b"=")  # verbatim
     index = RecordIndex.read(path)
     got = index.records([(k, Digest.of(f), blob) for k, (f, _b) in entries.items()])
     assert got[key] == plain and got["c" * 64]["aaa"] == {"key": ""}

@@ -40,6 +40,7 @@ from gemmar_aot.artifact_model import record_digest
 from gemmar_aot.codeobject import CodeObject, KernelMetadata
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 from gemmar_aot.store.backend import BadRecord, check_record
+from gemmar_aot.store.record_index import RecordIndexError
 
 from .driver import KernArgs
 from .errors import ArtifactMismatchError
@@ -378,7 +379,10 @@ class RecordBinding:
         for info, launch_entries in by_lock.values():
             index = artifacts.record_index(info)
             if index is not None:
-                self.use_index(index, launch_entries)
+                try:
+                    self.use_index(index, launch_entries)
+                except RecordIndexError as exc:  # a group of lines damaged: read when first needed
+                    raise ArtifactMismatchError(f"{exc} (lock {info.source})") from None
 
     def check(self, store: Any, entry: Any, pos: EntryPosition, *, lock_where: str) -> bool:
         """Raise ArtifactMismatchError on a disagreement; False when there is no record to check."""

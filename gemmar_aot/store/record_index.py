@@ -9,17 +9,25 @@ writes, next to each lock file, the records that lock names in one file::
     locks/<manifest>.lock.json        the lock
     locks/<manifest>.records.zst      its record index (an artifact wheel: lock.records.zst)
 
-Format (schema :data:`INDEX_SCHEMA`): one zstd frame, with its content size and checksum, of
-newline-separated lines:
+Format (schema :data:`INDEX_SCHEMA`): zstd frames, each with its content size and checksum.
+The first holds a header (canonical JSON)::
 
-* line 0, a header (canonical JSON): ``{"format": "gemmar-aot record index", "schema": 1,
-  "kernels": N, "prefix_hex": P}``;
-* lines 1..N, one per action key, sorted: the key's first P hex digits (P >= 8, enough to
-  tell the lock's keys apart), then the record's *hashing form* (the exact bytes whose sha256
-  the lock names as the record's digest), abridged by the record's own action key and blob
-  digest, which the lock already holds: ``"key":""`` and ``"blob":{"digest":""`` stand for
-  them (the reader puts the lock's values back). A form starting with ``=`` is the hashing
-  form verbatim (written when abridging would not round trip).
+    {"format": "gemmar-aot record index", "schema": 2, "kernels": N, "prefix_hex": P,
+     "groups": [[FRAME_BYTES, "PREFIXES"], ...]}
+
+then one frame per group follows, FRAME_BYTES long, holding that group's lines separated by
+newlines; PREFIXES is the group's key prefixes, concatenated in line order. The build groups
+the lines by rank (:func:`lock_rank_groups`), so a rank getting ready decompresses and splits
+its own ~1/world of the file and nothing else. Each line is one record, by action key, sorted
+within its group: the key's first P hex digits (P >= 8, enough to tell the lock's keys
+apart), then the record's *hashing form* (the exact bytes whose sha256 the lock names as the
+record's digest), abridged by the record's own action key and blob digest, which the lock
+already holds: ``"key":""`` and ``"blob":{"digest":""`` stand for them (the reader puts the
+lock's values back). A form starting with ``=`` is the hashing form verbatim (written when
+abridging would not round trip).
+
+Schema 1 (written before per-rank groups) is one frame: the header line (without
+``groups``), then every line. It is still read.
 
 Nothing in the index is trusted by itself. A reader restores each line it needs with the
 lock's key and blob digest and compares the sha256 and size with the record digest the lock
@@ -47,7 +55,9 @@ from gemmar_aot.canonical_json import canonical_json
 
 from .errors import StoreError
 
-INDEX_SCHEMA = 1
+INDEX_SCHEMA = 2
+#: Schemas this reader understands (1: a single frame, before per-rank groups).
+READABLE_SCHEMAS = (1, 2)
 INDEX_FORMAT = "gemmar-aot record index"
 INDEX_SUFFIX = ".records.zst"
 #: The lock names an artifact wheel ships (``wheel.LOCK_ARCNAME``) and older ones, whose index
@@ -111,28 +121,46 @@ def prefix_length(keys: Sequence[str]) -> int:
     return n
 
 
-def encode_index(entries: Mapping[str, tuple[bytes, str]], *, level: int = ZSTD_LEVEL) -> bytes:
-    """The index bytes of ``entries``: action key -> (the record's hashing form, its blob digest)."""
+def encode_index(entries: Mapping[str, tuple[bytes, str]], *, groups: Sequence[Iterable[str]] = (),
+                 level: int = ZSTD_LEVEL) -> bytes:
+    """The index bytes of ``entries``: action key -> (the record's hashing form, its blob digest).
+
+    ``groups``: key sets, in order (e.g. :func:`lock_rank_groups`); a key goes to the first group
+    naming it, keys of no group to one last group. Empty groups are left out."""
     keys = sorted(entries)
     n = prefix_length(keys)
-    head = canonical_json({"format": INDEX_FORMAT, "schema": INDEX_SCHEMA, "kernels": len(keys),
-                           "prefix_hex": n}).encode()
-    lines = [head]
-    for k in keys:
-        form, blob = entries[k]
-        if b"\n" in form:
-            raise ValueError(f"record {k}: a hashing form holds no newline (canonical JSON escapes them)")
-        lines.append(k[:n].encode() + _abridge(form, k, blob))
+    placed: set[str] = set()
+    frames: list[list[str]] = []
+    for g in (*groups, keys):
+        members = sorted(k for k in set(g) if k in entries and k not in placed)
+        placed.update(members)
+        if members:
+            frames.append(members)
     import zstandard
 
-    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(
-        b"\n".join(lines))
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+    blobs, table = [], []
+    for members in frames:
+        lines = []
+        for k in members:
+            form, blob = entries[k]
+            if b"\n" in form:
+                raise ValueError(f"record {k}: a hashing form holds no newline (canonical JSON escapes them)")
+            lines.append(k[:n].encode() + _abridge(form, k, blob))
+        blobs.append(cctx.compress(b"\n".join(lines)))
+        table.append([len(blobs[-1]), "".join(k[:n] for k in members)])
+    head = canonical_json({"format": INDEX_FORMAT, "schema": INDEX_SCHEMA, "kernels": len(keys),
+                           "prefix_hex": n, "groups": table}).encode()
+    return cctx.compress(head) + b"".join(blobs)
 
 
-def build_index(kernels: Mapping[str, Any], record_of: Callable[[str], Mapping[str, Any] | None]) -> bytes:
+def build_index(kernels: Mapping[str, Any], record_of: Callable[[str], Mapping[str, Any] | None], *,
+                groups: Sequence[Iterable[str]] = ()) -> bytes:
     """The index for a lock whose kernels are ``kernels`` (action key -> LaunchEntry, e.g.
-    ``Lock.kernels()``); ``record_of(key)`` gives each record. Every record must be the one the
-    lock names (its digest): raises RecordIndexError naming both otherwise, or when one is absent."""
+    ``Lock.kernels()``); ``record_of(key)`` gives each record; ``groups`` as for
+    :func:`encode_index` (the build passes :func:`lock_rank_groups`). Every record must be the
+    one the lock names (its digest): raises RecordIndexError naming both otherwise, or when one
+    is absent."""
     entries = {}
     for key, e in kernels.items():
         rec = record_of(key)
@@ -146,7 +174,7 @@ def build_index(kernels: Mapping[str, Any], record_of: Callable[[str], Mapping[s
                                    f"bytes), the lock names {e.record.hash} ({e.record.size} bytes): rebuild "
                                    f"the manifest into this store so both come from one build")
         entries[key] = (form, e.blob.hash)
-    return encode_index(entries)
+    return encode_index(entries, groups=groups)
 
 
 def write_index(path: str | os.PathLike, data: bytes) -> Path:
@@ -155,27 +183,34 @@ def write_index(path: str | os.PathLike, data: bytes) -> Path:
     return Path(path)
 
 
-def lock_action_keys(lock: Any) -> list[str]:
-    """A lock's action keys, sorted, without building its launch entries (``RankLaunches.launch_keys``)."""
-    keys: set[str] = set()
+def lock_rank_groups(lock: Any) -> list[list[str]]:
+    """A lock's action keys grouped by rank, rank 0 first (what one rank's startup reads), without
+    building its launch entries (``RankLaunches.launch_keys``)."""
+    by_rank: dict[int, list[str]] = {}
     for t in lock.tuples:
         for r in t.ranks:
             launches, self_test = r.launch_keys()
-            keys.update(launches)
-            keys.update(self_test)
-    return sorted(keys)
+            by_rank.setdefault(r.rank, []).extend((*launches, *self_test))
+    return [by_rank[r] for r in sorted(by_rank)]
 
 
 class RecordIndex:
     """A record index read for one lock: its lines by action-key prefix.
 
-    :meth:`read` checks the file; :meth:`records` restores, verifies and parses the lines asked for.
+    :meth:`read` checks the header; a group's frame is decompressed (and its checksum
+    checked) the first time :meth:`records` asks for one of its keys.
     """
 
-    def __init__(self, path: Path, lines: dict[bytes, bytes], prefix_hex: int):
+    def __init__(self, path: Path, lines: dict[bytes, bytes], prefix_hex: int,
+                 groups: Sequence[tuple[bytes, bytes]] = (), kernels: int | None = None):
         self.path = path
-        self._lines = lines
+        self._lines = lines  # prefix -> line, for the groups read so far
         self._prefix = prefix_hex
+        # a group not read yet: its frame and its prefixes; prefix -> group number
+        self._groups: list[tuple[bytes, bytes] | None] = list(groups)
+        self._group_of = {p[i:i + prefix_hex]: g for g, (_f, p) in enumerate(groups)
+                          for i in range(0, len(p), prefix_hex)}
+        self._kernels = len(lines) + len(self._group_of) if kernels is None else kernels
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "RecordIndex | None":
@@ -189,42 +224,103 @@ class RecordIndex:
             return None
         return cls.from_bytes(data, path)
 
+    @staticmethod
+    def _fix(path: Path) -> str:
+        return (f"rebuild the manifest (gemmar-aot build) to rewrite the lock and its index together, or "
+                f"delete {path} to check the records one by one")
+
     @classmethod
-    def from_bytes(cls, data: bytes, path: Path) -> "RecordIndex":
+    def _frame(cls, data: bytes, path: Path) -> tuple[bytes, bytes]:
+        """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it."""
         import zstandard
 
-        fix = (f"rebuild the manifest (gemmar-aot build) to rewrite the lock and its index together, or "
-               f"delete {path} to check the records one by one")
         try:
             params = zstandard.get_frame_parameters(data)
             if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
                     or params.content_size > MAX_INDEX_BYTES):
                 raise RecordIndexError(f"{path}: not a record index (its zstd frame has no checksum or no "
-                                       f"plausible size); {fix}")
-            text = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_INDEX_BYTES)
+                                       f"plausible size); {cls._fix(path)}")
+            dobj = zstandard.ZstdDecompressor().decompressobj()
+            text = dobj.decompress(data)
+            if not dobj.eof or len(text) != params.content_size:
+                raise RecordIndexError(f"{path}: the record index is truncated; {cls._fix(path)}")
         except zstandard.ZstdError as exc:
             raise RecordIndexError(f"{path}: the record index does not decompress ({exc}): the file is "
-                                   f"damaged or was modified; {fix}") from None
-        lines = text.split(b"\n")
+                                   f"damaged or was modified; {cls._fix(path)}") from None
+        return text, dobj.unused_data
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: Path) -> "RecordIndex":
+        fix = cls._fix(path)
+        text, rest = cls._frame(data, path)
+        first, newline, body = text.partition(b"\n")  # schema 1: the header line, then every line
         try:
-            head = json.loads(lines[0])
+            head = json.loads(first)
         except ValueError:
             head = None
         if not isinstance(head, dict) or head.get("format") != INDEX_FORMAT:
             raise RecordIndexError(f"{path}: not a gemmar-aot record index (bad header); {fix}")
-        if head.get("schema") != INDEX_SCHEMA:
-            raise RecordIndexError(f"{path}: record index schema {head.get('schema')!r}, this gemmar-aot reads "
-                                   f"{INDEX_SCHEMA}; {fix}")
-        n = head.get("prefix_hex")
-        if type(n) is not int or not MIN_PREFIX_HEX <= n <= 64 or head.get("kernels") != len(lines) - 1:
-            raise RecordIndexError(f"{path}: a damaged record index header ({lines[0][:200]!r}); {fix}")
-        by_prefix = {line[:n]: line for line in lines[1:]}
-        if len(by_prefix) != len(lines) - 1:
-            raise RecordIndexError(f"{path}: two record lines share a key prefix; {fix}")
-        return cls(path, by_prefix, n)
+        schema = head.get("schema")
+        if schema not in READABLE_SCHEMAS:
+            raise RecordIndexError(f"{path}: record index schema {schema!r}, this gemmar-aot reads "
+                                   f"{', '.join(map(str, READABLE_SCHEMAS))}; {fix}")
+        n, kernels = head.get("prefix_hex"), head.get("kernels")
+        damaged = RecordIndexError(f"{path}: a damaged record index header ({first[:200]!r}); {fix}")
+        if type(n) is not int or not MIN_PREFIX_HEX <= n <= 64 or type(kernels) is not int:
+            raise damaged
+        if schema == 1:
+            body_lines = body.split(b"\n") if newline else []
+            if kernels != len(body_lines) or rest:
+                raise damaged
+            return cls(path, cls._by_prefix(body_lines, n, path), n)
+        table = head.get("groups")
+        if not isinstance(table, list) or newline:
+            raise damaged
+        groups, pos = [], 0
+        for row in table:
+            if (not isinstance(row, list) or len(row) != 2 or type(row[0]) is not int or row[0] <= 0
+                    or not isinstance(row[1], str) or not row[1] or len(row[1]) % n):
+                raise damaged
+            groups.append((rest[pos:pos + row[0]], row[1].encode()))
+            pos += row[0]
+        if pos != len(rest):
+            how = "truncated" if pos > len(rest) else "longer than its header says"
+            raise RecordIndexError(f"{path}: the record index is {how}; {fix}")
+        index = cls(path, {}, n, groups, kernels)
+        if len(index._group_of) != kernels:
+            raise RecordIndexError(f"{path}: two record lines share a key prefix, or the header miscounts "
+                                   f"them; {fix}")
+        return index
+
+    @staticmethod
+    def _by_prefix(lines: list[bytes], n: int, path: Path) -> dict[bytes, bytes]:
+        by_prefix = {line[:n]: line for line in lines}
+        if len(by_prefix) != len(lines):
+            raise RecordIndexError(f"{path}: two record lines share a key prefix; {RecordIndex._fix(path)}")
+        return by_prefix
+
+    def _read_group(self, g: int) -> None:
+        frame, prefixes = self._groups[g]
+        self._groups[g] = None
+        text, rest = self._frame(frame, self.path)
+        lines = text.split(b"\n")
+        n = self._prefix
+        if rest or [line[:n] for line in lines] != [prefixes[i:i + n] for i in range(0, len(prefixes), n)]:
+            raise RecordIndexError(f"{self.path}: a group of the record index does not hold the lines its "
+                                   f"header names; {self._fix(self.path)}")
+        self._lines.update(self._by_prefix(lines, n, self.path))
+
+    def _line(self, prefix: bytes) -> bytes | None:
+        line = self._lines.get(prefix)
+        if line is None:
+            g = self._group_of.get(prefix)
+            if g is not None and self._groups[g] is not None:
+                self._read_group(g)
+                line = self._lines.get(prefix)
+        return line
 
     def __len__(self) -> int:
-        return len(self._lines)
+        return self._kernels
 
     def records(self, wanted: Iterable[tuple[str, Digest, str]]) -> dict[str, dict | Digest | None]:
         """For each (action key, record digest the lock names, blob digest the lock names): the
@@ -242,7 +338,7 @@ class RecordIndex:
             if key in seen:
                 continue
             seen.add(key)
-            line = self._lines.get(key[:n].encode())
+            line = self._line(key[:n].encode())
             if line is None:
                 out[key] = None
                 continue
@@ -269,4 +365,4 @@ def build_index_from_store(lock: Any, store: Any) -> bytes:
     def record_of(key: str) -> Mapping[str, Any] | None:
         return store.read_record_named(key, kernels[key].record) or store.read_record_file(key)
 
-    return build_index(kernels, record_of)
+    return build_index(kernels, record_of, groups=lock_rank_groups(lock))
