@@ -7,7 +7,6 @@ never trusted into accepting another record. Runs against the real smoke build.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import zstandard
 
 from fakes import FakeCommunicator, FakeHipDriver
+from index_frames import find_line, read_frames, write_frames
 from gemmar_aot.artifact_model import Digest, read_lock, write_lock
 from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
@@ -41,25 +41,6 @@ def _copy(smoke_store: Path, tmp_path: Path) -> tuple[Path, Path]:
     root = tmp_path / "store"
     shutil.copytree(smoke_store, root)
     return root, root / "locks" / "smoke.lock.json"
-
-
-def _frames(path: Path) -> tuple[dict, list[list[bytes]]]:
-    """An index file taken apart with zstd alone (not the reader under test): header, lines per group."""
-    obj = zstandard.ZstdDecompressor().decompressobj()
-    head = json.loads(obj.decompress(path.read_bytes()))
-    rest, groups = obj.unused_data, []
-    for nbytes, _prefixes in head["groups"]:
-        groups.append(zstandard.ZstdDecompressor().decompress(rest[:nbytes]).split(b"\n"))
-        rest = rest[nbytes:]
-    assert rest == b""
-    return head, groups
-
-
-def _write_frames(path: Path, head: dict, groups: list[list[bytes]]) -> None:
-    cctx = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
-    frames = [cctx.compress(b"\n".join(lines)) for lines in groups]
-    head = {**head, "groups": [[len(f), p] for f, (_n, p) in zip(frames, head["groups"])]}
-    path.write_bytes(cctx.compress(canonical_json(head).encode()) + b"".join(frames))
 
 
 def _no_record_files(monkeypatch):
@@ -106,19 +87,18 @@ def test_a_missing_index_falls_back_to_the_record_files(smoke_store, smoke_lock,
 def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke_lock, tmp_path):
     root, lock_path = _copy(smoke_store, tmp_path)
     path = index_path(lock_path)
-    head, groups = _frames(path)
+    head, groups = read_frames(path)
     prefix = head["prefix_hex"]
     # the rank-0 reduce at M=512: relabel it as rank 1's (what a lock pointing at the wrong rank's
     # phase kernel would need the record to say)
     key = next(le.key for t in smoke_lock.tuples if t.id.transport == "fused-sdma" and t.id.k == K
                and t.id.m == 512 and t.id.gather_dtype == "bf16" for r in t.ranks if r.rank == 0
                for le in r.launches if le.kind == "reduce")
-    g, i = next((g, i) for g, lines in enumerate(groups) for i, line in enumerate(lines)
-                if line.startswith(key[:prefix].encode()))
+    g, i = find_line(head, groups, key)
     line = groups[g][i]
     assert b'"rank":0' in line
     groups[g][i] = line = line.replace(b'"rank":0', b'"rank":1')
-    _write_frames(path, head, groups)
+    write_frames(path, head, groups)
     want = smoke_lock.kernels()[key].record
     with pytest.raises(ArtifactMismatchError) as ei:
         _op(root, smoke_lock)
@@ -130,7 +110,7 @@ def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke
 
 
 def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, smoke_lock, tmp_path):
-    head, groups = _frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
+    head, groups = read_frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
     n = head["prefix_hex"]
     ranks = sorted({r.rank for t in smoke_lock.tuples for r in t.ranks})
     assert head["schema"] == 2 and len(groups) == len(ranks) > 1
@@ -157,9 +137,9 @@ def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, sm
 
 def test_a_group_holding_other_lines_than_its_header_names_is_refused(smoke_store, smoke_lock, tmp_path):
     root, lock_path = _copy(smoke_store, tmp_path)
-    head, groups = _frames(index_path(lock_path))
+    head, groups = read_frames(index_path(lock_path))
     groups[0], groups[1] = groups[1], groups[0]  # the frames swapped, the header left as it was
-    _write_frames(index_path(lock_path), head, groups)
+    write_frames(index_path(lock_path), head, groups)
     with pytest.raises(ArtifactMismatchError, match="does not hold the lines its header names"):
         _op(root, smoke_lock)
 
@@ -167,7 +147,7 @@ def test_a_group_holding_other_lines_than_its_header_names_is_refused(smoke_stor
 def test_a_schema_1_index_is_still_read(smoke_store, smoke_lock, tmp_path, monkeypatch):
     """Stores and wheels written before the per-rank groups: one frame, the header line first."""
     root, lock_path = _copy(smoke_store, tmp_path)
-    head, groups = _frames(index_path(lock_path))
+    head, groups = read_frames(index_path(lock_path))
     lines = sorted(line for g in groups for line in g)
     old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": 1}).encode()
     index_path(lock_path).write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
@@ -204,14 +184,14 @@ def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_loc
     path = index_path(lock_path)
     data = bytearray(path.read_bytes())
     if damage == "flip":  # in the header's frame (the groups' frames: the test above)
-        head, _groups = _frames(path)
+        head, _groups = read_frames(path)
         data[(len(data) - sum(nbytes for nbytes, _p in head["groups"])) // 2] ^= 0x40
         path.write_bytes(bytes(data))
     elif damage == "truncate":
         path.write_bytes(bytes(data[: len(data) // 2]))
     else:
-        head, groups = _frames(path)
-        _write_frames(path, {**head, "schema": 99}, groups)
+        head, groups = read_frames(path)
+        write_frames(path, {**head, "schema": 99}, groups)
     with pytest.raises(ArtifactMismatchError, match="delete .*smoke.records.zst to check the records one by one"):
         _op(root, smoke_lock)
 
@@ -223,7 +203,7 @@ def test_abridging_falls_back_to_the_verbatim_form_when_it_would_not_round_trip(
     entries = {key: (hashing_form(plain), blob), "c" * 64: (hashing_form({**tricky, "key": "c" * 64}), blob)}
     path = tmp_path / "x.records.zst"
     path.write_bytes(encode_index(entries))
-    _head, [lines] = _frames(path)  # no groups given: one
+    _head, [lines] = read_frames(path)  # no groups given: one
     assert lines[0][8:].startswith(b"{") and b"a" * 64 not in lines[0] and b"b" * 64 not in lines[0]  # abridged
     assert lines[1][8:].startswith(b"=")  # verbatim
     index = RecordIndex.read(path)

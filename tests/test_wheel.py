@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from index_frames import find_line, read_frames, write_frames
+
 from gemmar_aot.artifact_model import (
     Digest,
     LaunchEntry,
@@ -47,7 +49,6 @@ from gemmar_aot.artifact_model import (
 from gemmar_aot.cli import main
 from gemmar_aot.store import CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend
-import zstandard
 from gemmar_aot.wheel import (
     WheelError,
     check_version,
@@ -893,15 +894,13 @@ def test_installed_wheel_binds_its_lock_through_the_record_index(smoke_wheel, sm
     last = out.stdout.strip().splitlines()[-1].split()
     assert last[0] == "BOUND" and int(last[1]) > 0 and last[2] == "True" and last[3] == str(index), out.stdout
     # one line of the installed index relabelled: refused, naming the lock's record digest and the line's
-    lines = zstandard.ZstdDecompressor().decompress(index.read_bytes()).split(b"\n")
-    prefix = json.loads(lines[0])["prefix_hex"]
+    head, groups = read_frames(index)
     r0 = next(r for r in _smoke_tuple(smoke_lock, 512, 256, "bf16").ranks if r.rank == 0)
     key = next(le.key for le in r0.launches if le.kind == "reduce")
-    i = next(i for i, line in enumerate(lines[1:], 1) if line[:prefix] == key[:prefix].encode())
-    assert b'"rank":0' in lines[i]
-    lines[i] = lines[i].replace(b'"rank":0', b'"rank":1', 1)
-    index.write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(
-        b"\n".join(lines)))
+    g, i = find_line(head, groups, key)
+    assert b'"rank":0' in groups[g][i]
+    groups[g][i] = groups[g][i].replace(b'"rank":0', b'"rank":1', 1)
+    write_frames(index, head, groups)
     out = env.run(probe, smoke_store / "locks" / "smoke.lock.json", check=False)
     assert out.returncode == 3, out.stdout + out.stderr
     assert "record index holds" in out.stdout and str(index) in out.stdout, out.stdout
