@@ -35,6 +35,7 @@ from pathlib import Path
 def worker(checkout: Path, lock: Path, repeat: int) -> dict:
     root = checkout.resolve()
     sys.path[:0] = [str(root), str(root / "bench"), str(root / "tests")]
+    import bench_runtime
     from bench_runtime import M_MAX, WORLD, BenchDriver, K, N
     from fakes import FakeCommunicator
 
@@ -44,7 +45,11 @@ def worker(checkout: Path, lock: Path, repeat: int) -> dict:
     if not Path(gemmar_aot.__file__).resolve().is_relative_to(root):
         raise SystemExit(f"gemmar_aot was imported from {gemmar_aot.__file__}, not {root}")
 
+    # a pod's first construction: no code-object note parsed before (older checkouts keep none)
+    forget_parsed_notes = getattr(bench_runtime, "forget_parsed_notes", lambda: None)
+
     def construct():
+        forget_parsed_notes()  # inside the timing: ~1 us
         op = GemmAllReduceOp(FakeCommunicator(0, WORLD, lazy=True), n=N, k=K, m_max=M_MAX, artifacts=lock,
                              driver=BenchDriver(True), self_test=False)
         op.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 
@@ -193,7 +192,7 @@ def parse_code_object(data: bytes) -> CodeObject:
         raise CodeObjectError("bad section-name string table index")
     str_off, str_size = sections[e_shstrndx][2:4]
 
-    meta: dict[str, Any] | None = None
+    meta: tuple[str, tuple[KernelMetadata, ...]] | None = None  # the last metadata note's
     comment = ""
     undefined: set[str] = set()
     for sh_name, sh_type, off, size, link in sections:
@@ -225,14 +224,10 @@ def parse_code_object(data: bytes) -> CodeObject:
             if pos > end:
                 raise CodeObjectError("note section is truncated")
             if nname == b"AMDGPU" and ntype == NT_AMDGPU_METADATA:
-                try:
-                    meta = msgpack.unpackb(desc, raw=False, strict_map_key=False)
-                except Exception as exc:  # msgpack raises several types
-                    raise CodeObjectError(f"NT_AMDGPU_METADATA is not valid msgpack: {exc}") from exc
+                meta = _note(desc)
     if meta is None:
         raise CodeObjectError("no NT_AMDGPU_METADATA note (not a code object v3+?)")
-
-    kernels = tuple(_kernel_meta(k) for k in meta.get("amdhsa.kernels", []))
+    target, kernels = meta
     mach = e_flags & EF_AMDGPU_MACH
     return CodeObject(
         mach=mach,
@@ -242,11 +237,35 @@ def parse_code_object(data: bytes) -> CodeObject:
                        {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}),
         sramecc=_feature(e_flags, EF_AMDGPU_FEATURE_SRAMECC_V4,
                          {0x000: "unsupported", 0x400: "any", 0x800: "off", 0xC00: "on"}),
-        target=str(meta.get("amdhsa.target", "")),
+        target=target,
         kernels=kernels,
         comment=comment,
         undefined_symbols=tuple(sorted(undefined)),
     )
+
+
+#: Parsed metadata notes by their bytes. A rank's code objects repeat a few notes (the reference
+#: manifest's rank 0: 10 distinct in 53 -- a GEMM's is the same for every M), and what a note
+#: parses to depends on its bytes alone; the values are immutable. Bounded: cleared when full.
+_NOTES: dict[bytes, tuple[str, tuple[KernelMetadata, ...]]] = {}
+_NOTES_MAX = 4096
+
+
+def _note(desc: bytes) -> tuple[str, tuple[KernelMetadata, ...]]:
+    """(``amdhsa.target``, the kernels) of an NT_AMDGPU_METADATA note's msgpack ``desc``."""
+    got = _NOTES.get(desc)
+    if got is None:
+        try:
+            meta = msgpack.unpackb(desc, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several types
+            raise CodeObjectError(f"NT_AMDGPU_METADATA is not valid msgpack: {exc}") from exc
+        if not isinstance(meta, dict):
+            raise CodeObjectError(f"NT_AMDGPU_METADATA is a msgpack {type(meta).__name__}, not a map")
+        got = (str(meta.get("amdhsa.target", "")), tuple(_kernel_meta(k) for k in meta.get("amdhsa.kernels", [])))
+        if len(_NOTES) >= _NOTES_MAX:
+            _NOTES.clear()
+        _NOTES[bytes(desc)] = got
+    return got
 
 
 def _kernel_meta(k: dict) -> KernelMetadata:

@@ -116,3 +116,27 @@ def test_every_built_kernel_name_allows_exactly_its_role(smoke_lock):
     assert {"gemm", "gemv", "scatter", "drain", "reduce", "gather", "quantize", "dequantize", "gather_barrier",
             "pull", "lsa_ar"} <= seen
     assert roles_of("fill") == frozenset()  # a name no mori builder gives
+
+
+def test_parsed_notes_are_remembered_by_their_bytes_only(test_co):
+    """gemmar_aot.codeobject keeps parsed metadata notes per process (a rank's code objects repeat a
+    few): a note differing in one byte is parsed afresh, and a note that is not a map is refused."""
+    from gemmar_aot.codeobject import CodeObjectError
+
+    before = parse_code_object(test_co)
+    assert parse_code_object(test_co) == before
+    i = test_co.index(b".kernarg_segment_size") + len(b".kernarg_segment_size")
+    assert test_co[i] < 0x40  # a msgpack positive fixint follows the key
+    changed = bytearray(test_co)
+    changed[i] += 8
+    after = parse_code_object(bytes(changed))
+    moved = [(a.name, a.kernarg_size, b.kernarg_size) for a, b in zip(before.kernels, after.kernels)
+             if a.kernarg_size != b.kernarg_size]
+    assert len(moved) == 1 and moved[0][2] == moved[0][1] + 8
+    assert parse_code_object(test_co) == before  # the original still parses as before
+    j = test_co.index(b"AMDGPU\0\0") + 8  # the note's name (7 bytes, padded to 8), then its msgpack
+    assert test_co[j] & 0xF0 == 0x80  # a fixmap: amdhsa.version, .target, .kernels, ...
+    not_a_map = bytearray(test_co)
+    not_a_map[j] = 0x90 | 2 * (test_co[j] & 0x0F)  # the same entries, as a fixarray of keys and values
+    with pytest.raises(CodeObjectError, match="is a msgpack list, not a map"):
+        parse_code_object(bytes(not_a_map))
