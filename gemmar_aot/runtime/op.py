@@ -370,14 +370,15 @@ class GemmAllReduceOp:
         binding.use_indexes(self.artifacts, entries.values())
         for m, e in sorted(entries.items()):
             store = self.artifacts.store(e.lock.source)
+            e_where = e.where
             for le in (*e.launches, *e.self_test):
                 # every position: one key may sit at several (M, role), and each must be its record's
-                binding.check(store, le, self._position(e, le.kind), lock_where=f"{e.where} M={m} {le.kind}")
+                binding.check(store, le, self._position(e, le.kind), lock_where=f"{e_where} M={m} {le.kind}")
                 if le.key in verified:
                     continue
                 verified.add(le.key)
                 digest = le.blob.hash
-                where = f"{e.where} M={m} {le.kind} (blob {digest[:12]})"
+                where = f"{e_where} M={m} {le.kind} (blob {digest[:12]})"
                 code = codes.get(digest)
                 if code is None:
                     data = store.load_blob(digest, le.blob.size)
