@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.store.backend import record_digest
+from gemmar_aot.store.backend import record_blob
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError
 
 #: Parallel requests for lookups and uploads (the server, not our CPU, is the limit).
@@ -129,7 +129,7 @@ class RemoteSession:
                 got = self.backend.get_record_json(key)
                 if got is None:
                     return key, None
-                code = self.backend.get_blob(record_digest(got[0]))  # verified, or raises
+                code = self.backend.get_blob(record_blob(got[0]))  # verified, or raises
                 if code is None:
                     with self._lock:
                         self.counts["record_without_blob"] += 1  # evicted: a miss, not an error

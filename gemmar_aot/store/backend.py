@@ -84,8 +84,9 @@ def check_record(rec: Any, key: str) -> dict:
     return rec
 
 
-def record_digest(rec: Mapping[str, Any]) -> Digest:
-    """The blob a (checked) record names."""
+def record_blob(rec: Mapping[str, Any]) -> Digest:
+    """The digest of the blob a (checked) record names (not :func:`gemmar_aot.artifact_model.record_digest`,
+    the digest of the record itself)."""
     return blob_ref(rec["blob"])
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
-from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_digest
+from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_blob
 from .codec import BadBlob, SizeMismatch, check_content
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError
 from .local import (
@@ -199,7 +199,7 @@ class Store:
     def read_record_named(self, key: str, want: Digest) -> dict | None:
         """The local record under ``key`` when it is the one the digest ``want`` names (a lock's
         record digest), checked by hashing its stored form instead of re-encoding it; None
-        otherwise -- then :meth:`read_record_file` and ``record_digest`` say what is there."""
+        otherwise -- then :meth:`read_record_file` and ``artifact_model.record_digest`` say what is there."""
         return self.local.get_record_named(key, want)
 
     def get_record(self, key: str, *, verify: bool = False) -> dict | None:
@@ -211,7 +211,7 @@ class Store:
         """
         rec = self.local.get_record(key)
         if rec is not None:
-            d = record_digest(rec)
+            d = record_blob(rec)
             if verify:
                 try:
                     self.local.load_blob(d.hash, d.size)
@@ -296,7 +296,7 @@ class Store:
             return None
         if rec is None:
             return None
-        raw = self._remote_blob(record_digest(rec))
+        raw = self._remote_blob(record_blob(rec))
         if raw is None:
             self.counters["remote_record_without_blob"] += 1
             return None  # a record whose blob is missing is a miss

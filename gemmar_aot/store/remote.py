@@ -38,7 +38,7 @@ from gemmar_aot.artifact_model import Digest
 from gemmar_aot.canonical_json import canonical_json_bytes
 
 from . import reapi
-from .backend import BadRecord, CacheBackend, check_record, record_digest
+from .backend import BadRecord, CacheBackend, check_record, record_blob
 from .codec import BadBlob, SizeMismatch, check_content
 from .errors import CorruptArtifactError
 from .http import ENV_URL, HttpCache
@@ -138,7 +138,7 @@ class HttpBackend(CacheBackend):
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRecord(f"{self.name}/cas/{rd.hash}: not a record for {key} ({e})") from None
         cd = ar.file(reapi.CODE_PATH).digest
-        if record_digest(rec) != Digest(cd.hash, cd.size_bytes):  # _entry checked the hash's form
+        if record_blob(rec) != Digest(cd.hash, cd.size_bytes):  # _entry checked the hash's form
             raise BadRecord(f"/ac/{key} names code object {cd.hash}/{cd.size_bytes} but its record names "
                             f"{rec['blob']['digest']}/{rec['blob']['size']}")
         return rec, raw
@@ -148,7 +148,7 @@ class HttpBackend(CacheBackend):
         raw = record_bytes(rec)
         rd = Digest.of(raw)
         self.client.put("cas", rd.hash, raw)
-        code = record_digest(rec)
+        code = record_blob(rec)
         ar = reapi.ActionResult((
             reapi.OutputFile(reapi.RECORD_PATH, reapi.Digest(rd.hash, rd.size), contents=raw),
             reapi.OutputFile(reapi.CODE_PATH, reapi.Digest(code.hash, code.size)),
