@@ -94,6 +94,20 @@ class BenchDriver:
         pass
 
 
+def python_speed_ms() -> float:
+    """A machine-speed reference taken beside the measurements: the best of 5 runs of a 10^6-step
+    pure-Python loop, in ms. This host's speed drifts by 10-20% over an hour; two runs of this
+    benchmark compare only in proportion to it (interleaved A/B runs need no such correction)."""
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        n = 0
+        for i in range(1_000_000):
+            n += i
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1e3, 2)
+
+
 def forget_parsed_notes() -> None:
     """Empty the code-object parser's per-process cache of metadata notes (``codeobject._NOTES``,
     absent in older checkouts), so each construction measured is a pod's first and only one: a
@@ -256,6 +270,7 @@ def main() -> int:
               f"manifests/dsv4-pro-wo_b.toml --store {a.store})", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
+    speed_before = python_speed_ms()
     res = {
         "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
         "store": str(a.store),
@@ -265,6 +280,7 @@ def main() -> int:
         res["per_call"] = bench_calls(lock, a.rank, a.calls, max(3, a.repeat // 2))
         res["self_test_gemm"] = bench_self_test_gemm(lock, a.rank, max(3, a.repeat // 3))
     res["host"]["load_average_before_after"] = [round(x, 2) for x in load_before + os.getloadavg()]
+    res["host"]["python_loop_1e6_ms_before_after"] = [speed_before, python_speed_ms()]
     if a.json:
         print(json.dumps(res, indent=2, sort_keys=True))
         return 0
