@@ -109,15 +109,12 @@ def python_speed_ms() -> float:
 
 
 def forget_parsed_notes() -> None:
-    """Empty the code-object parser's per-process cache of metadata notes (``codeobject._NOTES``,
-    absent in older checkouts), so each construction measured is a pod's first and only one: a
-    serving process constructs one op per rank, and would otherwise find every note parsed by
-    the previous run."""
+    """Empty the code-object parser's per-process cache of metadata notes, so each construction
+    measured is a pod's first and only one: a serving process constructs one op per rank, and
+    would otherwise find every note parsed by the previous run. (Older checkouts have no cache.)"""
     import gemmar_aot.codeobject as co
 
-    notes = getattr(co, "_NOTES", None)
-    if notes is not None:
-        notes.clear()
+    getattr(co, "forget_parsed_notes", lambda: None)()
 
 
 def _stats(xs: list[float]) -> dict:
