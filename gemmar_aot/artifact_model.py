@@ -17,18 +17,29 @@ writes one. The types, from the leaves up:
 * :class:`RankLaunches` -- one rank's launches and self-test sequence;
   :class:`LockTuple` -- one tuple and its ranks; :class:`Lock` -- the whole file.
 
-The JSON (schema :data:`LOCK_SCHEMA`) names each kernel once: ``kernels`` maps action keys
-to entries (kind, blob, kernel symbol, record digest, launch record index),
-``launch_records`` holds each distinct launch record once (without the kernel symbol, which
-is all that differs between ranks), and every rank lists the action keys it launches, in
-order. :meth:`Lock.to_bytes` is the one canonical
-serialisation (the same lock always gives the same bytes); :meth:`Lock.from_json` checks
-every field and raises :class:`LockFileError` naming the file, the JSON path, the value
-and the fix. A lock of another schema is refused, never migrated: a newer one asks for a
-newer gemmar-aot, an older one for a rebuild. An artifact wheel ships the same bytes in one
-zstd frame (``lock.json.zst``, :func:`compress_lock`); :meth:`Lock.from_bytes` recognises the
-frame's magic number and decompresses it (``zstandard``, imported only then), checking the
-frame's checksum.
+The document (schema :data:`LOCK_SCHEMA`, :meth:`Lock.to_json`) keeps what every rank
+shares apart from what one rank launches:
+
+* the head: the manifest, arch, toolchain and env; ``launch_records``, each distinct launch
+  record once (without the kernel symbol, which is all that differs between ranks); and
+  ``tuples``, each tuple's identity, manifest line, window layout and the ranks it was
+  built for;
+* ``parts``, one per rank: ``kernels``, the rank's kernels by action key (kind, blob, kernel
+  symbol, record digest, launch record index), and ``launches``, for each tuple, the action
+  keys the rank launches and self-tests, in order.
+
+The file is that document as JSON Lines (:func:`encode_lock_doc`): the head on the first
+line, naming each part by its :class:`Digest`, then one line per part. A rank getting ready
+parses the head and its own part, about a tenth of the reference lock; a part's bytes are
+checked against the head's digest before they are parsed, the first time anything of it is
+used (:meth:`Lock.check_parts` checks them all at once, as writing does).
+:meth:`Lock.to_bytes` is the one canonical serialisation (the same lock always gives the
+same bytes); reading checks every field and raises :class:`LockFileError` naming the file,
+the JSON path, the value and the fix. A lock of another schema is refused, never migrated: a
+newer one asks for a newer gemmar-aot, an older one for a rebuild. An artifact wheel ships
+the same bytes in one zstd frame (``lock.json.zst``, :func:`compress_lock`);
+:meth:`Lock.from_bytes` recognises the frame's magic number and decompresses it
+(``zstandard``, imported only then), checking the frame's checksum.
 """
 
 from __future__ import annotations
@@ -42,14 +53,15 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.canonical_json import canonical_json, canonical_json_bytes
+from gemmar_aot.canonical_json import canonical_json, canonical_json_bytes, canonical_json_line
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 
 #: Version of the lock-file schema this gemmar-aot reads and writes.
 #: 2: typed model; kernels named once by action key, launch records de-duplicated, blobs and
 #: records as Digest(hash, size), the window layout split into shared and per-M values.
-LOCK_SCHEMA = 2
+#: 3: JSON Lines, a head and one part per rank, so a rank reads its own kernels only.
+LOCK_SCHEMA = 3
 
 #: The modes (``transport``) a tuple can be built for, by the names mori's benchmark and the PR use.
 #:   fused-sdma  GemmAllReduceOp: GEMM with the scatter fused into its epilogue
@@ -348,9 +360,9 @@ class LaunchEntry:
 class RankLaunches:
     """One rank's kernels for one tuple, in launch order.
 
-    A lock read from JSON resolves ``launches`` and ``self_test`` from its (already
-    validated) kernel table on first access, so a runtime that serves one rank builds the
-    entries of that rank only.
+    A lock read from JSON resolves ``launches`` and ``self_test`` from its rank's part on
+    first access (checking and parsing that part then, once), so a runtime that serves one
+    rank reads and builds the entries of that rank only.
     """
 
     rank: int
@@ -361,7 +373,8 @@ class RankLaunches:
         """The action keys of (launches, self_test), without building their entries."""
         pending = self.__dict__.get("_pending")
         if pending is not None:
-            return pending[1], pending[2]
+            part, ti = pending
+            return part.load()[1][ti]
         return tuple(e.key for e in self.launches), tuple(e.key for e in self.self_test)
 
     def __getattr__(self, name: str):
@@ -369,7 +382,9 @@ class RankLaunches:
         if name in ("launches", "self_test"):
             pending = d.get("_pending")
             if pending is not None:
-                table, launch_keys, self_test_keys = pending
+                part, ti = pending
+                table, seqs = part.load()
+                launch_keys, self_test_keys = seqs[ti]
                 d.update(launches=table.entries(launch_keys), self_test=table.entries(self_test_keys))
                 d.pop("_pending", None)  # another thread may have resolved it too (to equal values)
             if name in d:
@@ -449,6 +464,14 @@ class Lock:
     def blob_digests(self) -> set[str]:
         return set(self.blobs())
 
+    def check_parts(self) -> "Lock":
+        """Check every rank's part now (a lock read from bytes checks a part when it is first
+        used). Raises LockFileError naming the first bad one; returns the lock."""
+        for t in self.tuples:
+            for r in t.ranks:
+                r.launch_keys()
+        return self
+
     # ---- (de)serialisation ----
 
     def to_json(self) -> dict:
@@ -473,6 +496,14 @@ class Lock:
                 launch_records.append(rj)
             table[key] = {"kind": e.kind, "blob": e.blob.to_json(), "symbol": e.symbol, "record": e.record.to_json(),
                           "launch": idx}
+        parts: dict[int, dict] = {}  # rank -> its part
+        for ti, t in enumerate(self.tuples):
+            for r in t.ranks:
+                part = parts.setdefault(r.rank, {"rank": r.rank, "kernels": {}, "launches": []})
+                seqs = r.launch_keys()
+                part["launches"].append([ti, *map(list, seqs)])
+                for key in (*seqs[0], *seqs[1]):
+                    part["kernels"][key] = table[key]
         return {
             "schema": LOCK_SCHEMA,
             "manifest": {"name": self.manifest.name, "arch": self.manifest.arch, "sha256": self.manifest.sha256},
@@ -482,20 +513,19 @@ class Lock:
                           "ingredients": _plain(self.toolchain.ingredients)},
             "env": dict(self.env),
             "launch_records": launch_records,
-            "kernels": table,
             "tuples": [{
                 **t.id.to_json(),
                 "source": t.source,
                 "layout": None if t.layout is None else t.layout.to_json(),
-                "ranks": [{"rank": r.rank, "launches": [e.key for e in r.launches],
-                           "self_test": [e.key for e in r.self_test]} for r in t.ranks],
+                "ranks": [r.rank for r in t.ranks],
             } for t in self.tuples],
+            "parts": [parts[r] for r in sorted(parts)],
         }
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of this lock: the same lock always gives the same bytes."""
         try:
-            return canonical_json_bytes(self.to_json())
+            return encode_lock_doc(self.to_json())
         except (TypeError, ValueError) as exc:
             if isinstance(exc, LockFileError):
                 raise
@@ -503,20 +533,31 @@ class Lock:
 
     @classmethod
     def from_json(cls, data: Any, where: str = "<lock>") -> "Lock":
-        """Validate parsed JSON and build the lock. Raises LockFileError naming ``where``."""
-        return _Reader(where).lock(data)
+        """Validate a lock document (:meth:`to_json`'s form: every part inline) and build the
+        lock, every part checked now. Raises LockFileError naming ``where``."""
+        return _Reader(where).lock(data).check_parts()
 
     @classmethod
     def from_bytes(cls, data: bytes | str, where: str = "<lock>") -> "Lock":
-        """Parse and validate a lock's bytes: canonical JSON, or that JSON in one zstd frame (an
-        artifact wheel's ``lock.json.zst``; recognised by the frame's magic number)."""
-        if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:4]) == LOCK_ZSTD_MAGIC:
-            data = _decompress_lock(bytes(data), where)
+        """Parse and validate a lock's bytes (:func:`encode_lock_doc`), or those bytes in one zstd
+        frame (an artifact wheel's ``lock.json.zst``; recognised by the frame's magic number).
+        The head is checked now, each rank's part when it is first used (:meth:`check_parts`)."""
+        if isinstance(data, str):
+            data = data.encode()
+        data = bytes(data)
+        if data[:4] == LOCK_ZSTD_MAGIC:
+            data = _decompress_lock(data, where)
+        lines = data.split(b"\n")
         try:
-            obj = json.loads(data)
+            head = json.loads(lines[0])
         except (ValueError, UnicodeDecodeError) as exc:
-            raise LockFileError(f"{where} is not valid JSON ({exc}); {_REBUILD}") from None
-        return cls.from_json(obj, where)
+            # not a head line: a lock of an older schema (indented JSON) is refused by its schema
+            try:
+                old = json.loads(data)
+            except (ValueError, UnicodeDecodeError):
+                raise LockFileError(f"{where} is not valid JSON Lines ({exc}); {_REBUILD}") from None
+            return _Reader(where).lock(old, lines=[])
+        return _Reader(where).lock(head, lines=lines[1:])
 
 
 #: The first four bytes of a zstd frame: a lock file starting with them is compressed JSON.
@@ -547,6 +588,28 @@ def _decompress_lock(data: bytes, where: str) -> bytes:
     if len(out) != params.content_size:  # pragma: no cover - zstd checks it
         raise LockFileError(f"{damaged} (decompressed to {len(out)} bytes, the frame says {params.content_size})")
     return out
+
+
+def encode_lock_doc(doc: Mapping[str, Any]) -> bytes:
+    """The file bytes of a lock document (:meth:`Lock.to_json`'s form, its parts inline): the
+    head on one line with each part replaced by ``{"rank", "hash", "size"}`` naming that
+    part's line, then the parts, one line each, all canonical (``canonical_json_line``).
+
+    Encodes whatever it is given, without checking it (tests write damaged locks with it);
+    :meth:`Lock.to_bytes` is what writes a valid one."""
+    parts = [canonical_json_line(p) for p in doc["parts"]]
+    head = {**doc, "parts": [{"rank": p.get("rank") if isinstance(p, Mapping) else None, **Digest.of(b).to_json()}
+                             for p, b in zip(doc["parts"], parts)]}
+    return b"\n".join([canonical_json_line(head), *parts, b""])
+
+
+def decode_lock_doc(data: bytes) -> dict:
+    """The document of a lock file's bytes (plain or zstd), parts inline: what :func:`encode_lock_doc`
+    encoded. Unchecked, for tools and tests that look inside; :meth:`Lock.from_bytes` reads a lock."""
+    if data[:4] == LOCK_ZSTD_MAGIC:
+        data = _decompress_lock(data, "<lock>")
+    head, *parts = (json.loads(line) for line in data.split(b"\n") if line)
+    return {**head, "parts": parts}
 
 
 def compress_lock(lock: "Lock", level: int = 19) -> bytes:
@@ -650,13 +713,14 @@ def _plain(v: Any) -> Any:
 # offending value and names it. Reading the reference lock is dominated by json.loads.
 # ---------------------------------------------------------------------------
 
-_TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "kernels",
-        "tuples")
+_TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "tuples",
+        "parts")
+_PART_KEYS = ("rank", "kernels", "launches")
+_PART_REF_KEYS = ("rank", "hash", "size")
 _TUPLE_KEYS = (*_TUPLE_ID_FIELDS, "source", "layout", "ranks")
 _KERNEL_KEYS = ("kind", "blob", "symbol", "record", "launch")
 _RECORD_KEYS = ("params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block", "stream_param")
 _ARG_KEYS = ("name", "kind", "params", "dtype")
-_RANK_KEYS = ("rank", "launches", "self_test")
 _DIGEST_KEYS = ("hash", "size")
 _ARG_KINDS = ("tensor", "i32", "i64", "stream")
 _PARAM_TYPES = tuple(PARAM_SIZES)
@@ -739,6 +803,28 @@ class _KernelTable:
 
     def entries(self, keys: tuple[str, ...]) -> tuple[LaunchEntry, ...]:
         return tuple(self.entry(k) for k in keys)
+
+
+class _LockPart:
+    """One rank's part of a lock: checked (against the digest the head names, when read from
+    bytes), parsed and validated on first use, then kept: ``(kernel table, {tuple index:
+    (launch keys, self-test keys)})``."""
+
+    __slots__ = ("reader", "index", "rank", "ref", "data", "records", "tuples", "got")
+
+    def __init__(self, reader: "_Reader", index: int, rank: int, ref: Digest | None, data: Any,
+                 records: list[LaunchRecord]):
+        self.reader, self.index, self.rank, self.ref, self.data = reader, index, rank, ref, data
+        self.records = records
+        self.tuples: set[int] = set()  # the tuples whose head lists this rank
+        self.got: tuple[_KernelTable, dict[int, tuple[tuple[str, ...], tuple[str, ...]]]] | None = None
+
+    def load(self) -> tuple["_KernelTable", dict[int, tuple[tuple[str, ...], tuple[str, ...]]]]:
+        got = self.got
+        if got is None:
+            got = self.got = self.reader.part(self)
+            self.data = None
+        return got
 
 
 class _Reader:
@@ -833,7 +919,9 @@ class _Reader:
 
     # ---- the lock ----
 
-    def lock(self, v: Any) -> Lock:
+    def lock(self, v: Any, lines: list[bytes] | None = None) -> Lock:
+        """The lock of head ``v``: with ``lines`` (the file's lines after the head) the parts are
+        digests naming them; without, the parts are inline (:meth:`Lock.to_json`'s form)."""
         if type(v) is not dict:
             raise LockFileError(f"{self.where}: a lock file holds a JSON object, this holds {_type_name(v)}; "
                                 f"{_REBUILD}")
@@ -874,19 +962,83 @@ class _Reader:
                 raise self.fail(f"$.env.{k}", f"is {_type_name(x)} ({_show(x)}), expected a string or null")
         records = [self.launch_record(r, f"$.launch_records[{i}]")
                    for i, r in enumerate(self.list(v["launch_records"], "$.launch_records"))]
-        kernels = self.kernels(v["kernels"], records)
-        tuples = tuple(self.tuple(t, f"$.tuples[{i}]", kernels)
+        parts = self.parts(v["parts"], lines, records)
+        tuples = tuple(self.tuple(t, f"$.tuples[{i}]", i, parts)
                        for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
+        for part in parts.values():
+            if not part.tuples:
+                raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple lists rank "
+                                                          f"{part.rank}")
         return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
                     code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
                     toolchain=toolchain, env=dict(env), tuples=tuples)
 
-    def kernels(self, v: Any, records: list[LaunchRecord]) -> dict[str, LaunchEntry]:
+    def parts(self, v: Any, lines: list[bytes] | None, records: list[LaunchRecord]) -> dict[int, _LockPart]:
+        """Rank -> its part, from the head's ``parts``: references to ``lines`` (checked against
+        them when loaded), or inline documents."""
+        out: dict[int, _LockPart] = {}
+        self.list(v, "$.parts")
+        if lines is not None:
+            if lines[-1:] != [b""] or len(lines) != len(v) + 1:
+                raise self.fail("$.parts", f"names {len(v)} part(s), the file has {max(len(lines) - 1, 0)} line(s) "
+                                           f"after the head" + ("" if lines[-1:] == [b""] else
+                                                                " and does not end in a newline (truncated?)"))
+        for i, x in enumerate(v):
+            path = f"$.parts[{i}]"
+            if lines is not None:
+                o = self.obj(x, path, _PART_REF_KEYS)
+                rank = self.int(o["rank"], f"{path}.rank")
+                ref = self.digest({"hash": o["hash"], "size": o["size"]}, path)
+                part = _LockPart(self, i, rank, ref, lines[i], records)
+            else:
+                o = self.obj(x, path, _PART_KEYS)
+                rank = self.int(o["rank"], f"{path}.rank")
+                part = _LockPart(self, i, rank, None, o, records)
+            if out and rank <= max(out):
+                raise self.fail(f"{path}.rank", f"is {rank}: parts are in increasing rank order, one per rank")
+            out[rank] = part
+        return out
+
+    def part(self, p: _LockPart) -> tuple[_KernelTable, dict[int, tuple[tuple[str, ...], tuple[str, ...]]]]:
+        """Check, parse and validate part ``p`` (see :class:`_LockPart`)."""
+        path = f"$.parts[{p.index}]"
+        v = p.data
+        if p.ref is not None:
+            if len(v) != p.ref.size or hashlib.sha256(v).hexdigest() != p.ref.hash:
+                got = Digest.of(v)
+                raise LockFileError(f"{self.where}: rank {p.rank}'s part (line {p.index + 2}) is {got}, the head "
+                                    f"names {p.ref}: the file is damaged or was edited; {_REBUILD}")
+            try:
+                v = json.loads(v)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise self.fail(path, f"(line {p.index + 2}) is not JSON ({exc})") from None
+            self.obj(v, path, _PART_KEYS)
+            if v["rank"] != p.rank:
+                raise self.fail(f"{path}.rank", f"is {_show(v['rank'])}, the head names the part of rank {p.rank}")
+        table = self.kernels(v["kernels"], p.records, f"{path}.kernels")
+        seqs: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        for j, item in enumerate(self.list(v["launches"], f"{path}.launches")):
+            ip = f"{path}.launches[{j}]"
+            if type(item) is not list or len(item) != 3:
+                raise self.fail(ip, f"is {_show(item)}, expected [tuple index, [action keys launched], "
+                                    f"[action keys self-tested]]")
+            ti = self.int(item[0], f"{ip}[0]")
+            if ti not in p.tuples or ti in seqs:
+                raise self.fail(f"{ip}[0]", f"is {ti}: " + ("a repeated tuple" if ti in seqs else
+                                                            f"$.tuples[{ti}] does not list rank {p.rank}"))
+            seqs[ti] = (self.refs(item[1], f"{ip}[1]", table, f"{path}.kernels"),
+                        self.refs(item[2], f"{ip}[2]", table, f"{path}.kernels"))
+        missing = sorted(p.tuples - seqs.keys())
+        if missing:
+            raise self.fail(f"{path}.launches", f"has nothing for tuple(s) {missing}, which list rank {p.rank}")
+        return table, seqs
+
+    def kernels(self, v: Any, records: list[LaunchRecord], path: str) -> _KernelTable:
         if type(v) is not dict:
-            raise self.fail("$.kernels", f"is {_type_name(v)}, expected an object (action key -> kernel)")
+            raise self.fail(path, f"is {_type_name(v)}, expected an object (action key -> kernel)")
         if self.kernels_valid(v, records):
             return _KernelTable(v, records)
-        return _KernelTable.of(self.kernels_slow(v, records))
+        return _KernelTable.of(self.kernels_slow(v, records, path))
 
     def kernels_valid(self, v: dict, records: list[LaunchRecord]) -> bool:
         """Every check at once (one regex over all digests, type sets); False when any fails."""
@@ -912,14 +1064,14 @@ class _Reader:
         except TypeError:  # e.g. an unhashable value
             return False
 
-    def kernels_slow(self, v: dict, records: list[LaunchRecord]) -> dict[str, LaunchEntry]:
+    def kernels_slow(self, v: dict, records: list[LaunchRecord], where: str) -> dict[str, LaunchEntry]:
         """One entry at a time: finds the first bad value and names it."""
         out = {}
         n = len(records)
         keyset = _keyset(_KERNEL_KEYS)
         by_symbol: dict[tuple[int, str], LaunchRecord] = {}
         for key, k in v.items():
-            path = f"$.kernels.{key}"
+            path = f"{where}.{key}"
             if type(k) is not dict or k.keys() != keyset:
                 self.obj(k, path, _KERNEL_KEYS)
             idx = k["launch"]
@@ -935,8 +1087,8 @@ class _Reader:
             try:
                 entry = LaunchEntry(kind, key, blob, launch, record)
             except ValueError:  # the action key
-                raise self.fail("$.kernels", f"has key {_show(key)}, expected an action key (64 lowercase hex "
-                                             f"digits)") from None
+                raise self.fail(where, f"has key {_show(key)}, expected an action key (64 lowercase hex "
+                                       f"digits)") from None
             out[key] = entry
         return out
 
@@ -976,11 +1128,15 @@ class _Reader:
         except LaunchRecordError as exc:
             raise self.fail(path, f"is not a launch record ({exc})") from None
 
-    def tuple(self, v: Any, path: str, kernels: "_KernelTable") -> LockTuple:
-        fast = self.tuple_fast(v, kernels)
-        return fast if fast is not None else self.tuple_slow(v, path, kernels)
+    def tuple(self, v: Any, path: str, ti: int, parts: dict[int, _LockPart]) -> LockTuple:
+        t = self.tuple_fast(v, ti, parts)
+        if t is None:
+            t = self.tuple_slow(v, path, ti, parts)
+        for r in t.ranks:
+            parts[r.rank].tuples.add(ti)
+        return t
 
-    def tuple_fast(self, v: Any, kernels: "_KernelTable") -> LockTuple | None:
+    def tuple_fast(self, v: Any, ti: int, parts: dict[int, _LockPart]) -> LockTuple | None:
         """The common case checked in bulk (type sets, one subset test); None when anything is off."""
         try:
             if type(v) is not dict or v.keys() != _keyset(_TUPLE_KEYS):
@@ -1001,24 +1157,14 @@ class _Reader:
                     layout.world, layout.n, layout.block_m, layout.gather_dtype, layout.gather_transport) != (
                     tid.world, tid.n, tid.block_m, tid.gather_dtype, tid.gather_transport)):
                 return None
-            ranks_json = v["ranks"]
-            rks = _keyset(_RANK_KEYS)
-            if type(ranks_json) is not list or any([type(r) is not dict or r.keys() != rks for r in ranks_json]):
-                return None
-            ranks = [r["rank"] for r in ranks_json]
-            if ranks and (_types(ranks) != _INT or min(ranks) < 0 or max(ranks) >= tid.world
-                          or len(set(ranks)) != len(ranks)):
-                return None
-            seqs = [(tuple(r["launches"]), tuple(r["self_test"])) for r in ranks_json]
-            if any([type(r["launches"]) is not list or type(r["self_test"]) is not list for r in ranks_json]):
-                return None
-            named = set().union(*(a + b for a, b in seqs)) if seqs else set()
-            if not kernels.raw.keys() >= named:
+            ranks = v["ranks"]
+            if type(ranks) is not list or ranks and (_types(ranks) != _INT or len(set(ranks)) != len(ranks)
+                                                     or not parts.keys() >= set(ranks) or max(ranks) >= tid.world):
                 return None
         except TypeError:  # an unhashable value in a type or key set
             return None
         return _validated(LockTuple, id=tid, source=v["source"], layout=layout, ranks=tuple(
-            _validated(RankLaunches, rank=rank, _pending=(kernels, a, b)) for rank, (a, b) in zip(ranks, seqs)))
+            _validated(RankLaunches, rank=rank, _pending=(parts[rank], ti)) for rank in ranks))
 
     def window_fast(self, v: Any) -> WindowLayout | None:
         if type(v) is not dict or v.keys() != _keyset(_WINDOW_KEYS):
@@ -1041,7 +1187,7 @@ class _Reader:
         return _validated(WindowLayout, **{f: v[f] for f in _WINDOW_INT_FIELDS + _WINDOW_STR_FIELDS},
                           **{f: tuple(v[f]) for f in _WINDOW_TUPLE_FIELDS}, call=call)
 
-    def tuple_slow(self, v: Any, path: str, kernels: "_KernelTable") -> LockTuple:
+    def tuple_slow(self, v: Any, path: str, ti: int, parts: dict[int, _LockPart]) -> LockTuple:
         """One value at a time: finds the first bad one and names it."""
         self.obj(v, path, _TUPLE_KEYS)
         s, i = self.str, self.int
@@ -1068,20 +1214,18 @@ class _Reader:
         ranks, seen = [], set()
         for j, r in enumerate(self.list(v["ranks"], f"{path}.ranks")):
             rp = f"{path}.ranks[{j}]"
-            self.obj(r, rp, _RANK_KEYS)
-            rank = i(r["rank"], f"{rp}.rank")
-            if rank >= tid.world or rank in seen:
-                raise self.fail(f"{rp}.rank", f"is {rank}: " + (f"the world has {tid.world} ranks"
-                                                                if rank >= tid.world else "a repeated rank"))
+            rank = i(r, rp)
+            if rank >= tid.world or rank in seen or rank not in parts:
+                raise self.fail(rp, f"is {rank}: " + (f"the world has {tid.world} ranks" if rank >= tid.world else
+                                                      "a repeated rank" if rank in seen else
+                                                      f"$.parts has no part for rank {rank}"))
             seen.add(rank)
-            ranks.append(_validated(RankLaunches, rank=rank, _pending=(
-                kernels, self.refs(r["launches"], f"{rp}.launches", kernels),
-                self.refs(r["self_test"], f"{rp}.self_test", kernels))))
+            ranks.append(_validated(RankLaunches, rank=rank, _pending=(parts[rank], ti)))
         return LockTuple(id=tid, source=self.str(v["source"], f"{path}.source", empty=True), layout=layout,
                          ranks=tuple(ranks))
 
-    def refs(self, v: Any, path: str, kernels: "_KernelTable") -> tuple[str, ...]:
-        """The action keys of a launch sequence, each checked to name a kernel."""
+    def refs(self, v: Any, path: str, kernels: "_KernelTable", table_path: str) -> tuple[str, ...]:
+        """The action keys of a launch sequence, each checked to name a kernel of ``kernels``."""
         keys = tuple(self.list(v, path))
         try:
             if kernels.raw.keys() >= set(keys):
@@ -1090,7 +1234,7 @@ class _Reader:
             pass
         for n, key in enumerate(v):
             if type(key) is not str or key not in kernels.raw:
-                raise self.fail(f"{path}[{n}]", f"is {_show(key)}, which names no kernel in $.kernels")
+                raise self.fail(f"{path}[{n}]", f"is {_show(key)}, which names no kernel in {table_path}")
         raise AssertionError("unreachable: a bad reference passed every check")
 
     def window(self, v: Any, path: str) -> WindowLayout:

@@ -1,11 +1,13 @@
-"""The two canonical JSON encodings: one for hashing, one for files. Standard library only.
+"""The canonical JSON encodings: one for hashing, one for files, one for JSON Lines. Standard library only.
 
 * :func:`canonical_json` -- sorted keys, no spaces, ASCII: what every digest is taken
   over (spec ids, action keys, the toolchain fingerprint).
 * :func:`canonical_json_bytes` -- sorted keys, indent 1, ASCII, finite numbers only and a
-  trailing newline: what every JSON file we publish holds (lock files, store records,
-  wheel metadata). The same value always gives the same bytes, whatever the insertion
-  order of its dicts, so files diff cleanly and can be compared by digest.
+  trailing newline: what every JSON file we publish holds (store records, wheel
+  metadata). The same value always gives the same bytes, whatever the insertion order of
+  its dicts, so files diff cleanly and can be compared by digest.
+* :func:`canonical_json_line` -- the hashing form, finite numbers only, as bytes: one line of
+  a JSON Lines file (the lock file, whose parts are read one at a time).
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ from typing import Any
 # import it from.
 from gemmar_aot.spec import canonical_json
 
-__all__ = ["canonical_json", "canonical_json_bytes"]
+__all__ = ["canonical_json", "canonical_json_bytes", "canonical_json_line"]
 
 
 def canonical_json_bytes(obj: Any) -> bytes:
     """The canonical file bytes of ``obj``. Raises ValueError on NaN/inf, TypeError on non-JSON."""
     return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
+
+
+def canonical_json_line(obj: Any) -> bytes:
+    """``obj`` as one line of JSON Lines: :func:`canonical_json` (no newline in it: strings escape
+    theirs), finite numbers only, as bytes. Raises ValueError on NaN/inf, TypeError on non-JSON."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()

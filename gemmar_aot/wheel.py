@@ -177,7 +177,7 @@ def zip_date_time() -> tuple[int, int, int, int, int, int]:
 
 #: The pack file (every blob, one index) inside the package; a store root holding it opens as a pack.
 PACK_ARCPATH = f"store/{PACK_FILE}"
-#: The lock inside the package: its canonical JSON in one zstd frame (``artifact_model.read_lock``
+#: The lock inside the package: its canonical bytes in one zstd frame (``artifact_model.read_lock``
 #: reads either form); deflated JSON was 41% of the reference wheel, this is a third smaller.
 LOCK_ARCNAME = "lock.json.zst"
 #: The lock's record index, beside it (``record_index.index_path(LOCK_ARCNAME)``).

@@ -19,6 +19,8 @@ from gemmar_aot.artifact_model import (
     Digest,
     Lock,
     LockFileError,
+    decode_lock_doc,
+    encode_lock_doc,
     read_lock,
     record_digest,
     write_lock,
@@ -35,7 +37,7 @@ def lock() -> Lock:
 
 @pytest.fixture
 def doc(lock) -> dict:
-    return json.loads(lock.to_bytes())
+    return decode_lock_doc(lock.to_bytes())
 
 
 def _shuffled(obj, rng):
@@ -58,21 +60,31 @@ def _refuse(doc, match, where="x.lock.json"):
 # ---- round trip and canonical bytes ----
 
 def test_round_trip(lock, doc):
-    assert doc["schema"] == LOCK_SCHEMA == 2
+    assert doc["schema"] == LOCK_SCHEMA == 3
     back = Lock.from_json(doc)
     assert back == lock
     assert back.to_bytes() == lock.to_bytes()
-    # one kernel entry per action key, one launch record per distinct record
-    assert len(doc["kernels"]) == len(lock.action_keys()) == len(lock.kernels())
+    assert Lock.from_bytes(lock.to_bytes()) == lock and lock.to_json() == doc
+    # one part per rank, holding that rank's kernels (one entry per action key) and launches
+    assert [p["rank"] for p in doc["parts"]] == sorted({r.rank for t in lock.tuples for r in t.ranks})
+    kernels = {k: e for p in doc["parts"] for k, e in p["kernels"].items()}
+    for p in doc["parts"]:
+        assert set(p["kernels"]) == {k for _ti, a, b in p["launches"] for k in a + b}
+    assert len(kernels) == len(lock.action_keys()) == len(lock.kernels())
+    # one launch record per distinct record
     assert len(doc["launch_records"]) == len({replace(e.launch, kernel="") for e in lock.kernels().values()}) \
-        < len({e.launch for e in lock.kernels().values()}) < len(doc["kernels"])
-    assert {k["symbol"] for k in doc["kernels"].values()} == {e.symbol for e in lock.kernels().values()}
+        < len({e.launch for e in lock.kernels().values()}) < len(kernels)
+    assert {k["symbol"] for k in kernels.values()} == {e.symbol for e in lock.kernels().values()}
     assert lock.blob_digests() == {e.blob.hash for e in lock.kernels().values()}
 
 
 def test_canonical_bytes_do_not_depend_on_key_order(lock, doc):
     b = lock.to_bytes()
-    assert b.endswith(b"\n") and b.startswith(b'{\n "arch": ')
+    assert b.endswith(b"\n") and b.startswith(b'{"arch":')
+    lines = b.split(b"\n")[:-1]  # JSON Lines: the head, then one line per part, each named by the head
+    assert len(lines) == 1 + len(doc["parts"])
+    assert json.loads(lines[0])["parts"] == [{"rank": p["rank"], **Digest.of(line).to_json()}
+                                             for p, line in zip(doc["parts"], lines[1:])]
     for seed in range(3):
         again = Lock.from_json(_shuffled(copy.deepcopy(doc), random.Random(seed)))
         assert again.to_bytes() == b
@@ -111,10 +123,12 @@ def test_one_action_key_is_one_kernel(lock):
 # ---- schema ----
 
 @pytest.mark.parametrize("schema, match", [
-    (3, "lock schema 3 was written by a newer gemmar-aot; this one reads lock schema 2: upgrade gemmar-aot"),
-    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 2 .*rebuild it with "
+    (4, "lock schema 4 was written by a newer gemmar-aot; this one reads lock schema 3: upgrade gemmar-aot"),
+    (2, "lock schema 2 was written by an older gemmar-aot; this one reads lock schema 3 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
-    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 2\\)"),
+    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 3 .*rebuild it with "
+        "`gemmar-aot build MANIFEST`"),
+    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 3\\)"),
     ("2", "\\$.schema is '2', not an integer lock schema"),
     (None, "\\$.schema is None, not an integer lock schema"),
 ])
@@ -132,19 +146,19 @@ def test_a_schema_1_lock_is_refused_not_migrated():
 # ---- malformed content ----
 
 def _first_kernel(doc) -> str:
-    return sorted(doc["kernels"])[0]
+    return sorted(doc["parts"][0]["kernels"])[0]
 
 
 def test_missing_field(doc):
-    del doc["tuples"][0]["ranks"][1]["self_test"]
-    _refuse(doc, r"\$\.tuples\[0\]\.ranks\[1\] has no 'self_test' \(a required field\); rebuild the lock")
+    del doc["parts"][1]["launches"]
+    _refuse(doc, r"\$\.parts\[1\] has no 'launches' \(a required field\); rebuild the lock")
     del doc["arch"]
     _refuse(doc, r"\$ has no 'arch'")
 
 
 def test_unknown_field(doc):
     doc["tuples"][0]["colour"] = "blue"
-    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 2")
+    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 3")
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -158,8 +172,8 @@ def test_unknown_field(doc):
 ])
 def test_bad_digest(doc, field, value, match):
     k = _first_kernel(doc)
-    doc["kernels"][k]["blob"][field] = value
-    _refuse(doc, rf"\$\.kernels\.{k}\.blob\.{field} {match}")
+    doc["parts"][0]["kernels"][k]["blob"][field] = value
+    _refuse(doc, rf"\$\.parts\[0\]\.kernels\.{k}\.blob\.{field} {match}")
 
 
 def test_digest_type_validates():
@@ -176,9 +190,14 @@ def test_digest_type_validates():
     (("tuples", 0, "m"), 0, r"\$\.tuples\[0\]\.m is 0, expected an integer >= 1"),
     (("tuples", 0, "transport"), "fused-nccl", r"transport is 'fused-nccl', expected one of fused-sdma, split-sdma"),
     (("tuples", 0, "ranks"), {}, r"\$\.tuples\[0\]\.ranks is an object \(\{\}\), expected a list"),
-    (("tuples", 0, "ranks", 0, "rank"), 2, r"ranks\[0\]\.rank is 2: the world has 2 ranks"),
-    (("tuples", 0, "ranks", 1, "rank"), 0, r"ranks\[1\]\.rank is 0: a repeated rank"),
-    (("tuples", 0, "ranks", 0, "launches", 1), "ff" * 32, r"launches\[1\] is 'ffff.*', which names no kernel"),
+    (("tuples", 0, "ranks", 0), 2, r"\$\.tuples\[0\]\.ranks\[0\] is 2: the world has 2 ranks"),
+    (("tuples", 0, "ranks", 1), 0, r"\$\.tuples\[0\]\.ranks\[1\] is 0: a repeated rank"),
+    (("tuples", 0, "ranks", 1), "1", r"\$\.tuples\[0\]\.ranks\[1\] is a string \('1'\), expected an integer"),
+    (("parts", 0, "launches", 0, 1, 1), "ff" * 32, r"\$\.parts\[0\]\.launches\[0\]\[1\]\[1\] is 'ffff.*', which "
+                                                  r"names no kernel in \$\.parts\[0\]\.kernels"),
+    (("parts", 0, "launches", 1, 0), 0, r"\$\.parts\[0\]\.launches\[1\]\[0\] is 0: a repeated tuple"),
+    (("parts", 0, "launches", 0), [0, []], r"\$\.parts\[0\]\.launches\[0\] is \[0, \[\]\], expected \[tuple index"),
+    (("parts", 0, "rank"), 1, r"\$\.parts\[1\]\.rank is 1: parts are in increasing rank order"),
     (("tuples", 0, "layout", "n"), 2048, r"\$\.tuples\[0\]\.layout\.n is 2048, but the tuple's n is 1024"),
     (("tuples", 0, "layout", "call"), None, r"layout\.call does not describe the tuple's M=256"),
     (("tuples", 0, "layout"), None, r"layout is null, but a fused-sdma tuple has a window"),
@@ -204,11 +223,72 @@ def test_wrong_types_and_values(doc, path, value, match):
 
 def test_kernel_references(doc):
     k = _first_kernel(doc)
-    doc["kernels"][k]["launch"] = len(doc["launch_records"])
-    _refuse(doc, rf"\$\.kernels\.{k}\.launch is {len(doc['launch_records'])}, expected an index")
-    doc["kernels"][k]["launch"] = 0
-    doc["kernels"]["KEY"] = doc["kernels"].pop(k)
-    _refuse(doc, r"\$\.kernels has key 'KEY', expected an action key")
+    kernels = doc["parts"][0]["kernels"]
+    kernels[k]["launch"] = len(doc["launch_records"])
+    _refuse(doc, rf"\$\.parts\[0\]\.kernels\.{k}\.launch is {len(doc['launch_records'])}, expected an index")
+    kernels[k]["launch"] = 0
+    kernels["KEY"] = kernels.pop(k)
+    _refuse(doc, r"\$\.parts\[0\]\.kernels has key 'KEY', expected an action key")
+
+
+def test_parts_and_tuples_must_agree_on_ranks(doc):
+    drop = copy.deepcopy(doc)
+    drop["parts"][0]["launches"].pop(0)  # tuple 0 lists rank 0, rank 0's part has nothing for it
+    _refuse(drop, r"\$\.parts\[0\]\.launches has nothing for tuple\(s\) \[0\], which list rank 0")
+    extra = copy.deepcopy(doc)
+    extra["tuples"][0]["ranks"].remove(1)  # rank 1's part still launches tuple 0
+    _refuse(extra, r"\$\.parts\[1\]\.launches\[0\]\[0\] is 0: \$\.tuples\[0\] does not list rank 1")
+    orphan = copy.deepcopy(doc)
+    orphan["parts"].pop(1)
+    _refuse(orphan, r"\$\.tuples\[0\]\.ranks\[1\] is 1: \$\.parts has no part for rank 1")
+    unused = copy.deepcopy(doc)
+    for t in unused["tuples"]:
+        t["ranks"].remove(1)
+    _refuse(unused, r"\$\.parts\[1\] is rank 1's part, but no tuple lists rank 1")
+
+
+def test_a_rank_reads_its_own_part_and_a_damaged_part_fails_the_ranks_that_use_it(lock, tmp_path):
+    data = lock.to_bytes()
+    head, *parts, _ = data.split(b"\n")
+    i = parts[1].index(b'"hash":"') + 9  # a blob digest in rank 1's part
+    parts[1] = parts[1][:i] + (b"0" if parts[1][i:i + 1] != b"0" else b"1") + parts[1][i + 1:]
+    p = tmp_path / "x.lock.json"
+    p.write_bytes(b"\n".join([head, *parts, b""]))
+    back = read_lock(p)  # the head is fine: the lock reads
+    t = back.tuples[0]
+    assert t.ranks[0] == lock.tuples[0].ranks[0]  # rank 0's part is checked and parsed alone
+    with pytest.raises(LockFileError, match=rf"{p}: rank 1's part \(line 3\) is [0-9a-f]{{64}}/\d+, the head names "
+                                            rf"[0-9a-f]{{64}}/\d+: the file is damaged or was edited; rebuild"):
+        t.ranks[1].launches
+    with pytest.raises(LockFileError, match="rank 1's part"):
+        back.check_parts()
+    with pytest.raises(LockFileError, match="rank 1's part"):
+        write_lock(tmp_path / "y.lock.json", back)
+    assert not (tmp_path / "y.lock.json").exists()
+
+
+def test_a_truncated_or_old_lock_file_is_refused(lock, doc, tmp_path):
+    p = tmp_path / "x.lock.json"
+    data = lock.to_bytes()
+    p.write_bytes(data[:data.rindex(b"\n", 0, -1) + 1])  # the last part's line lost
+    with pytest.raises(LockFileError, match=r"\$\.parts names 2 part\(s\), the file has 1 line\(s\) after the head"):
+        read_lock(p)
+    p.write_bytes(data[:-1])
+    with pytest.raises(LockFileError, match="does not end in a newline"):
+        read_lock(p)
+    # a lock of schema 2 was one indented JSON document: refused by its schema, with the fix
+    p.write_text(json.dumps({**doc, "schema": 2}, indent=1))
+    with pytest.raises(LockFileError, match="lock schema 2 was written by an older gemmar-aot.*gemmar-aot build"):
+        read_lock(p)
+    # the document written as plain JSON (parts inline) is not a lock file
+    p.write_text(json.dumps(doc) + "\n")
+    with pytest.raises(LockFileError, match=r"\$\.parts names 2 part\(s\), the file has 0 line"):
+        read_lock(p)
+    # encode_lock_doc writes any document (tests damage locks with it); the reader judges it
+    doc["parts"][0]["kernels"][_first_kernel(doc)]["kind"] = 7
+    p.write_bytes(encode_lock_doc(doc))
+    with pytest.raises(LockFileError, match=r"kernels\.[0-9a-f]{64}\.kind is an integer \(7\), expected a string"):
+        read_lock(p).check_parts()
 
 
 def test_not_an_object():
@@ -269,7 +349,7 @@ class _SlowReader(_Reader):
     def kernels_valid(self, v, records):
         return False
 
-    def tuple_fast(self, v, kernels):
+    def tuple_fast(self, v, ti, parts):
         return None
 
 

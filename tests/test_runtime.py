@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from fakes import FakeCommunicator, FakeHipDriver, InjectedFailure
+from lock_docs import drop_rank, keep_tuples, kernel_entry, part, rank_launches
 from gemmar_aot import rules
 from gemmar_aot.runtime import (
     ArtifactConflictError,
@@ -80,9 +81,9 @@ def operands(m, k=K, *, a_scale_form="kb_m"):
 def tuple_entry(lock, *, m, k=K, gather_dtype="bf16", rank=0):
     """(LockTuple, RankLaunches) of a typed lock, or (tuple, rank) dicts of its JSON data."""
     if isinstance(lock, dict):
-        for t in lock["tuples"]:
+        for ti, t in enumerate(lock["tuples"]):
             if (t["transport"], t["m"], t["k"], t["gather_dtype"]) == ("fused-sdma", m, k, gather_dtype):
-                return t, next(r for r in t["ranks"] if r["rank"] == rank)
+                return t, rank_launches(lock, ti, rank)
         raise KeyError(m)
     for t in lock.tuples:
         if (t.id.transport, t.id.m, t.id.k, t.id.gather_dtype) == ("fused-sdma", m, k, gather_dtype):
@@ -92,7 +93,7 @@ def tuple_entry(lock, *, m, k=K, gather_dtype="bf16", rank=0):
 
 def kernel_json(doc, key) -> dict:
     """The editable kernel entry (and, under "launch", a private copy of its launch record) of ``key``."""
-    k = doc["kernels"][key]
+    k = kernel_entry(doc, key)
     if isinstance(k["launch"], int):  # give it its own launch record, so an edit reaches only this kernel
         doc["launch_records"].append(copy.deepcopy(doc["launch_records"][k["launch"]]))
         k["launch"] = len(doc["launch_records"]) - 1
@@ -215,7 +216,8 @@ def test_artifacts_from_entry_points(smoke_store, monkeypatch, tmp_path):
 def test_conflicting_sources_name_both(smoke_store, smoke_lock):
     other = _lock(smoke_lock)
     _t, r = tuple_entry(other, m=256)
-    other["kernels"]["f" * 64] = other["kernels"][r["launches"][0]]
+    kernels = part(other, 0)["kernels"]
+    kernels["f" * 64] = kernels[r["launches"][0]]
     r["launches"][0] = "f" * 64
     with pytest.raises(ArtifactConflictError) as ei:
         load_artifacts([smoke_store / "locks" / "smoke.lock.json", (other, smoke_store)])
@@ -577,9 +579,8 @@ def test_mxfp8_operand_rules():
 
 def _without_m(lock, m):
     lock = _lock(lock)
-    lock["tuples"] = [t for t in lock["tuples"]
-                      if not (t["transport"] == "fused-sdma" and t["k"] == K and t["m"] == m
-                              and t["gather_dtype"] == "bf16")]
+    keep_tuples(lock, lambda t: not (t["transport"] == "fused-sdma" and t["k"] == K and t["m"] == m
+                                     and t["gather_dtype"] == "bf16"))
     return lock
 
 
@@ -614,7 +615,7 @@ def test_strict_miss_names_m_nearest_and_manifest_lines(smoke_store, smoke_lock)
 def test_m_built_for_only_some_ranks_is_not_served(smoke_store, smoke_lock, caplog):
     lock = _lock(smoke_lock)
     t, _r = tuple_entry(lock, m=256)
-    t["ranks"] = [r for r in t["ranks"] if r["rank"] != 1]  # rank 1 lacks M=256
+    drop_rank(lock, lock["tuples"].index(t), 1)  # rank 1 lacks M=256
     with caplog.at_level(logging.WARNING, logger="gemmar_aot.runtime"):
         op, _c, drv = make_op(None, smoke_lock, rank=0, artifacts=(lock, smoke_store))
     assert op.m_values == (512,)  # rank 0 has M=256, but serving it alone would hang its peer
@@ -674,7 +675,8 @@ def test_supports_answers_from_rules_and_artifacts(smoke_store):
     assert not supports(256, N, K, 3, artifacts=s)  # rule: world
     lock = read_lock(s / "locks" / "smoke.lock.json").to_json()
     t, _r = tuple_entry(lock, m=256)
-    t["ranks"] = t["ranks"][:1]
+    for r in t["ranks"][1:]:
+        drop_rank(lock, lock["tuples"].index(t), r)
     assert not supports(256, N, K, WORLD, artifacts=(lock, s))  # built for rank 0 only
     assert not supports(256, N, K, WORLD, artifacts="/nonexistent/store")
     assert GemmAllReduceOp.supports(256, N, K, WORLD, artifacts=s)

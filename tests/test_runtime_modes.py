@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fakes import FakeCommunicator, FakeHipDriver
+from lock_docs import keep_tuples
 from gemmar_aot import rules
 from gemmar_aot.manifest import parse_manifest
 from gemmar_aot.runtime import ArtifactMissingError, GemmAllReduceOp, Mxfp8GemmOp, Mxfp8GemvOp, supports
@@ -251,7 +252,7 @@ def test_gemm_only_validation_in_mori_order(smoke_store, smoke_lock):
 
 def test_gemm_only_missing_tile_is_a_strict_miss(smoke_store, smoke_lock):
     lock = smoke_lock.to_json()  # editable JSON data; artifacts= validates it like a file
-    lock["tuples"] = [t for t in lock["tuples"] if not (t["transport"] == "gemm-only" and t["m"] == 9216)]
+    keep_tuples(lock, lambda t: not (t["transport"] == "gemm-only" and t["m"] == 9216))
     drv = FakeHipDriver([smoke_lock])
     op = Mxfp8GemmOp(n=N, k=K, artifacts=(lock, smoke_store), driver=drv, device="cpu")
     assert op.tiles == ("narrow",)

@@ -623,6 +623,7 @@ def test_lock_file_is_deterministic_and_validated(tmp_path):
 
 
 def test_lock_file_refusals(tmp_path):
+    from lock_docs import write_doc
     from synth_lock import synthetic_lock
 
     p = tmp_path / "l.json"
@@ -633,8 +634,8 @@ def test_lock_file_refusals(tmp_path):
     with pytest.raises(LockFileError, match="schema"):
         read_lock_file(p)
     doc = synthetic_lock().to_json()
-    next(iter(doc["kernels"].values()))["blob"]["hash"] = "nothex"
-    p.write_text(json.dumps(doc))
+    next(iter(doc["parts"][0]["kernels"].values()))["blob"]["hash"] = "nothex"
+    write_doc(p, doc)
     with pytest.raises(LockFileError, match="expected a sha256"):
         read_lock_file(p)
     with pytest.raises(LockFileError, match="no lock file"):

@@ -12,12 +12,18 @@ from gemmar_aot.artifact_model import LOCK_SCHEMA, Lock, LockFileError, read_loc
 __all__ = ["LOCK_SCHEMA", "Lock", "LockFileError", "dumps_lock", "iter_launches", "lock_blobs", "lock_keys",
            "parse_lock", "read_lock_file", "write_lock_file"]
 
-read_lock_file = read_lock
 write_lock_file = write_lock
 
 
+def read_lock_file(path) -> Lock:
+    """The lock at ``path``, every rank's part checked now: the store and the CLI use whole locks,
+    so a damaged part is an error when the file is read (the runtime checks only its rank's)."""
+    return read_lock(path).check_parts()
+
+
 def parse_lock(data: bytes | str, where: str = "<lock>") -> Lock:
-    return Lock.from_bytes(data, where)
+    """A lock from its bytes, every rank's part checked now (see :func:`read_lock_file`)."""
+    return Lock.from_bytes(data, where).check_parts()
 
 
 def dumps_lock(lock: Lock) -> bytes:
