@@ -27,6 +27,7 @@ All lengths are in bytes unless a name says otherwise. ``A(x)`` in comments is
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from gemmar_aot.artifact_model import CallLayout, WindowLayout
 
@@ -552,52 +553,11 @@ def _payload_packs(m: int, n: int) -> int:
     return m * n * BF16_BYTES // PACK_BYTES
 
 
-def window_layout(
-    world: int,
-    n: int,
-    m_max_pad: int,
-    block_m: int = 128,
-    gather_dtype: str = "bf16",
-    gather_transport: str = "lsa",
-    max_shapes: int | None = None,
-    m_pad: int | None = None,
-    *,
-    recv_slots: int | None = None,
-) -> WindowLayout:
-    """Every window offset the kernels compile in, for one op instance.
-
-    Reproduces the layout ``GemmAllReduceOp`` builds: ``recv_slots = world``,
-    counter region sized for :data:`MAX_CHUNKS` chunks times ``max_shapes``
-    sets (default :func:`default_max_shapes`), and every payload offset taken
-    from the capacity ``m_max_pad`` so it is the same for every M.
-
-    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``.
-    Fields of the returned :class:`~gemmar_aot.artifact_model.WindowLayout`:
-
-    * configuration: ``world``, ``n``, ``m_max``, ``block_m``, ``gather_dtype``,
-      ``gather_transport``, ``max_shapes``, ``counter_capacity``, ``recv_slots``,
-      ``gather_bands``;
-    * control area: ``start_off``, ``end_off``, ``flag_off``,
-      ``counter_region_off``, ``counter_set_bytes``, ``counter_bytes``,
-      ``lock_off``, ``lock_bytes``, ``gather_counter_region_off``,
-      ``gather_counter_set_bytes``, ``gather_counter_bytes``, ``signal_bytes``;
-    * payload: ``input_off``, ``output_off``, ``output_end``, ``gout_off``,
-      ``gout_scale_off``, ``tmp_off``, ``tmp_bytes``, ``recv_off``,
-      ``recv_slot_bytes``, ``recv_slot_offs`` (one per peer),
-      ``gout_scale_slice_offs`` (one per peer), ``window_bytes``.
-
-    With ``m_pad`` (a padded M this instance serves) its ``call`` holds the
-    per-call values (a :class:`~gemmar_aot.artifact_model.CallLayout`): ``m``, ``slot``, ``counter_off``, ``gather_counter_off``,
-    ``counter_chunks``, ``slice_rows``, ``num_packs``, ``packs_per_rank``,
-    ``largest_pack_part``, ``slice_bytes``, ``chunk_bytes``,
-    ``gather_slice_bytes``, ``gather_scale_slice_bytes``, ``reduce_blocks``,
-    ``lsa_stage``, ``lsa_blocks``.
-
-    ``recv_slots`` (keyword only) overrides the landing-slot count; the op always
-    uses ``world``; an LSA-only all-reduce needs none.
-
-    Raises ValueError on arguments the op would reject.
-    """
+@lru_cache(maxsize=256)
+def _shared_window_layout(world: int, n: int, m_max_pad: int, block_m: int, gather_dtype: str,
+                          gather_transport: str, max_shapes: int | None, recv_slots: int | None) -> WindowLayout:
+    """:func:`window_layout` without ``m_pad``: what every M of one window shares. Cached (the
+    values are immutable): a rank checks the layout of each M it serves against it."""
     why = (
         check_world(world)
         or check_gather_dtype(gather_dtype)
@@ -704,11 +664,63 @@ def window_layout(
         ),
         "window_bytes": window_bytes,
     })
+    return out
+
+
+def window_layout(
+    world: int,
+    n: int,
+    m_max_pad: int,
+    block_m: int = 128,
+    gather_dtype: str = "bf16",
+    gather_transport: str = "lsa",
+    max_shapes: int | None = None,
+    m_pad: int | None = None,
+    *,
+    recv_slots: int | None = None,
+) -> WindowLayout:
+    """Every window offset the kernels compile in, for one op instance.
+
+    Reproduces the layout ``GemmAllReduceOp`` builds: ``recv_slots = world``,
+    counter region sized for :data:`MAX_CHUNKS` chunks times ``max_shapes``
+    sets (default :func:`default_max_shapes`), and every payload offset taken
+    from the capacity ``m_max_pad`` so it is the same for every M.
+
+    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``.
+    Fields of the returned :class:`~gemmar_aot.artifact_model.WindowLayout`:
+
+    * configuration: ``world``, ``n``, ``m_max``, ``block_m``, ``gather_dtype``,
+      ``gather_transport``, ``max_shapes``, ``counter_capacity``, ``recv_slots``,
+      ``gather_bands``;
+    * control area: ``start_off``, ``end_off``, ``flag_off``,
+      ``counter_region_off``, ``counter_set_bytes``, ``counter_bytes``,
+      ``lock_off``, ``lock_bytes``, ``gather_counter_region_off``,
+      ``gather_counter_set_bytes``, ``gather_counter_bytes``, ``signal_bytes``;
+    * payload: ``input_off``, ``output_off``, ``output_end``, ``gout_off``,
+      ``gout_scale_off``, ``tmp_off``, ``tmp_bytes``, ``recv_off``,
+      ``recv_slot_bytes``, ``recv_slot_offs`` (one per peer),
+      ``gout_scale_slice_offs`` (one per peer), ``window_bytes``.
+
+    With ``m_pad`` (a padded M this instance serves) its ``call`` holds the
+    per-call values (a :class:`~gemmar_aot.artifact_model.CallLayout`): ``m``, ``slot``, ``counter_off``, ``gather_counter_off``,
+    ``counter_chunks``, ``slice_rows``, ``num_packs``, ``packs_per_rank``,
+    ``largest_pack_part``, ``slice_bytes``, ``chunk_bytes``,
+    ``gather_slice_bytes``, ``gather_scale_slice_bytes``, ``reduce_blocks``,
+    ``lsa_stage``, ``lsa_blocks``.
+
+    ``recv_slots`` (keyword only) overrides the landing-slot count; the op always
+    uses ``world``; an LSA-only all-reduce needs none.
+
+    Raises ValueError on arguments the op would reject.
+    """
+    out = _shared_window_layout(world, n, m_max_pad, block_m, gather_dtype, gather_transport, max_shapes,
+                                recv_slots)
     if m_pad is None:
         return out
 
     if not 1 <= m_pad <= m_max_pad:
         raise ValueError(f"m_pad={m_pad} must be in [1, m_max_pad={m_max_pad}]")
+    max_shapes, fp8 = out.max_shapes, gather_dtype == "fp8"
     slot = counter_slot(m_pad, world, block_m)  # also checks the granule
     if slot >= max_shapes:
         raise ValueError(
@@ -726,8 +738,8 @@ def window_layout(
     return replace(out, call=CallLayout(**{
         "m": m_pad,
         "slot": slot,
-        "counter_off": counter_region_off + slot * counter_set_bytes,
-        "gather_counter_off": gather_counter_region_off + slot * gather_counter_set_bytes,
+        "counter_off": out.counter_region_off + slot * out.counter_set_bytes,
+        "gather_counter_off": out.gather_counter_region_off + slot * out.gather_counter_set_bytes,
         "counter_chunks": chunks,
         "slice_rows": slice_rows,
         "num_packs": packs,

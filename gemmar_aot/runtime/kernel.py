@@ -250,7 +250,15 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
             cache[shape_key] = shape
     slots, slot_of = shape
     params = [fixed.get(i, 0) for i in range(n)]
-    grid, block, kvals = record.resolve(params)
+    # what the program computes depends on the record's program and these values alone: the
+    # phases of every M (and of kernels sharing a record) resolve to the same values
+    resolved_key = (shape_key[0], tuple(params))
+    resolved = None if cache is None else cache.get(resolved_key)
+    if resolved is None:
+        resolved = record.resolve(params)
+        if cache is not None:
+            cache[resolved_key] = resolved
+    grid, block, kvals = resolved
     block = tuple(int(b) for b in block)
     why = block_mismatch(kernel, block)
     if why:

@@ -371,9 +371,12 @@ class GemmAllReduceOp:
         for m, e in sorted(entries.items()):
             store = self.artifacts.store(e.lock.source)
             e_where = e.where
+            placed: set[str] = set()  # keys checked at this M: a self-test repeats launches at their position
             for le in (*e.launches, *e.self_test):
                 # every position: one key may sit at several (M, role), and each must be its record's
-                binding.check(store, le, self._position(e, le.kind), lock_where=f"{e_where} M={m} {le.kind}")
+                if le.key not in placed:
+                    placed.add(le.key)
+                    binding.check(store, le, self._position(e, le.kind), lock_where=f"{e_where} M={m} {le.kind}")
                 if le.key in verified:
                     continue
                 verified.add(le.key)
