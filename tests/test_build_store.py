@@ -161,8 +161,11 @@ def test_interrupted_build_keeps_finished_kernels(tmp_path):
     import time
 
     store = tmp_path / "store"
+    # SIGINT as at a terminal: a shell without job control starts background jobs (a test run
+    # started with `&`) with SIGINT ignored, and a child would inherit that and never see it
     p = subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(SMOKE), "--store", str(store),
-                          "-j", "1", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                          "-j", "1", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:
         if (store / "ac").is_dir() and any((store / "ac").rglob("*.json.zst")):
