@@ -626,40 +626,37 @@ def compress_lock(lock: "Lock", level: int = 19) -> bytes:
 RECORD_VOLATILE_FIELDS = ("compile_seconds",)
 
 
+#: The members of an action-cache record the runtime reads when it binds a lock entry to its
+#: record (the envelope, the launch record, the spec); the rest -- the ``ingredients`` and the
+#: kernel ``metadata``, most of a record's bytes -- it never reads. :func:`record_digest`
+#: hashes the two apart, so a reader can check a record whole and parse only what it reads.
+RECORD_READ_MEMBERS = ("blob", "key", "launch", "schema", "spec")
+
+
+def record_halves(record: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    """The canonical JSON (``canonical_json``) of a record's :data:`RECORD_READ_MEMBERS` and of
+    its other members but :data:`RECORD_VOLATILE_FIELDS`: what :func:`record_digest` hashes."""
+    read = {k: record[k] for k in RECORD_READ_MEMBERS if k in record}
+    rest = {k: v for k, v in record.items() if k not in RECORD_READ_MEMBERS and k not in RECORD_VOLATILE_FIELDS}
+    return canonical_json(read).encode(), canonical_json(rest).encode()
+
+
+def record_digest_of_halves(read: bytes, rest: bytes) -> Digest:
+    """The record digest of a record whose halves (:func:`record_halves`) are these bytes: the
+    Digest of ``{"read": sha256(read), "rest": sha256(rest)}`` in canonical JSON."""
+    return Digest.of(b'{"read":"' + hashlib.sha256(read).hexdigest().encode() + b'","rest":"'
+                     + hashlib.sha256(rest).hexdigest().encode() + b'"}')
+
+
 def record_digest(record: Mapping[str, Any]) -> Digest:
-    """The digest a lock names for an action-cache record: of its hashing-form canonical JSON
-    (``canonical_json``: compact, the C encoder) without :data:`RECORD_VOLATILE_FIELDS`.
+    """The digest a lock names for an action-cache record (timings left out, so the same
+    manifest and toolchain give the same lock in any store).
 
-    The runtime recomputes it for every record it checks a lock against, at startup; the
-    indented file form takes Python's pure-Python encoder and cost ~4x as much."""
-    return Digest.of(canonical_json({k: v for k, v in record.items() if k not in RECORD_VOLATILE_FIELDS}).encode())
-
-
-def hashing_form_of_record_file(text: bytes) -> bytes | None:
-    """The bytes :func:`record_digest` hashes, derived textually from a record file's JSON ``text``
-    (``canonical_json_bytes``: indent 1, ``": "``), or None when ``text`` is not in that form.
-
-    A shortcut, not a parser: whoever uses the result must compare its sha256 with the
-    digest a lock names and then parse *these* bytes, so a wrong derivation (a string holding
-    ``": "``, a writer with another layout) can only miss, never accept another record."""
-    # a line of the file form is indentation then JSON: strings hold no raw newline (ASCII, escaped)
-    compact = b"".join(map(bytes.lstrip, text.split(b"\n"))).replace(b'": ', b'":')
-    for name in RECORD_VOLATILE_FIELDS:
-        member = b'"' + name.encode() + b'":'
-        i = compact.find(member)
-        if i < 0:
-            continue
-        j = i + len(member)
-        end = min((k for k in (compact.find(b",", j), compact.find(b"}", j)) if k >= 0), default=-1)
-        if end < 0:
-            return None
-        if compact[end:end + 1] == b",":
-            compact = compact[:i] + compact[end + 1:]
-        elif compact[i - 1:i] == b",":
-            compact = compact[:i - 1] + compact[end:]
-        else:
-            compact = compact[:i] + compact[end:]
-    return compact
+    It commits to every byte of the record, as a hash of the whole would, in two halves
+    (:func:`record_halves`): the members the runtime reads, and the rest. A record index
+    line carries both halves' bytes; the runtime hashes both (C speed) but parses only the
+    first (:mod:`gemmar_aot.store.record_index`)."""
+    return record_digest_of_halves(*record_halves(record))
 
 
 def read_lock(path: str | os.PathLike) -> Lock:

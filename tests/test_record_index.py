@@ -1,8 +1,9 @@
 """The record index beside a lock (gemmar_aot.store.record_index): one file instead of a record per kernel.
 
 The runtime's lock<->record binding (issue 9) reads the records a lock names from it; every
-line is checked against the record digest the lock names, so the index can only be refused,
-never trusted into accepting another record. Runs against the real smoke build.
+line is checked against the record digest the lock names (both halves of the record hashed,
+only the half the runtime reads parsed), so the index can only be refused, never trusted into
+accepting another record. Runs against the real smoke build.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import zstandard
 
 from fakes import FakeCommunicator, FakeHipDriver
 from index_frames import find_line, read_frames, write_frames
-from gemmar_aot.artifact_model import Digest, read_lock, write_lock
+from gemmar_aot.artifact_model import (RECORD_READ_MEMBERS, Digest, read_lock, record_digest,
+                                      record_digest_of_halves, write_lock)
 from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
@@ -24,7 +26,6 @@ from gemmar_aot.store.record_index import (
     RecordIndexError,
     build_index_from_store,
     encode_index,
-    hashing_form,
     index_path,
     write_index,
 )
@@ -57,11 +58,16 @@ def test_the_build_writes_an_index_every_line_of_which_is_its_lock_s_record(smok
     index = RecordIndex.read(path)
     kernels = smoke_lock.kernels()
     assert len(index) == len(kernels)
-    got = index.records((k, e.record, e.blob.hash) for k, e in kernels.items())
+    wanted = [(k, e.record, e.blob.hash) for k, e in kernels.items()]
+    whole, read = index.records(wanted, whole=True), index.records(wanted)
     store = Store(smoke_store, readonly=True)
-    for key, rec in got.items():
+    for key, rec in whole.items():
         assert isinstance(rec, dict), key
-        assert rec == store.read_record_named(key, kernels[key].record)  # byte for byte the named record
+        named = store.read_record_named(key, kernels[key].record)
+        assert rec == named  # byte for byte the named record
+        # what the runtime parses: the members it reads, nothing of the ingredients or metadata
+        assert read[key] == {m: named[m] for m in RECORD_READ_MEMBERS}
+        assert "ingredients" in named and "metadata" in named
     # the build's index and one made afterwards from the store's records are the same bytes
     assert build_index_from_store(smoke_lock, store) == path.read_bytes()
 
@@ -96,24 +102,44 @@ def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke
                for le in r.launches if le.kind == "reduce")
     g, i = find_line(head, groups, key)
     line = groups[g][i]
-    assert b'"rank":0' in line
-    groups[g][i] = line = line.replace(b'"rank":0', b'"rank":1')
+    read, _sep, rest = line[prefix:].partition(b"\x1f")
+    assert b'"rank":0' in read
+    groups[g][i] = line = line.replace(b'"rank":0', b'"rank":1', 1)  # in the half the runtime parses
     write_frames(path, head, groups)
     want = smoke_lock.kernels()[key].record
     with pytest.raises(ArtifactMismatchError) as ei:
         _op(root, smoke_lock)
     msg = str(ei.value)
     assert want.hash in msg and str(path) in msg and "record index holds" in msg
-    got = Digest.of(line[prefix:].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
-        b'"blob":{"digest":""', f'"blob":{{"digest":"{smoke_lock.kernels()[key].blob.hash}"'.encode()))
+    restored = line[prefix:].partition(b"\x1f")[0].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
+        b'"blob":{"digest":""', f'"blob":{{"digest":"{smoke_lock.kernels()[key].blob.hash}"'.encode())
+    got = record_digest_of_halves(restored, rest)
     assert got.hash in msg  # both digests: the lock's and the line's
+
+
+def test_the_half_the_runtime_never_parses_is_still_checked(smoke_store, smoke_lock, tmp_path):
+    """One byte of a record's ingredients changed in the index: never parsed, yet refused."""
+    root, lock_path = _copy(smoke_store, tmp_path)
+    path = index_path(lock_path)
+    head, groups = read_frames(path)
+    key = next(le.key for t in smoke_lock.tuples if t.id.transport == "fused-sdma" and t.id.k == K
+               and t.id.m == 256 and t.id.gather_dtype == "bf16" for r in t.ranks if r.rank == 0
+               for le in r.launches if le.kind == "gemm")
+    g, i = find_line(head, groups, key)
+    line = groups[g][i]
+    j = line.index(b"\x1f") + line[line.index(b"\x1f"):].index(b'"mori_version":"') + len(b'"mori_version":"')
+    groups[g][i] = line[:j] + (b"9" if line[j:j + 1] != b"9" else b"8") + line[j + 1:]
+    write_frames(path, head, groups)
+    with pytest.raises(ArtifactMismatchError, match=f"the lock was made from record {smoke_lock.kernels()[key].record.hash}"
+                                                    r".*the record index holds"):
+        _op(root, smoke_lock)
 
 
 def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, smoke_lock, tmp_path):
     head, groups = read_frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
     n = head["prefix_hex"]
     ranks = sorted({r.rank for t in smoke_lock.tuples for r in t.ranks})
-    assert head["schema"] == 2 and len(groups) == len(ranks) > 1
+    assert head["schema"] == 3 and len(groups) == len(ranks) > 1
     seen: set[bytes] = set()
     for rank, lines in zip(ranks, groups):  # a key in the group of the first rank that launches it
         want = {le.key[:n].encode() for t in smoke_lock.tuples for r in t.ranks if r.rank == rank
@@ -144,16 +170,18 @@ def test_a_group_holding_other_lines_than_its_header_names_is_refused(smoke_stor
         _op(root, smoke_lock)
 
 
-def test_a_schema_1_index_is_still_read(smoke_store, smoke_lock, tmp_path, monkeypatch):
-    """Stores and wheels written before the per-rank groups: one frame, the header line first."""
+@pytest.mark.parametrize("schema", [1, 2])
+def test_an_index_of_an_older_schema_is_refused_with_the_fix(smoke_store, smoke_lock, tmp_path, schema):
+    """Schemas 1 and 2 held whole records for the record digests of older locks."""
     root, lock_path = _copy(smoke_store, tmp_path)
     head, groups = read_frames(index_path(lock_path))
     lines = sorted(line for g in groups for line in g)
-    old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": 1}).encode()
+    old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": schema}).encode()
     index_path(lock_path).write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
                                       .compress(b"\n".join([old, *lines])))
-    _no_record_files(monkeypatch)
-    _op(root, smoke_lock).close()
+    with pytest.raises(ArtifactMismatchError, match=f"record index schema {schema}, this gemmar-aot reads 3 .*"
+                                                    "rebuild the manifest.*or delete"):
+        _op(root, smoke_lock)
 
 
 def test_an_index_written_for_another_lock_is_refused(smoke_store, smoke_lock, tmp_path):
@@ -200,17 +228,18 @@ def test_abridging_falls_back_to_the_verbatim_form_when_it_would_not_round_trip(
     key, blob = "a" * 64, "b" * 64
     plain = {"schema": 1, "key": key, "blob": {"digest": blob, "size": 3}, "spec": {"kind": "gemm"}}
     tricky = {**plain, "aaa": {"key": ""}}  # an earlier '"key":""' than the record's own key
-    entries = {key: (hashing_form(plain), blob), "c" * 64: (hashing_form({**tricky, "key": "c" * 64}), blob)}
+    tricky = {**plain, "blob": {"a": {"key": ""}, "digest": blob, "size": 3}}  # '"key":""' in the read half
+    entries = {key: (plain, blob), "c" * 64: ({**tricky, "key": "c" * 64}, blob)}
     path = tmp_path / "x.records.zst"
     path.write_bytes(encode_index(entries))
     _head, [lines] = read_frames(path)  # no groups given: one
     assert lines[0][8:].startswith(b"{") and b"a" * 64 not in lines[0] and b"b" * 64 not in lines[0]  # abridged
     assert lines[1][8:].startswith(b"=")  # verbatim
     index = RecordIndex.read(path)
-    got = index.records([(k, Digest.of(f), blob) for k, (f, _b) in entries.items()])
-    assert got[key] == plain and got["c" * 64]["aaa"] == {"key": ""}
+    got = index.records([(k, record_digest(r), blob) for k, (r, _b) in entries.items()], whole=True)
+    assert got[key] == plain and got["c" * 64]["blob"]["a"] == {"key": ""}
     # a wrong digest gives the line's own; an unknown key gives None
-    assert index.records([(key, Digest.of(b"x"), blob)])[key] == Digest.of(entries[key][0])
+    assert index.records([(key, Digest.of(b"x"), blob)])[key] == record_digest(plain)
     assert index.records([("d" * 64, Digest.of(b"x"), blob)])["d" * 64] is None
     with pytest.raises(RecordIndexError, match="not a gemmar-aot record index"):
         RecordIndex.from_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(b"{}\n"), path)

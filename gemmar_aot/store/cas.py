@@ -197,9 +197,9 @@ class Store:
         return self.local.get_record(key)
 
     def read_record_named(self, key: str, want: Digest) -> dict | None:
-        """The local record under ``key`` when it is the one the digest ``want`` names (a lock's
-        record digest), checked by hashing its stored form instead of re-encoding it; None
-        otherwise -- then :meth:`read_record_file` and ``artifact_model.record_digest`` say what is there."""
+        """The local record under ``key`` (without its timings) when it is the one the digest
+        ``want`` names (a lock's record digest, ``artifact_model.record_digest``); None otherwise --
+        then :meth:`read_record_file` and ``record_digest`` say what is there."""
         return self.local.get_record_named(key, want)
 
     def get_record(self, key: str, *, verify: bool = False) -> dict | None:

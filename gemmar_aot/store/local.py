@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import blobfmt
-from gemmar_aot.artifact_model import hashing_form_of_record_file
+from gemmar_aot.artifact_model import RECORD_VOLATILE_FIELDS, record_digest
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
@@ -480,27 +480,18 @@ class DirectoryBackend(CacheBackend):
 
     def get_record_named(self, key: str, want: Digest) -> dict | None:
         """The record under ``key`` if it is the one ``want`` (:func:`~gemmar_aot.artifact_model.record_digest`)
-        names, read without re-encoding it; None otherwise (absent, unreadable, another record,
-        or not in the file form): then :meth:`get_record` and ``record_digest`` say which.
-
-        The hashing form is cut from the decoded file text (:func:`~gemmar_aot.artifact_model.
-        hashing_form_of_record_file`), its sha256 compared with ``want``, and those very bytes
-        parsed: what is returned is the record ``want`` names, byte for byte, without its
-        volatile fields. Quarantines nothing (:meth:`get_record` does, on the fallback)."""
+        names, without its volatile fields; None otherwise (absent, unreadable or another record):
+        then :meth:`get_record` and ``record_digest`` say which. Quarantines nothing
+        (:meth:`get_record` does, on the fallback)."""
         p = self.record_path(key)
         try:
-            text = self.codec.decode_frame_only(p.read_bytes())
-        except (OSError, BadBlob):
+            rec = check_record(json.loads(self.codec.decode_frame_only(p.read_bytes())), key)
+        except (OSError, BadBlob, ValueError, UnicodeDecodeError):  # BadRecord is a ValueError
             return None
-        form = hashing_form_of_record_file(text)
-        if form is None or len(form) != want.size or sha256_hex(form) != want.hash:
-            return None
-        try:
-            rec = check_record(json.loads(form), key)
-        except (ValueError, BadRecord):
+        if record_digest(rec) != want:
             return None
         self._touch(p)
-        return rec
+        return {k: v for k, v in rec.items() if k not in RECORD_VOLATILE_FIELDS}
 
     def _touch(self, p: Path) -> None:
         """Refresh a hit record's mtime (``gc``'s LRU clock), at most every TOUCH_INTERVAL_S."""

@@ -12,7 +12,7 @@ writes, next to each lock file, the records that lock names in one file::
 Format (schema :data:`INDEX_SCHEMA`): zstd frames, each with its content size and checksum.
 The first holds a header (canonical JSON)::
 
-    {"format": "gemmar-aot record index", "schema": 2, "kernels": N, "prefix_hex": P,
+    {"format": "gemmar-aot record index", "schema": 3, "kernels": N, "prefix_hex": P,
      "groups": [[FRAME_BYTES, "PREFIXES"], ...]}
 
 then one frame per group follows, FRAME_BYTES long, holding that group's lines separated by
@@ -20,21 +20,24 @@ newlines; PREFIXES is the group's key prefixes, concatenated in line order. The 
 the lines by rank (:func:`lock_rank_groups`), so a rank getting ready decompresses and splits
 its own ~1/world of the file and nothing else. Each line is one record, by action key, sorted
 within its group: the key's first P hex digits (P >= 8, enough to tell the lock's keys
-apart), then the record's *hashing form* (the exact bytes whose sha256 the lock names as the
-record's digest), abridged by the record's own action key and blob digest, which the lock
-already holds: ``"key":""`` and ``"blob":{"digest":""`` stand for them (the reader puts the
-lock's values back). A form starting with ``=`` is the hashing form verbatim (written when
-abridging would not round trip).
-
-Schema 1 (written before per-rank groups) is one frame: the header line (without
-``groups``), then every line. It is still read.
+apart), then the record's two halves as :func:`~gemmar_aot.artifact_model.record_digest`
+hashes them (``record_halves``): the members the runtime reads, ``\x1f`` (a byte canonical
+JSON never holds raw), the other members. The first half is abridged by the record's own
+action key and blob digest, which the lock already holds: ``"key":""`` and
+``"blob":{"digest":""`` stand for them (the reader puts the lock's values back); a line
+starting with ``=`` holds it verbatim (written when abridging would not round trip).
 
 Nothing in the index is trusted by itself. A reader restores each line it needs with the
-lock's key and blob digest and compares the sha256 and size with the record digest the lock
-names for that key: a tampered line, or a line of another record, is refused naming both
-digests; a key the index lacks means it was written for another lock, and is refused too.
-A lock without an index (an older store, a lock handed over as data) is checked against the
-records one by one, as before.
+lock's key and blob digest, hashes both halves, and compares the digest they give with the
+record digest the lock names for that key: a tampered line, or a line of another record, is
+refused naming both digests; a key the index lacks means it was written for another lock,
+and is refused too. Only then is the first half parsed -- the runtime never parses a
+record's ``ingredients`` or kernel ``metadata``, more than half its bytes. A lock without an
+index (an older store, a lock handed over as data) is checked against the records one by
+one, as before.
+
+Schemas 1 and 2 held whole records, for the record digests of lock schemas 1 and 2, which
+are refused; so are those indexes, with the same fix (rebuild).
 
 Deterministic: the same lock (and so the same named records) gives the same index bytes for a
 given libzstd. Runtime-safe: standard library + ``zstandard``.
@@ -42,22 +45,22 @@ given libzstd. Runtime-safe: standard library + ``zstandard``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.artifact_model import LOCK_SUFFIX, RECORD_VOLATILE_FIELDS, Digest
+from gemmar_aot.artifact_model import (LOCK_SUFFIX, Digest, record_digest, record_digest_of_halves,
+                                     record_halves)
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json
 
 from .errors import StoreError
 
-INDEX_SCHEMA = 2
-#: Schemas this reader understands (1: a single frame, before per-rank groups).
-READABLE_SCHEMAS = (1, 2)
+INDEX_SCHEMA = 3
+#: Schemas this reader understands.
+READABLE_SCHEMAS = (3,)
 INDEX_FORMAT = "gemmar-aot record index"
 INDEX_SUFFIX = ".records.zst"
 #: The lock names an artifact wheel ships (``wheel.LOCK_ARCNAME``) and older ones, whose index
@@ -70,6 +73,9 @@ MIN_PREFIX_HEX = 8
 #: An index larger than this when decompressed is refused (the reference lock's is ~1.4 MB).
 MAX_INDEX_BYTES = 256 << 20
 _VERBATIM = b"="
+#: Between a line's two halves (canonical JSON escapes control bytes inside strings and never
+#: writes one outside).
+_SEP = b"\x1f"
 
 
 class RecordIndexError(StoreError):
@@ -90,27 +96,28 @@ def index_path(lock_path: str | os.PathLike) -> Path:
     return p.with_name(name + INDEX_SUFFIX)
 
 
-def hashing_form(record: Mapping[str, Any]) -> bytes:
-    """The bytes :func:`~gemmar_aot.artifact_model.record_digest` hashes for ``record``."""
-    return canonical_json({k: v for k, v in record.items() if k not in RECORD_VOLATILE_FIELDS}).encode()
-
-
 def _markers(key: str, blob: str) -> tuple[bytes, bytes, bytes, bytes]:
     return (b'"key":"' + key.encode() + b'"', b'"key":""',
             b'"blob":{"digest":"' + blob.encode() + b'"', b'"blob":{"digest":""')
 
 
-def _restore(line: bytes, key: str, blob: str) -> bytes:
-    if line[:1] == _VERBATIM:
-        return line[1:]
+def _restore(read: bytes, key: str, blob: str) -> bytes:
+    if read[:1] == _VERBATIM:
+        return read[1:]
     full_key, short_key, full_blob, short_blob = _markers(key, blob)
-    return line.replace(short_blob, full_blob, 1).replace(short_key, full_key, 1)
+    return read.replace(short_blob, full_blob, 1).replace(short_key, full_key, 1)
 
 
-def _abridge(form: bytes, key: str, blob: str) -> bytes:
+def _abridge(read: bytes, key: str, blob: str) -> bytes:
     full_key, short_key, full_blob, short_blob = _markers(key, blob)
-    line = form.replace(full_key, short_key, 1).replace(full_blob, short_blob, 1)
-    return line if _restore(line, key, blob) == form else _VERBATIM + form
+    line = read.replace(full_key, short_key, 1).replace(full_blob, short_blob, 1)
+    return line if _restore(line, key, blob) == read else _VERBATIM + read
+
+
+def encode_line(record: Mapping[str, Any], key: str, blob: str) -> bytes:
+    """A record's line, without its key prefix: its halves (``record_halves``), the first abridged."""
+    read, rest = record_halves(record)
+    return _abridge(read, key, blob) + _SEP + rest
 
 
 def prefix_length(keys: Sequence[str]) -> int:
@@ -121,9 +128,9 @@ def prefix_length(keys: Sequence[str]) -> int:
     return n
 
 
-def encode_index(entries: Mapping[str, tuple[bytes, str]], *, groups: Sequence[Iterable[str]] = (),
+def encode_index(entries: Mapping[str, tuple[Mapping[str, Any], str]], *, groups: Sequence[Iterable[str]] = (),
                  level: int = ZSTD_LEVEL) -> bytes:
-    """The index bytes of ``entries``: action key -> (the record's hashing form, its blob digest).
+    """The index bytes of ``entries``: action key -> (the record, its blob digest).
 
     ``groups``: key sets, in order (e.g. :func:`lock_rank_groups`); a key goes to the first group
     naming it, keys of no group to one last group. Empty groups are left out."""
@@ -143,10 +150,8 @@ def encode_index(entries: Mapping[str, tuple[bytes, str]], *, groups: Sequence[I
     for members in frames:
         lines = []
         for k in members:
-            form, blob = entries[k]
-            if b"\n" in form:
-                raise ValueError(f"record {k}: a hashing form holds no newline (canonical JSON escapes them)")
-            lines.append(k[:n].encode() + _abridge(form, k, blob))
+            record, blob = entries[k]
+            lines.append(k[:n].encode() + encode_line(record, k, blob))
         blobs.append(cctx.compress(b"\n".join(lines)))
         table.append([len(blobs[-1]), "".join(k[:n] for k in members)])
     head = canonical_json({"format": INDEX_FORMAT, "schema": INDEX_SCHEMA, "kernels": len(keys),
@@ -167,13 +172,12 @@ def build_index(kernels: Mapping[str, Any], record_of: Callable[[str], Mapping[s
         if rec is None:
             raise RecordMissingError(f"no record for action key {key} ({e.kind}); the lock names record "
                                    f"{e.record.hash}: rebuild the manifest into this store")
-        form = hashing_form(rec)
-        got = Digest.of(form)
+        got = record_digest(rec)
         if got != e.record:
             raise RecordIndexError(f"the record under action key {key} ({e.kind}) is {got.hash} ({got.size} "
                                    f"bytes), the lock names {e.record.hash} ({e.record.size} bytes): rebuild "
                                    f"the manifest into this store so both come from one build")
-        entries[key] = (form, e.blob.hash)
+        entries[key] = (rec, e.blob.hash)
     return encode_index(entries, groups=groups)
 
 
@@ -253,7 +257,7 @@ class RecordIndex:
     def from_bytes(cls, data: bytes, path: Path) -> "RecordIndex":
         fix = cls._fix(path)
         text, rest = cls._frame(data, path)
-        first, newline, body = text.partition(b"\n")  # schema 1: the header line, then every line
+        first, newline, _body = text.partition(b"\n")
         try:
             head = json.loads(first)
         except ValueError:
@@ -263,16 +267,12 @@ class RecordIndex:
         schema = head.get("schema")
         if schema not in READABLE_SCHEMAS:
             raise RecordIndexError(f"{path}: record index schema {schema!r}, this gemmar-aot reads "
-                                   f"{', '.join(map(str, READABLE_SCHEMAS))}; {fix}")
+                                   f"{', '.join(map(str, READABLE_SCHEMAS))} (an index is written with its "
+                                   f"lock); {fix}")
         n, kernels = head.get("prefix_hex"), head.get("kernels")
         damaged = RecordIndexError(f"{path}: a damaged record index header ({first[:200]!r}); {fix}")
         if type(n) is not int or not MIN_PREFIX_HEX <= n <= 64 or type(kernels) is not int:
             raise damaged
-        if schema == 1:
-            body_lines = body.split(b"\n") if newline else []
-            if kernels != len(body_lines) or rest:
-                raise damaged
-            return cls(path, cls._by_prefix(body_lines, n, path), n)
         table = head.get("groups")
         if not isinstance(table, list) or newline:
             raise damaged
@@ -322,17 +322,20 @@ class RecordIndex:
     def __len__(self) -> int:
         return self._kernels
 
-    def records(self, wanted: Iterable[tuple[str, Digest, str]]) -> dict[str, dict | Digest | None]:
+    def records(self, wanted: Iterable[tuple[str, Digest, str]], *,
+                whole: bool = False) -> dict[str, dict | Digest | None]:
         """For each (action key, record digest the lock names, blob digest the lock names): the
-        parsed record when its restored line is that record; else the digest the line has, or
-        None when the index has no line for the key (it was written for another lock).
+        record when its restored line is that record -- its
+        :data:`~gemmar_aot.artifact_model.RECORD_READ_MEMBERS` only, unless ``whole`` -- else
+        the digest the line has, or None when the index has no line for the key (it was written
+        for another lock).
 
-        All the verified lines are parsed in one ``json.loads``."""
+        Both halves of every line are hashed; the verified lines' halves asked for are parsed
+        in one ``json.loads``."""
         ok: list[str] = []
-        forms: list[bytes] = []
+        texts: list[bytes] = []
         out: dict[str, dict | Digest | None] = {}
         seen: set[str] = set()
-        sha256 = hashlib.sha256
         n = self._prefix
         for key, want, blob in wanted:
             if key in seen:
@@ -342,18 +345,23 @@ class RecordIndex:
             if line is None:
                 out[key] = None
                 continue
-            form = _restore(line[n:], key, blob)
-            if len(form) == want.size and sha256(form).hexdigest() == want.hash:
+            read, _sep, rest = line[n:].partition(_SEP)
+            read = _restore(read, key, blob)
+            got = record_digest_of_halves(read, rest)
+            if got == want:
                 ok.append(key)
-                forms.append(form)
+                texts.append(read + b"," + rest if whole else read)
             else:
-                out[key] = Digest.of(form)
-        if forms:
+                out[key] = got
+        if texts:
             try:
-                parsed = json.loads(b"[" + b",".join(forms) + b"]")
+                values = json.loads(b"[" + b",".join(texts) + b"]")
             except ValueError as exc:  # pragma: no cover - verified canonical JSON always parses
                 raise RecordIndexError(f"{self.path}: verified record lines do not parse ({exc})") from None
-            out.update(zip(ok, parsed))
+            if whole:
+                out.update((key, {**values[2 * i], **values[2 * i + 1]}) for i, key in enumerate(ok))
+            else:
+                out.update(zip(ok, values))
         return out
 
 
