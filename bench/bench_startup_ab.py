@@ -9,9 +9,14 @@ lock (an old checkout needs a lock its own build wrote; the same checkout on a c
 store without its record index measures the index). Every round runs each arm once, in
 turn, in a fresh interpreter that imports ``gemmar_aot`` (and the bench's driver and the
 test doubles) from that checkout and measures ``--repeat`` times, after one warm-up:
-``load_artifacts(LOCK)`` (the lock read and indexed) and constructing ``GemmAllReduceOp``
-for rank 0 of the reference manifest up to ready, as ``bench_runtime.py`` does. Arms are
-interleaved A B A B ..., so a machine whose load changes affects every arm alike.
+``load_artifacts(LOCK)`` (the lock read and indexed); the same and rank 0's launch entries of
+every tuple built (``lock_read_and_rank0``: what the lock costs one rank whatever the lock
+schema; schema 3 reads a rank's part only when its entries are first used); and
+constructing ``GemmAllReduceOp`` for rank 0 of the reference manifest up to ready, as
+``bench_runtime.py`` does, with the benchmark driver's stand-in parse of every code object at
+module load (``construct_to_ready``) and without it (``construct_to_ready_without_driver_parse``:
+our own host work), alternating. Arms are interleaved A B A B ..., so a machine whose load
+changes affects every arm alike.
 
 Reported per arm: process-CPU median and minimum, wall median, over every run of every
 round, and the load average before and after. On a shared machine compare CPU medians of
@@ -48,11 +53,19 @@ def worker(checkout: Path, lock: Path, repeat: int) -> dict:
     # a pod's first construction: no code-object note parsed before (older checkouts keep none)
     forget_parsed_notes = getattr(bench_runtime, "forget_parsed_notes", lambda: None)
 
-    def construct():
+    def construct(parse=True):
         forget_parsed_notes()  # inside the timing: ~1 us
         op = GemmAllReduceOp(FakeCommunicator(0, WORLD, lazy=True), n=N, k=K, m_max=M_MAX, artifacts=lock,
-                             driver=BenchDriver(True), self_test=False)
+                             driver=BenchDriver(parse), self_test=False)
         op.close()
+
+    def lock_and_rank0():
+        arts = load_artifacts(lock)
+        for by_m in arts.index.values():
+            for by_rank in by_m.values():
+                e = by_rank.get(0)
+                if e is not None:
+                    e.launches, e.self_test
 
     def measure(fn, n):
         cpu, wall = [], []
@@ -64,8 +77,24 @@ def worker(checkout: Path, lock: Path, repeat: int) -> dict:
         return {"cpu_ms": cpu, "wall_ms": wall}
 
     construct()  # imports, caches
-    return {"lock_read_and_index": measure(lambda: load_artifacts(lock), repeat),
-            "construct_to_ready": measure(construct, repeat)}
+    out = {"lock_read_and_index": measure(lambda: load_artifacts(lock), repeat),
+           "lock_read_and_rank0": measure(lock_and_rank0, repeat)}
+    both = {"construct_to_ready": {"cpu_ms": [], "wall_ms": []},
+            "construct_to_ready_without_driver_parse": {"cpu_ms": [], "wall_ms": []}}
+    for _ in range(repeat):
+        for name, parse in (("construct_to_ready", True), ("construct_to_ready_without_driver_parse", False)):
+            r = measure(lambda: construct(parse), 1)
+            both[name]["cpu_ms"] += r["cpu_ms"]
+            both[name]["wall_ms"] += r["wall_ms"]
+    return {**out, **both}
+
+
+def python_speed_ms() -> float:
+    """The machine-speed reference of ``bench_runtime.py`` (the best of five 10^6-step loops)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_runtime import python_speed_ms as speed
+
+    return speed()
 
 
 def _summary(runs: dict) -> dict:
@@ -93,9 +122,12 @@ def main() -> int:
         checkout, _, lock = arm.partition("=")
         parsed.append((arm, Path(checkout), Path(lock or default_lock)))
     runs: dict[str, dict[str, dict[str, list]]] = {
-        arm: {m: {"cpu_ms": [], "wall_ms": []} for m in ("lock_read_and_index", "construct_to_ready")}
+        arm: {m: {"cpu_ms": [], "wall_ms": []} for m in ("lock_read_and_index", "lock_read_and_rank0",
+                                                         "construct_to_ready",
+                                                         "construct_to_ready_without_driver_parse")}
         for arm, _c, _l in parsed}
     load_before = os.getloadavg()
+    speed_before = python_speed_ms()
     loads = []
     for _ in range(a.rounds):
         for arm, checkout, lock in parsed:
@@ -114,6 +146,7 @@ def main() -> int:
         "rounds": a.rounds, "repeat_per_round": a.repeat,
         "load_average_before_after": [round(x, 2) for x in load_before + os.getloadavg()],
         "load_1min_after_each_round": loads,
+        "python_loop_1e6_ms_before_after": [speed_before, python_speed_ms()],
         "arms": {arm: {"checkout": str(checkout.resolve()), "lock": str(lock),
                        "lock_bytes": lock.stat().st_size,
                        **{m: _summary(r) for m, r in runs[arm].items()}}
