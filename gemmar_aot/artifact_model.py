@@ -30,7 +30,7 @@ shares apart from what one rank launches:
 
 The file is that document as JSON Lines (:func:`encode_lock_doc`): the head on the first
 line, naming each part by its :class:`Digest`, then one line per part. A rank getting ready
-parses the head and its own part, about a tenth of the reference lock; a part's bytes are
+parses the head and its own part, a fifth of the reference lock; a part's bytes are
 checked against the head's digest before they are parsed, the first time anything of it is
 used (:meth:`Lock.check_parts` checks them all at once, as writing does).
 :meth:`Lock.to_bytes` is the one canonical serialisation (the same lock always gives the
