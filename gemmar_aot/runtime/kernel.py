@@ -225,6 +225,29 @@ def _struct_for(kernel: KernelMetadata, types: tuple[str, ...], cache: dict | No
     return st
 
 
+class _RecordKey:
+    """A launch record's identity (its symbol aside) as a dict key whose hash is computed once:
+    a record is a deep tuple, and one construction looks each one up several times."""
+
+    __slots__ = ("ident", "hash")
+
+    def __init__(self, ident: tuple):
+        self.ident, self.hash = ident, hash(ident)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _RecordKey) and self.hash == other.hash and self.ident == other.ident
+
+
+def _record_key(record: LaunchRecord, cache: dict) -> _RecordKey:
+    got = cache.get(id(record))
+    if got is None or got[0] is not record:
+        got = cache[id(record)] = (record, _RecordKey(_launch_identity(record)))
+    return got[1]
+
+
 def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: KernelMetadata, function: Any,
                    fixed: dict[int, int], per_call: Sequence[int], where: str,
                    cache: dict | None = None) -> PreparedLaunch:
@@ -234,7 +257,9 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     Raises LaunchRecordError when grid, block or an argument would need per-call
     evaluation, or a parameter is left unassigned. ``cache`` (a dict kept for one
     construction) shares what depends on the record's program and the kernel's argument
-    layout alone between the launches that have them in common (a GEMM per M).
+    layout alone between the launches that have them in common (a GEMM per M); launches
+    without per-call parameters that resolve to the same arguments for the same kernel
+    metadata (the phases of every M) share one packed argument buffer, never written again.
     """
     n = len(record.params)
     per_call = tuple(per_call)
@@ -242,39 +267,42 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     missing = [i for i in range(n) if i not in fixed and i not in per_call and i != stream]
     if missing:
         raise LaunchRecordError(f"{where}: host parameters {missing} of {record.kernel} have no value")
-    shape_key = (_launch_identity(record), per_call)
-    shape = None if cache is None else cache.get(shape_key)
+    if cache is None:
+        cache = {}
+    rkey = _record_key(record, cache)
+    shape_key = (rkey, per_call)
+    shape = cache.get(shape_key)
     if shape is None:
-        shape = _launch_shape(record, per_call, where)
-        if cache is not None:
-            cache[shape_key] = shape
+        shape = cache[shape_key] = _launch_shape(record, per_call, where)
     slots, slot_of = shape
-    params = [fixed.get(i, 0) for i in range(n)]
+    params = tuple([fixed.get(i, 0) for i in range(n)])
     # what the program computes depends on the record's program and these values alone: the
     # phases of every M (and of kernels sharing a record) resolve to the same values
-    resolved_key = (shape_key[0], tuple(params))
-    resolved = None if cache is None else cache.get(resolved_key)
-    if resolved is None:
-        resolved = record.resolve(params)
-        if cache is not None:
-            cache[resolved_key] = resolved
-    grid, block, kvals = resolved
-    block = tuple(int(b) for b in block)
-    why = block_mismatch(kernel, block)
-    if why:
-        raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- rebuild "
-                                    f"it (gemmar-aot build)")
-    per_call_args = set(slot_of.values())
-    values = [0 if i in per_call_args else _to_signed(v, t)
-              for i, (v, t) in enumerate(zip(kvals, record.kernel_arg_types))]
-    st = _struct_for(kernel, record.kernel_arg_types, cache)
-    args = KernArgs(kernel.kernarg_size)
-    launch = PreparedLaunch(kind=kind, kernel=record.kernel, digest=digest, function=function,
-                            grid=tuple(int(g) for g in grid), block=block,
-                            args=args, struct=st, values=values, slots=slots)
-    launch.pack()
-    return launch
-
+    resolved_key = (rkey, params)
+    built_key = (resolved_key, id(kernel))
+    built = cache.get(built_key) if not per_call else None
+    if built is None or built[0] is not kernel:
+        resolved = cache.get(resolved_key)
+        if resolved is None:
+            resolved = cache[resolved_key] = record.resolve(params)
+        grid, block, kvals = resolved
+        grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)
+        why = block_mismatch(kernel, block)
+        if why:
+            raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- "
+                                        f"rebuild it (gemmar-aot build)")
+        per_call_args = set(slot_of.values())
+        values = [0 if i in per_call_args else _to_signed(v, t)
+                  for i, (v, t) in enumerate(zip(kvals, record.kernel_arg_types))]
+        st = _struct_for(kernel, record.kernel_arg_types, cache)
+        args = KernArgs(kernel.kernarg_size)
+        st.pack_into(args.buf, 0, *values)
+        built = (kernel, grid, block, args, st, values)
+        if not per_call:
+            cache[built_key] = built
+    _k, grid, block, args, st, values = built
+    return PreparedLaunch(kind=kind, kernel=record.kernel, digest=digest, function=function, grid=grid,
+                          block=block, args=args, struct=st, values=values, slots=slots)
 
 
 # ---------------------------------------------------------------------------
