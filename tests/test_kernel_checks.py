@@ -59,3 +59,34 @@ def test_a_computed_block_is_checked_when_resolved(fill):
 def test_an_argument_of_the_wrong_kind_is_refused_even_at_the_right_size(fill, types, why):
     with pytest.raises(ArtifactMismatchError, match=why):
         verify_code_object(fill, replace(RECORD, kernel_arg_types=types), arch="gfx950", where="fill")
+
+
+def test_a_construction_s_caches_reuse_only_what_the_same_inputs_decide(fill):
+    """verify_code_object and prepare_launch share results within one construction only where
+    every input that decides them is the same; a different block or kernel is checked again."""
+    cache: dict = {}
+    kern = verify_code_object(fill, RECORD, arch="gfx950", where="fill", cache=cache)
+    assert verify_code_object(fill, replace(RECORD), arch="gfx950", where="fill", cache=cache) is kern
+    with pytest.raises(ArtifactMismatchError, match=r"block \[128, 1, 1\]"):
+        verify_code_object(fill, replace(RECORD, block=(128, 1, 1)), arch="gfx950", where="fill", cache=cache)
+    with pytest.raises(ArtifactMismatchError, match="the launch record names 'other'"):
+        verify_code_object(fill, replace(RECORD, kernel="other"), arch="gfx950", where="fill", cache=cache)
+    with pytest.raises(ArtifactMismatchError, match="code object is for gfx950, the artifacts say gfx942"):
+        verify_code_object(fill, RECORD, arch="gfx942", where="fill", cache=cache)
+    # two launches without per-call arguments and the same inputs share their packed buffer ...
+    fixed = {0: 0x1000, 1: 32, 2: 7}
+    a = prepare_launch(kind="fill", digest="0" * 64, record=RECORD, kernel=kern, function="fa", fixed=fixed,
+                       per_call=(), where="fill", cache=cache)
+    b = prepare_launch(kind="fill", digest="1" * 64, record=replace(RECORD), kernel=kern, function="fb",
+                       fixed=dict(fixed), per_call=(), where="fill", cache=cache)
+    assert a.args is b.args and (a.function, b.function, b.digest) == ("fa", "fb", "1" * 64)
+    assert a.args.tobytes() == b.args.tobytes() == bytes.fromhex("0010000000000000" "20000000" "00000000"
+                                                                   "0700000000000000")
+    # ... other values, or per-call arguments (written at every call), never do
+    c = prepare_launch(kind="fill", digest="0" * 64, record=RECORD, kernel=kern, function="fa",
+                       fixed={**fixed, 1: 33}, per_call=(), where="fill", cache=cache)
+    d = prepare_launch(kind="fill", digest="0" * 64, record=RECORD, kernel=kern, function="fa",
+                       fixed={1: 32, 2: 7}, per_call=(0,), where="fill", cache=cache)
+    e = prepare_launch(kind="fill", digest="0" * 64, record=RECORD, kernel=kern, function="fa",
+                       fixed={1: 32, 2: 7}, per_call=(0,), where="fill", cache=cache)
+    assert len({id(x.args) for x in (a, c, d, e)}) == 4 and c.args.tobytes()[8:12] == (33).to_bytes(4, "little")

@@ -68,8 +68,22 @@ def explicit_args(kernel: KernelMetadata):
     return [a for a in kernel.args if not a.value_kind.startswith("hidden_")]
 
 
-def verify_code_object(code: CodeObject, record: LaunchRecord, *, arch: str, where: str) -> KernelMetadata:
-    """The kernel's metadata, after checking it against the launch record. Raises ArtifactMismatchError."""
+def verify_code_object(code: CodeObject, record: LaunchRecord, *, arch: str, where: str,
+                       cache: dict | None = None) -> KernelMetadata:
+    """The kernel's metadata, after checking it against the launch record. Raises ArtifactMismatchError.
+
+    ``cache`` (a dict kept for one construction) remembers what passed: the outcome depends on
+    the code object's arch, kernels and undefined symbols and on the record alone, and the
+    phases of every M repeat them (equal metadata notes parse to one kernels tuple)."""
+    if cache is not None:
+        key = (code.arch, id(code.kernels), code.undefined_symbols, _record_key(record, cache), record.kernel, arch)
+        got = cache.get(key)
+        if got is not None and got[0] is code.kernels:
+            return got[1]
+        kern = verify_code_object(code, record, arch=arch, where=where)
+        cache[key] = (code.kernels, kern)
+        return kern
+
     def bad(why: str) -> ArtifactMismatchError:
         return ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record "
                                      f"-- rebuild it (gemmar-aot build)")

@@ -366,6 +366,7 @@ class GemmAllReduceOp:
         images: dict[str, tuple[bytes, Any]] = {}
         codes: dict[str, Any] = {}
         verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
+        checked: dict = {}  # what verify_code_object found, by what it depends on
         binding = RecordBinding()
         binding.use_indexes(self.artifacts, entries.values())
         for m, e in sorted(entries.items()):
@@ -391,7 +392,7 @@ class GemmAllReduceOp:
                         raise ArtifactMismatchError(f"{store.describe_blob(digest)}: not a loadable code object: "
                                                     f"{exc}") from None
                     images[digest] = (data, None)
-                kern = verify_code_object(code, le.launch, arch=e.lock.arch, where=where)
+                kern = verify_code_object(code, le.launch, arch=e.lock.arch, where=where, cache=checked)
                 images[digest] = (images[digest][0], kern)
         return images
 
