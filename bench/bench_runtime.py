@@ -140,14 +140,23 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
 
     index = index_path(store)  # the lock's record index: the binding reads it when present
 
-    names = ("lock_read", "lock_read_and_index", "construct_to_ready", "construct_to_ready_without_parse_in_driver",
-             "construct_to_ready_without_record_binding")
+    names = ("lock_read", "lock_read_and_index", "lock_read_and_rank0", "construct_to_ready",
+             "construct_to_ready_without_parse_in_driver", "construct_to_ready_without_record_binding")
+
+    def lock_and_rank0():  # a lock read, indexed, and rank 0's entries built (schema 3 reads its part then)
+        arts = load_artifacts(store)
+        for by_m in arts.index.values():
+            for by_rank in by_m.values():
+                e = by_rank.get(rank)
+                if e is not None:
+                    e.launches, e.self_test
     wall: dict[str, list] = {n: [] for n in names}
     cpu: dict[str, list] = {n: [] for n in names}
     info = {}
     for i in range(repeat):
         _timed(lambda: read_lock(store), wall["lock_read"], cpu["lock_read"])
         _timed(lambda: load_artifacts(store), wall["lock_read_and_index"], cpu["lock_read_and_index"])
+        _timed(lock_and_rank0, wall["lock_read_and_rank0"], cpu["lock_read_and_rank0"])
         for parse, name in ((True, "construct_to_ready"), (False, "construct_to_ready_without_parse_in_driver")):
             drv, comm = BenchDriver(parse=parse), FakeCommunicator(rank, WORLD, lazy=True)
             forget_parsed_notes()
@@ -288,6 +297,7 @@ def main() -> int:
           f"{str(s['record_index_bytes']) + ' bytes' if s['record_index_bytes'] else 'none (records read one by one)'}")
     for key, label in (("lock_read_ms", "lock read + validate"),
                        ("lock_read_and_index_ms", "lock read + index"),
+                       ("lock_read_and_rank0_ms", "lock read + index + rank 0's entries"),
                        ("construct_to_ready_ms", "construct -> ready (module load = parse)"),
                        ("construct_to_ready_without_parse_in_driver_ms", "construct -> ready (module load = no-op)"),
                        ("construct_to_ready_without_record_binding_ms", "construct -> ready (no lock/record check)"),
