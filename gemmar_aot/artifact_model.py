@@ -817,10 +817,14 @@ class _LockPart:
         self.got: tuple[_KernelTable, dict[int, tuple[tuple[str, ...], tuple[str, ...]]]] | None = None
 
     def load(self) -> tuple["_KernelTable", dict[int, tuple[tuple[str, ...], tuple[str, ...]]]]:
+        # Two threads may both get here first: each parses the same bytes to equal values (the
+        # bytes are kept, never cleared under another reader), and the first result stays.
         got = self.got
         if got is None:
-            got = self.got = self.reader.part(self)
-            self.data = None
+            got = self.reader.part(self)
+            if self.got is None:
+                self.got = got
+            got = self.got
         return got
 
 

@@ -438,6 +438,40 @@ def test_a_read_lock_resolves_rank_launches_lazily_and_copies_like_a_built_one(l
         r.not_a_field  # noqa: B018
 
 
+def test_two_threads_reading_one_part_at_once_both_get_it(lock, tmp_path, monkeypatch):
+    """Both threads pass the 'not parsed yet' check before either finishes parsing the part."""
+    import threading
+
+    read = read_lock(write_lock(tmp_path / "l.lock.json", lock))
+    both_in, first_done = threading.Barrier(2, timeout=10), threading.Event()
+    original = _Reader.part
+
+    def part(self, p):
+        if both_in.wait() == 0:  # one of the two parses first, the other after it finished
+            out = original(self, p)
+            first_done.set()
+            return out
+        assert first_done.wait(10)
+        return original(self, p)
+
+    monkeypatch.setattr(_Reader, "part", part)
+    r = read.tuples[0].ranks[0]
+    got, errors = [], []
+
+    def use():
+        try:
+            got.append(r.launch_keys())
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors and len(got) == 2 and got[0] == got[1] == lock.tuples[0].ranks[0].launch_keys()
+
+
 def test_write_refuses_a_lock_the_reader_would_refuse(lock, tmp_path):
     t = lock.tuples[0]
     bad = replace(lock, tuples=(replace(t, id=replace(t.id, n=2048)),) + lock.tuples[1:])  # window says n=1024
