@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gemmar_aot.store import Store  # noqa: E402
+from gemmar_aot.store.backend import RESERVED_FIELDS  # noqa: E402
 
 
 def entries(source: Path) -> list[tuple[str, bytes, dict]]:
@@ -36,7 +37,7 @@ def entries(source: Path) -> list[tuple[str, bytes, dict]]:
     for key, _ in src.local.iter_record_files():
         rec = src.get_record(key)
         code = src.load_blob(rec["blob"]["digest"])
-        out.append((key, code, {k: v for k, v in rec.items() if k not in ("schema", "key", "blob")}))
+        out.append((key, code, {k: v for k, v in rec.items() if k not in RESERVED_FIELDS}))
     return out
 
 

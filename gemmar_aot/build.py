@@ -30,9 +30,20 @@ from gemmar_aot.artifact_model import (
     record_digest,
     write_lock,
 )
+from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.launch import LaunchRecord
 from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
+
+
+def _rederive(st, key: str, rec: dict) -> dict | None:
+    """``rec`` derived again by this derive code from its blobs in ``st`` (written back), or
+    None -- then the kernel is a miss and compiles: no launcher, a missing or damaged blob, or
+    blobs this derive code refuses."""
+    try:
+        return rederive(st, key, rec)
+    except DeriveError:
+        return None
 
 
 def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
@@ -198,9 +209,14 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
 
                 selected = select(selected, *shard)
             records: dict[str, dict] = {}
+            rederived = []
             with maybe_phase(trace, "store look-ups", specs=len(selected)):
                 for s in selected:
                     rec = st.get_record(keys[ids[s]], verify=True)
+                    if rec is not None and not is_current(rec):
+                        rec = _rederive(st, keys[ids[s]], rec)
+                        if rec is not None:
+                            rederived.append(ids[s])
                     if rec is not None:
                         records[ids[s]] = rec
                     elif local is not None and session is None:
@@ -216,6 +232,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                 remote_hits = len(found)
                 session.backfill({keys[sid]: rec for sid, rec in records.items()
                                   if keys[sid] not in found})
+                for sid in rederived:  # the remote's entry predates this derive code: refresh it
+                    session.upload(keys[sid], records[sid])
             todo = [Task(s, keys[ids[s]], ingr[ids[s]]) for s in selected if ids[s] not in records]
             if todo and local is not None:
                 local.start()
@@ -302,6 +320,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "hits": hits + waited,
         "local_hits": local_hits + waited,
         "remote_hits": remote_hits,
+        "rederived": len(rederived) + (remote_summary["rederived"] if remote_summary else 0),
         "uploads": remote_summary["uploads"] if remote_summary else 0,
         "remote": remote_summary,
         "misses": len(todo),

@@ -9,8 +9,19 @@ Ingredients, each named so ``gemmar-aot explain`` can say which one changed:
                  host library fixes the ccoDevComm/window struct layouts the kernels inline).
 * ``toolchain``  FlyDSL's build (:func:`flydsl_build`), target arch, code object version,
                  opt level, the cco bitcode's content digest, the linker's identity.
-* ``compiler``   our own version, recipe version and the content digest of the code that
-                 turns a spec into bytes and a record (recipes, worker, host-IR reader).
+* ``compiler``   the recipe version and the digest of the *compile code* this kernel's
+                 build runs (:func:`compile_code_digest`): the compile worker, the
+                 toolchain set-up it does, and the recipe modules of the spec's own
+                 recipe -- in normal form (:mod:`gemmar_aot.source_form`): import names
+                 and syntax trees, so comments, docstrings, formatting and file paths are
+                 not in the key, and a new mode's recipe moves no existing key.
+
+Not in the key (key schema 3): our version number, and the *derive code* (the code-object
+note parser, the launch-record reader, the record's derived fields). Derive code turns a
+stored code object and its launcher into the record the runtime reads; it cannot change a
+byte of the code object, so a change to it re-derives records from stored blobs
+(:mod:`gemmar_aot.compiler.derive`, milliseconds a kernel) instead of recompiling. Each
+record names the derive-code digest it was made with.
 
 No absolute paths, hostnames, usernames or timestamps: the same inputs in another
 checkout or on another machine give the same key.
@@ -40,15 +51,16 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping
 
-from gemmar_aot import __version__
 from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.source_form import modules_digest
 from gemmar_aot.spec import KernelSpec
 
 #: 2: python, cco_bitcode_build and flydsl_package_digest left the key; ``flydsl`` names the build.
-KEY_SCHEMA = 2
+#: 3: our own code by normal form and per recipe (``compile_code``), not file bytes; the
+#:    derive code and gemmar-aot's version left the key.
+KEY_SCHEMA = 3
 
 #: Content digests (``toolchain.fingerprint.flydsl_package_digest``: its .py and native
 #: .so files) of the released FlyDSL wheels whose compiles are byte-identical, by version.
@@ -62,33 +74,100 @@ FLYDSL_WHEEL_DIGESTS = {
     },
 }
 
-#: (package, file) pairs whose content shapes a compile's output or its record.
-COMPILER_SOURCES = (
-    ("gemmar_aot", "spec.py"),
-    ("gemmar_aot", "codeobject.py"),
-    ("gemmar_aot", "launch.py"),
-    ("gemmar_aot.compiler", "worker.py"),
-    ("gemmar_aot.compiler", "hostir.py"),
-    ("gemmar_aot_kernels", "__init__.py"),
-    ("gemmar_aot_kernels", "_common.py"),
-    ("gemmar_aot_kernels", "fused_sdma.py"),
-    ("gemmar_aot_kernels", "fused_lsa.py"),
-    ("gemmar_aot_kernels", "split_sdma.py"),
-    ("gemmar_aot_kernels", "split_lsa.py"),
-    ("gemmar_aot_kernels", "gemm_only.py"),
-    ("gemmar_aot_kernels", "gemv.py"),
-    ("gemmar_aot_kernels", "sdma_phases.py"),
+#: Compile code every kernel's build runs: the worker (trace, lower, link) and the toolchain
+#: set-up it does in its process (the compile environment, mori's device modules), and what
+#: those import. ``tests/test_source_form.py`` fails when a module imported on a compile
+#: worker's path before the code object exists is in neither this list, nor its recipe's, nor
+#: IMPORTED_ONLY.
+COMPILE_CODE = (
+    "gemmar_aot.checkout",
+    "gemmar_aot.compiler",
+    "gemmar_aot.compiler.launcher",
+    "gemmar_aot.compiler.worker",
+    "gemmar_aot.filedigest",
+    "gemmar_aot.spec",
+    "gemmar_aot.toolchain",
+    "gemmar_aot.toolchain.fingerprint",
+    "gemmar_aot.toolchain.load",
+    "gemmar_aot.toolchain.mori_import",
+    "gemmar_aot.toolchain.paths",
+    "gemmar_aot.toolchain.pins",
+    "gemmar_aot.toolchain.profiles",
+    "gemmar_aot_kernels",
+    "gemmar_aot_kernels._common",
+)
+
+#: Modules a compile worker imports (through the packages it needs) whose code never runs on
+#: the compile path: no function of theirs is called between the worker's start and the code
+#: object (``tests/test_source_form.py`` traces every call to check it), and the compile code
+#: reads none of their values -- each says what it is for. Not in any key: their changes
+#: cannot change a byte.
+IMPORTED_ONLY = {
+    "gemmar_aot": "the package: its docstring and __version__ (a version number is no compile input)",
+    "gemmar_aot.atomic_write": "writes files atomically; a compile writes none",
+    "gemmar_aot.canonical_json": "the hashing JSON of locks and records (the spec has its own)",
+    "gemmar_aot.device_abi": "the pod's mori check; the worker imports only its exception class",
+    "gemmar_aot.errors": "exception classes, raised only when a compile cannot produce a code object",
+    "gemmar_aot.toolchain.diagnose": "`gemmar-aot doctor`'s checks",
+    "gemmar_aot.toolchain.digest": "digests the toolchain at setup (its result is in the key)",
+    "gemmar_aot.toolchain.fsutil": "file writes of the toolchain's setup",
+    "gemmar_aot.toolchain.tools": "locates and fingerprints setup tools (clang, ld.lld) at setup",
+}
+
+#: Per recipe with a build half (a ``KernelSpec.recipe``), the modules its build imports
+#: beyond COMPILE_CODE: its own module and the ones that imports. Only these join
+#: COMPILE_CODE in the key of a kernel of that recipe: a change to one recipe module moves
+#: the keys of the recipes that import it, no others; a new recipe moves no existing key.
+#: (split-sdma has no build half: its kernels are gemm-only's and sdma-phases'.)
+RECIPE_CODE = {
+    "fused-sdma": ("gemmar_aot_kernels.fused_sdma", "gemmar_aot_kernels.sdma_phases"),
+    "fused-lsa": ("gemmar_aot_kernels.fused_lsa", "gemmar_aot_kernels.fused_sdma",
+                  "gemmar_aot_kernels.sdma_phases"),
+    "split-lsa": ("gemmar_aot_kernels.split_lsa", "gemmar_aot_kernels.gemm_only",
+                  "gemmar_aot_kernels.sdma_phases"),
+    "gemm-only": ("gemmar_aot_kernels.gemm_only",),
+    "gemv": ("gemmar_aot_kernels.gemv", "gemmar_aot.rules"),
+    "sdma-phases": ("gemmar_aot_kernels.sdma_phases",),
+}
+
+#: Derive code: what turns a code object and its launcher into the record's derived
+#: fields (kernel metadata, launch record). Not in any action key; every record names
+#: :func:`derive_code_digest`, and a record made by other derive code is re-derived.
+DERIVE_CODE = (
+    "gemmar_aot.codeobject",
+    "gemmar_aot.compiler.derive",
+    "gemmar_aot.compiler.hostir",
+    "gemmar_aot.launch",
 )
 
 
+@lru_cache(maxsize=None)
+def compile_code_digest(recipe: str) -> str:
+    """The digest of the compile code a kernel of ``recipe`` is built by (normal form)."""
+    try:
+        own = RECIPE_CODE[recipe]
+    except KeyError:
+        raise KeyError(f"no compile code listed for recipe {recipe!r}: add it to keys.RECIPE_CODE "
+                       f"(known: {sorted(RECIPE_CODE)})") from None
+    return modules_digest(COMPILE_CODE + own)
+
+
 @lru_cache(maxsize=1)
-def compiler_sources_digest() -> str:
-    h = hashlib.sha256()
-    for pkg, name in COMPILER_SOURCES:
-        data = resources.files(pkg).joinpath(name).read_bytes()
-        h.update(f"{pkg}/{name}\0{len(data)}\0".encode())
-        h.update(data)
-    return h.hexdigest()
+def derive_code_digest() -> str:
+    """The digest of the derive code (normal form): what every record names."""
+    return modules_digest(DERIVE_CODE)
+
+
+def compiler_ingredients() -> dict:
+    """Our code as the toolchain sees it: the compile code of every recipe and the derive code
+    (the lock's ``toolchain``, and what every node of a cluster build must agree on)."""
+    from gemmar_aot_kernels import RECIPE_VERSION
+
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "compile_code": {r: compile_code_digest(r) for r in sorted(RECIPE_CODE)},
+        "derive_code": derive_code_digest(),
+    }
 
 
 def flydsl_build(fp: Mapping[str, Any]) -> str:
@@ -101,8 +180,6 @@ def flydsl_build(fp: Mapping[str, Any]) -> str:
 
 def toolchain_ingredients(fp: Mapping[str, Any]) -> dict:
     """The parts of a toolchain fingerprint (toolchain.json) that go into every key."""
-    from gemmar_aot_kernels import RECIPE_VERSION
-
     bc = fp["cco_bitcode"]
     return {
         "generator": {
@@ -122,16 +199,18 @@ def toolchain_ingredients(fp: Mapping[str, Any]) -> dict:
             "cco_bitcode_sha256": bc["sha256"],
             "linker": fp["linker"]["identity"],
         },
-        "compiler": {
-            "gemmar_aot_version": __version__,
-            "recipe_version": RECIPE_VERSION,
-            "sources_digest": compiler_sources_digest(),
-        },
+        "compiler": compiler_ingredients(),
     }
 
 
 def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
-    return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(), **toolchain_ingredients(fp)}
+    """Everything one kernel's key hashes: the spec, the toolchain, and the compile code of its recipe."""
+    from gemmar_aot_kernels import RECIPE_VERSION
+
+    ti = toolchain_ingredients(fp)
+    compiler = {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}
+    return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(), "generator": ti["generator"],
+            "toolchain": ti["toolchain"], "compiler": compiler}
 
 
 def action_key(ingr: Mapping[str, Any]) -> str:

@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.store.backend import record_blob
+from gemmar_aot.compiler.derive import DeriveError, derived_fields, is_current
+from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError
 
 #: Parallel requests for lookups and uploads (the server, not our CPU, is the limit).
@@ -134,14 +135,38 @@ class RemoteSession:
                     with self._lock:
                         self.counts["record_without_blob"] += 1  # evicted: a miss, not an error
                     return key, None
+                launcher = None
+                if not is_current(got[0]):
+                    # Derived by other derive code: never trusted as is, never a miss. Derived
+                    # again here from its verified blobs, so its launcher comes too.
+                    ln = record_launcher(got[0])
+                    launcher = None if ln is None else self.backend.get_blob(ln)
+                    if launcher is None:
+                        with self._lock:
+                            self.counts["stale_without_launcher"] += 1  # a miss: compiled again
+                        return key, None
             except CorruptArtifactError as e:
                 self.problem(f"entry {key}", e)  # refused; on_corrupt quarantined the bytes
                 return key, None
             except Exception as e:  # noqa: BLE001 - a remote failure is a miss, never fatal here
                 self.problem(f"lookup of {key}", e)
                 return key, None
-            local.put_blob(code)  # blob before record
-            return key, local.put_record_json(key, got[1])
+            if launcher is None:
+                local.put_blob(code)  # blob before record
+                return key, local.put_record_json(key, got[1])
+            try:
+                fields = derived_fields(code, launcher)
+            except DeriveError as e:
+                self.problem(f"re-deriving {key}", e)  # this derive code refuses it: compile it
+                return key, None
+            local.put_blob(launcher)
+            local.put_blob(code)
+            rec = {**got[0], **fields}
+            local.put_record(key, rec)
+            with self._lock:
+                self.counts["rederived"] += 1
+            self.upload(key, rec)  # the entry, derived by this code, for the next builder
+            return key, rec
 
         found: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=min(self.jobs, len(keys)), thread_name_prefix="lookup") as pool:
@@ -160,9 +185,12 @@ class RemoteSession:
         if self.backend.down:
             return
         try:
+            ln = record_launcher(rec)
+            if ln is not None:
+                self.backend.put_blob(self.store.load_blob(ln.hash, ln.size))
             blob = rec["blob"]
             code = self.store.load_blob(blob["digest"], blob["size"])
-            self.backend.put_blob(code)  # blob before record
+            self.backend.put_blob(code)  # blobs before record
             self.backend.put_record(key, rec)
             with self._lock:
                 self.counts["uploads"] += 1
@@ -192,6 +220,7 @@ class RemoteSession:
             "url": self.backend.name,
             "read_only": not self.backend.writable,
             "hits": self.counts["remote_hits"],
+            "rederived": self.counts["rederived"],
             "uploads": self.counts["uploads"],
             "errors": self.counts["remote_errors"],
             "corrupt_refused": self.counts["remote_corrupt"],

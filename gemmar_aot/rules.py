@@ -28,8 +28,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from gemmar_aot.artifact_model import CallLayout, WindowLayout
+if TYPE_CHECKING:  # imported where used: the compile code imports rules, and not the lock model
+    from gemmar_aot.artifact_model import WindowLayout
+
 
 # --------------------------------------------------------------------------
 # Constants
@@ -626,6 +629,8 @@ def _shared_window_layout(world: int, n: int, m_max_pad: int, block_m: int, gath
     # No scatter-leg scales on a bf16 scatter, so nothing follows the slots.
     window_bytes = align_up(recv_off + recv_slots * recv_slot_bytes)
 
+    from gemmar_aot.artifact_model import WindowLayout
+
     out = WindowLayout(**{
         "world": world,
         "n": n,
@@ -735,6 +740,8 @@ def window_layout(
     nbytes = m_pad * n * BF16_BYTES
     stage = lsa_stage(world, nbytes)
     lsa_cover = packs if stage == 1 else packs_per_rank
+    from gemmar_aot.artifact_model import CallLayout
+
     return replace(out, call=CallLayout(**{
         "m": m_pad,
         "slot": slot,

@@ -25,23 +25,20 @@ from __future__ import annotations
 
 from importlib import import_module
 
-#: recipe name (a mode, or KernelSpec.recipe) -> module
-RECIPES = {
-    "fused-sdma": "gemmar_aot_kernels.fused_sdma",
-    "split-sdma": "gemmar_aot_kernels.split_sdma",
-    "split-lsa": "gemmar_aot_kernels.split_lsa",
-    "fused-lsa": "gemmar_aot_kernels.fused_lsa",
-    "gemm-only": "gemmar_aot_kernels.gemm_only",
-    "gemv": "gemmar_aot_kernels.gemv",
-    "sdma-phases": "gemmar_aot_kernels.sdma_phases",
-}
-
 #: Bump when any recipe changes what it builds for a given spec. Part of every key.
 RECIPE_VERSION = 2
 
 
 def recipe_module(name: str):
+    """The module of recipe ``name`` (a mode, or ``KernelSpec.recipe``): ``gemmar_aot_kernels.<name
+    with - as _>``. By name, not from a table here: this module is compile code of every kernel
+    (``keys.COMPILE_CODE``), so a table of recipes here would move every key when a mode is added."""
+    mod = name.replace("-", "_")
+    if not mod.isidentifier() or mod.startswith("_"):
+        raise KeyError(f"no kernel recipe {name!r}: a recipe is a module of gemmar_aot_kernels")
     try:
-        return import_module(RECIPES[name])
-    except KeyError:
-        raise KeyError(f"no kernel recipe {name!r}; known: {sorted(RECIPES)}") from None
+        return import_module(f"{__name__}.{mod}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{mod}":
+            raise
+        raise KeyError(f"no kernel recipe {name!r} (no module {__name__}.{mod})") from None

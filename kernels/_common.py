@@ -38,8 +38,6 @@ PHASE_FIXED = {
     "publish": "writethrough",
 }
 
-from gemmar_aot.rules import MAX_CHUNKS  # noqa: E402
-
 
 @dataclass(frozen=True)
 class RankKernels:
@@ -53,6 +51,8 @@ class RankKernels:
 def op_cfg(*, world, m_pad, n, block_m, gather_dtype, gather_transport, shape_slots,
            shape_index, capacity_m) -> dict:
     """Arguments of the op's own ``_build_cfg`` (the one place mori builds an ArConfig)."""
+    from gemmar_aot.rules import MAX_CHUNKS  # plan half only: the build half reads the spec
+
     return {
         "via": "op._build_cfg",
         "world_size": world,

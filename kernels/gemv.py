@@ -16,7 +16,6 @@ disagree -- which is what a mori with a retuned table would do -- naming both.
 
 from __future__ import annotations
 
-from gemmar_aot import rules
 from gemmar_aot.spec import KernelSpec
 
 from ._common import RankKernels
@@ -45,6 +44,8 @@ def _decode(code: str) -> dict:
 
 def config(n: int, k: int, bucket: int) -> dict:
     """What ``select_config(n, k, bucket)`` returns."""
+    from gemmar_aot import rules
+
     code = TUNED.get((n, k), {}).get(bucket)
     cfg = _decode(code) if code else dict(HEURISTIC)
     if cfg["tokens"] < bucket:
@@ -62,6 +63,8 @@ def specs(w, layout, env: dict) -> tuple[RankKernels, ...]:
 def placeholders(*, m: int, n: int, k: int):
     """Flat int32 CPU tensors as Mxfp8GemvOp passes them: W, W scale, X, X scale, then C (bf16)."""
     import torch
+
+    from gemmar_aot import rules
 
     kb = k // rules.MXFP8_BLOCK
     w = torch.empty(n * k // 4, dtype=torch.int32)

@@ -123,10 +123,23 @@ def test_every_builder_argument_changes_the_key():
     assert action_key(ingredients(KernelSpec.from_json(d2), FP)) != base
 
 
-def test_our_compiler_sources_are_an_ingredient():
+def test_a_kernels_key_names_the_compile_code_of_its_own_recipe_and_no_derive_code():
+    from gemmar_aot.keys import compile_code_digest, derive_code_digest
+    from gemmar_aot.spec import KernelSpec
+
+    spec = KernelSpec.make("sdma-phases", "drain", 0, {"world": 2})
+    ingr = ingredients(spec, FP)
+    assert ingr["compiler"] == {"recipe_version": ingr["compiler"]["recipe_version"],
+                                "compile_code": compile_code_digest("sdma-phases")}
+    assert ingr["compiler"]["recipe_version"] >= 1
+    # Another recipe's compile code is another digest; the derive code is in no key.
+    assert compile_code_digest("sdma-phases") != compile_code_digest("gemv")
+    assert derive_code_digest() not in json.dumps(ingr)
+    assert "gemmar_aot_version" not in json.dumps(ingr)
+    # The lock's toolchain (and a cluster's node check) sees all of our code.
     ti = toolchain_ingredients(FP)
-    assert len(ti["compiler"]["sources_digest"]) == 64
-    assert ti["compiler"]["recipe_version"] >= 1
+    assert ti["compiler"]["derive_code"] == derive_code_digest()
+    assert ti["compiler"]["compile_code"]["sdma-phases"] == compile_code_digest("sdma-phases")
 
 
 _KEYS = """

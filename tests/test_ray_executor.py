@@ -99,17 +99,21 @@ def test_a_result_is_stored_only_if_it_matches_the_digest_the_node_reported():
     from gemmar_aot.compiler.ray_executor import verify_result
 
     t = _task()
-    code = b"\x7fELF code object"
+    code, launcher = b"\x7fELF code object", b'{"schema":1}'
+    sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
+    both = (sha(code), sha(launcher))
     good = CompileResult(t.spec.spec_id, True, 1.0, {"spec": t.spec.to_json(), "ingredients": t.ingredients})
-    assert verify_result(t, good, code, hashlib.sha256(code).hexdigest()) is None
+    assert verify_result(t, good, (code, launcher), both) is None
     flipped = code[:-1] + b"X"
-    why = verify_result(t, good, flipped, hashlib.sha256(code).hexdigest())
-    assert why and hashlib.sha256(flipped).hexdigest() in why and hashlib.sha256(code).hexdigest() in why
+    why = verify_result(t, good, (flipped, launcher), both)
+    assert why and "code object" in why and sha(flipped) in why and sha(code) in why
+    why = verify_result(t, good, (code, launcher + b" "), both)
+    assert why and "launcher" in why and sha(launcher) in why
     assert "no code object" in verify_result(t, good, None, None)
     other = CompileResult("f" * 64, True, 1.0, good.record)
-    assert "not " + t.spec.spec_id[:12] in verify_result(t, other, code, hashlib.sha256(code).hexdigest())
+    assert "not " + t.spec.spec_id[:12] in verify_result(t, other, (code, launcher), both)
     wrong_fields = CompileResult(t.spec.spec_id, True, 1.0, {"spec": t.spec.to_json(), "ingredients": {}})
-    assert "record fields" in verify_result(t, wrong_fields, code, hashlib.sha256(code).hexdigest())
+    assert "record fields" in verify_result(t, wrong_fields, (code, launcher), both)
     failed = CompileResult(t.spec.spec_id, False, 1.0, error="boom")
     assert verify_result(t, failed, None, None) is None  # a builder failure is reported as it is
 

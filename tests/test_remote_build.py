@@ -65,7 +65,7 @@ def assert_remote_is_consistent(server: Nginx) -> int:
     cas = server.files("cas")
     for key, path in server.files("ac").items():
         ar = reapi.decode_action_result(path.read_bytes())
-        assert {f.path for f in ar.output_files} == {reapi.RECORD_PATH, reapi.CODE_PATH}, key
+        assert {f.path for f in ar.output_files} == {reapi.RECORD_PATH, reapi.CODE_PATH, reapi.LAUNCHER_PATH}, key
         for f in ar.output_files:
             data = cas[f.digest.hash].read_bytes()
             assert hashlib.sha256(data).hexdigest() == f.digest.hash and len(data) == f.digest.size_bytes

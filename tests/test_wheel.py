@@ -32,6 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from gemmar_aot.store.backend import RESERVED_FIELDS
 from click.testing import CliRunner
 
 from index_frames import find_line, read_frames, write_frames
@@ -721,7 +723,8 @@ def test_smoke_wheel_is_reproducible(smoke_wheel, smoke_store, smoke_lock, tmp_p
     src, dst = Store(smoke_store, readonly=True), Store(store3, durable=False, level=3)
     for key in sorted(smoke_lock.action_keys()):
         rec, code = src.load(key)
-        dst.put(key, code, {k: v for k, v in rec.items() if k not in ("schema", "key", "blob")})
+        dst.put(key, code, {k: v for k, v in rec.items() if k not in RESERVED_FIELDS},
+                launcher=src.load_blob(rec["launcher"]["digest"], rec["launcher"]["size"]))
     some = smoke_lock.tuples[0].ranks[0].launches[0].blob.hash
     assert dst.blob_path(some).read_bytes() != src.blob_path(some).read_bytes()
     third = cli_wheel(SMOKE, store3, tmp_path / "out3")

@@ -167,25 +167,27 @@ def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_l
                 f"{worker._STATE['toolchain'].profile.name!r}, not {_profile_of(expected)!r}", "results": []}
     out = []
     for spec_json, _key, ingr in items:
-        res, code = compile_detached(spec_json, ingr)
-        out.append((res, code, None if code is None else hashlib.sha256(code).hexdigest()))
+        res, outputs = compile_detached(spec_json, ingr)
+        out.append((res, outputs, None if outputs is None else tuple(hashlib.sha256(b).hexdigest() for b in outputs)))
     return {"node_id": node_id, "refused": None, "results": out}
 
 
 # ------------------------------------------------------------------ on the driver
 
 
-def verify_result(task: Task, res: CompileResult, code: bytes | None, reported: str | None) -> str | None:
+def verify_result(task: Task, res: CompileResult, outputs: tuple[bytes, bytes] | None,
+                  reported: tuple[str, str] | None) -> str | None:
     """None when a node's answer for ``task`` can be stored; else what is wrong with it."""
     if res.spec_id != task.spec.spec_id:
         return f"the node answered for spec {res.spec_id[:12]}, not {task.spec.spec_id[:12]}"
     if not res.ok:
         return None
-    if code is None or reported is None:
-        return "the node reported success but sent no code object"
-    have = hashlib.sha256(code).hexdigest()
-    if have != reported:
-        return f"the code object arrived with sha256 {have}, the node computed {reported}"
+    if outputs is None or reported is None or len(outputs) != 2 or len(reported) != 2:
+        return "the node reported success but sent no code object and launcher"
+    for what, data, want in zip(("code object", "launcher"), outputs, reported):
+        have = hashlib.sha256(data).hexdigest()
+        if have != want:
+            return f"the {what} arrived with sha256 {have}, the node computed {want}"
     fields = res.record or {}
     if fields.get("spec") != task.spec.to_json() or fields.get("ingredients") != task.ingredients:
         return "the node's record fields do not describe this spec and its ingredients"
@@ -440,13 +442,13 @@ class RayExecutor:
         if len(answer["results"]) != len(flight.batch):
             problems.append(f"the node returned {len(answer['results'])} results for {len(flight.batch)} specs")
         else:
-            for t, (res, code, digest) in zip(flight.batch, answer["results"]):
-                bad = verify_result(t, res, code, digest)
+            for t, (res, outputs, digests) in zip(flight.batch, answer["results"]):
+                bad = verify_result(t, res, outputs, digests)
                 if bad:
                     problems.append(bad)
                 elif res.ok:
                     self.specs_by_node[node] = self.specs_by_node.get(node, 0) + 1
-                    out.append((t, self._writer.submit(self._store, store, t, res, code)))
+                    out.append((t, self._writer.submit(self._store, store, t, res, outputs)))
                 else:
                     out.append((t, res))
         if problems:
@@ -461,15 +463,20 @@ class RayExecutor:
                     f"{'; '.join(problems)}"))) for t in again]
         return out
 
-    def _store(self, store, task: Task, res: CompileResult, code: bytes) -> CompileResult:
+    def _store(self, store, task: Task, res: CompileResult, outputs: tuple[bytes, bytes]) -> CompileResult:
         """Put a verified result in the store under the task's key (in a writer thread of the
-        driver, the one process that writes the store)."""
+        driver, the one process that writes the store). The record's derived fields are made
+        here, from the verified bytes, by the driver's derive code: a node's are not trusted."""
+        from gemmar_aot.compiler.derive import derived_fields, is_current
+
+        code, launcher = outputs
         t0 = time.perf_counter()
         try:
             with store.claim(task.key) as claim:
-                if claim.hit is not None:  # a concurrent builder stored it while this one compiled
+                if claim.hit is not None and is_current(claim.hit):  # a concurrent builder stored it
                     return replace(res, record=claim.hit, hit=True)
-                return replace(res, record=claim.put(code, res.record))
+                fields = {**res.record, **derived_fields(code, launcher)}
+                return replace(res, record=claim.put(code, fields, launcher=launcher))
         finally:
             with self._lock:  # summed over the writer threads: CPU-ish time, not wall time
                 self.seconds["store_writes"] += time.perf_counter() - t0

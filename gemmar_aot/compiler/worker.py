@@ -42,18 +42,17 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemmar_aot.codeobject import parse_code_object
 from gemmar_aot.spec import KernelSpec
 
 _STATE: dict[str, Any] = {}
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    """What one compile produces, before it is stored."""
+    """What one compile and its derive produce, before they are stored."""
 
     code: bytes
-    metadata: dict  # KernelMetadata.to_json() of the one kernel
-    launch: dict  # LaunchRecord.to_json()
+    launcher: bytes  # compiler.derive.Launcher bytes
+    derived: dict  # derive.derived_fields(): metadata, launch, the derive stamp
 
 
 @dataclass(frozen=True)
@@ -283,13 +282,15 @@ def _arg_kinds(fn, args: tuple) -> tuple[list[str], list[tuple[str, str]]]:
     return names, kinds
 
 
-def compile_kernel(spec: KernelSpec, phases: list | None = None) -> CompiledKernel:
-    """Trace, lower and link one spec; raise on any failure. Needs ``init`` first.
+def compile_code(spec: KernelSpec, phases: list | None = None) -> tuple[bytes, bytes]:
+    """The compile action: trace, lower and link one spec into (code object, launcher bytes);
+    raise on any failure. Needs ``init`` first. Nothing after the code object exists runs here:
+    what is read out of it is the derive step (:mod:`gemmar_aot.compiler.derive`), whose code
+    is not in the action key.
 
     ``phases``, if given, receives ("trace", t0, t1) and ("compile", t1, t2) on the
     monotonic clock: tracing is the builder call and FlyDSL's Python tracing, compile the
     MLIR/LLVM pipeline, the link and reading the result back."""
-    from gemmar_aot.compiler.hostir import read_launch_record
     from gemmar_aot_kernels import recipe_module
     import flydsl.expr as fx
 
@@ -305,24 +306,26 @@ def compile_kernel(spec: KernelSpec, phases: list | None = None) -> CompiledKern
     if last is None or lowered is None:
         raise RuntimeError("FlyDSL produced no artifact (was COMPILE_ONLY honoured?)")
     t_lower0, _t_lower1, code = lowered
-    ir_text = last[1]._ir_text
-    co = parse_code_object(code)
-    if co.arch != "gfx950":
-        raise RuntimeError(f"compiled for {co.arch}, expected gfx950")
-    if co.undefined_symbols:
-        raise RuntimeError(
-            f"code object references undefined symbols {list(co.undefined_symbols)}: the cco "
-            f"device bitcode did not provide them (wrong or empty MORI_CCO_BC?)"
-        )
-    kernel = co.kernel()
     names, kinds = _arg_kinds(fn, args)
-    record = read_launch_record(ir_text, names, kinds)
-    if record.kernel != kernel.name:
-        raise RuntimeError(f"host IR launches {record.kernel!r} but the code object holds {kernel.name!r}")
+    launcher = _launcher_bytes(last[1]._ir_text, names, kinds)
     if phases is not None:
         phases.append(("trace", t0, t_lower0))
         phases.append(("compile", t_lower0, time.monotonic()))
-    return CompiledKernel(code, kernel.to_json(), record.to_json())
+    return code, launcher
+
+
+def _launcher_bytes(ir_text: str, names: list[str], kinds: list[tuple[str, str]]) -> bytes:
+    from gemmar_aot.compiler.launcher import Launcher
+
+    return Launcher.from_lowered(ir_text, names, kinds).to_bytes()
+
+
+def compile_kernel(spec: KernelSpec, phases: list | None = None) -> CompiledKernel:
+    """Compile one spec, then derive its record fields; raise on any failure. Needs ``init`` first."""
+    from gemmar_aot.compiler.derive import derived_fields
+
+    code, launcher = compile_code(spec, phases)
+    return CompiledKernel(code, launcher, derived_fields(code, launcher))
 
 
 def _store(root: str):
@@ -338,11 +341,16 @@ def record_fields(spec: KernelSpec, k: CompiledKernel, ingredients: dict, second
     """The store record's fields for one compiled spec (the store adds schema, key and blob)."""
     return {
         "spec": spec.to_json(),
-        "metadata": k.metadata,
-        "launch": k.launch,
+        **k.derived,
         "ingredients": ingredients,
         "compile_seconds": round(seconds, 3),
     }
+
+
+def _current(rec: dict) -> bool:
+    from gemmar_aot.compiler.derive import is_current
+
+    return is_current(rec)
 
 
 def _failed(spec: KernelSpec, exc: BaseException, t0: float, c0: float, phases: list) -> CompileResult:
@@ -369,12 +377,13 @@ def compile_spec(spec_json: dict, store_root: str, key: str, ingredients: dict) 
     try:
         store = _store(store_root)
         with store.claim(key) as claim:
-            if claim.hit is not None:
+            # A hit made by other derive code that the build could not derive again is compiled.
+            if claim.hit is not None and _current(claim.hit):
                 return CompileResult(spec.spec_id, True, time.perf_counter() - t0, claim.hit, hit=True, pid=pid)
             k = compile_kernel(spec, phases)
             seconds = time.perf_counter() - t0
             t_store = time.monotonic()
-            rec = claim.put(k.code, record_fields(spec, k, ingredients, seconds))
+            rec = claim.put(k.code, record_fields(spec, k, ingredients, seconds), launcher=k.launcher)
             phases.append(("store", t_store, time.monotonic()))
         return CompileResult(spec.spec_id, True, seconds, rec, cpu_seconds=time.process_time() - c0,
                              phases=tuple(phases), pid=pid)
@@ -382,11 +391,12 @@ def compile_spec(spec_json: dict, store_root: str, key: str, ingredients: dict) 
         return _failed(spec, exc, t0, c0, phases)
 
 
-def compile_detached(spec_json: dict, ingredients: dict) -> tuple[CompileResult, bytes | None]:
-    """Compile one spec without a store: (result, code bytes, or None when it failed).
+def compile_detached(spec_json: dict, ingredients: dict) -> tuple[CompileResult, tuple[bytes, bytes] | None]:
+    """Compile one spec without a store: (result, (code, launcher) bytes, or None when it failed).
 
     For executors whose workers do not write the store (a Ray node): ``result.record``
-    holds the record's *fields*; the one writer stores ``code`` with them under the key.
+    holds the record's *fields*; the one writer stores the code and the launcher with them
+    under the key.
     """
     spec = KernelSpec.from_json(spec_json)
     t0 = time.perf_counter()
@@ -397,7 +407,7 @@ def compile_detached(spec_json: dict, ingredients: dict) -> tuple[CompileResult,
         seconds = time.perf_counter() - t0
         return CompileResult(spec.spec_id, True, seconds, record_fields(spec, k, ingredients, seconds),
                              cpu_seconds=time.process_time() - c0, phases=tuple(phases),
-                             pid=os.getpid()), k.code
+                             pid=os.getpid()), (k.code, k.launcher)
     except BaseException as exc:  # noqa: BLE001 - report every builder failure as data
         return _failed(spec, exc, t0, c0, phases), None
 

@@ -50,7 +50,8 @@ from gemmar_aot.artifact_model import Digest
 
 #: Version of the record envelope (schema/key/blob); the rest of a record is the caller's.
 RECORD_SCHEMA = 1
-RESERVED_FIELDS = ("schema", "key", "blob")
+#: The members the store itself writes into a record (``Store.put``).
+RESERVED_FIELDS = ("schema", "key", "blob", "launcher")
 
 
 def blob_ref(obj: Any) -> Digest:
@@ -81,6 +82,11 @@ def check_record(rec: Any, key: str) -> dict:
         blob_ref(rec.get("blob"))
     except ValueError:
         raise BadRecord(f"record has no valid blob reference: {rec.get('blob')!r}") from None
+    if "launcher" in rec:
+        try:
+            blob_ref(rec["launcher"])
+        except ValueError:
+            raise BadRecord(f"record has no valid launcher reference: {rec['launcher']!r}") from None
     return rec
 
 
@@ -88,6 +94,19 @@ def record_blob(rec: Mapping[str, Any]) -> Digest:
     """The digest of the blob a (checked) record names (not :func:`gemmar_aot.artifact_model.record_digest`,
     the digest of the record itself)."""
     return blob_ref(rec["blob"])
+
+
+def record_launcher(rec: Mapping[str, Any]) -> Digest | None:
+    """The digest of the launcher blob a (checked) record names (the compile's second output,
+    what ``compiler.derive`` re-derives from), None for a record without one."""
+    return blob_ref(rec["launcher"]) if "launcher" in rec else None
+
+
+def record_blobs(rec: Mapping[str, Any]) -> list[Digest]:
+    """Every blob a (checked) record names: its code object, then its launcher if any. What
+    must be kept (gc), copied (export) and uploaded with it."""
+    ln = record_launcher(rec)
+    return [record_blob(rec)] + ([ln] if ln is not None else [])
 
 
 class CacheBackend(abc.ABC):

@@ -59,9 +59,9 @@ class Claim:
         self.hit = hit
         self.record: dict | None = hit
 
-    def put(self, code: bytes, fields: Mapping[str, Any]) -> dict:
-        """Store the compiled bytes and the record fields; returns the record."""
-        self.record = self.store.put(self.key, code, fields)
+    def put(self, code: bytes, fields: Mapping[str, Any], *, launcher: bytes | None = None) -> dict:
+        """Store the compiled bytes (and launcher) and the record fields; returns the record."""
+        self.record = self.store.put(self.key, code, fields, launcher=launcher)
         return self.record
 
 
@@ -234,12 +234,14 @@ class Store:
         except (BlobNotFoundError, CorruptArtifactError):
             return None
 
-    def put(self, key: str, code: bytes, fields: Mapping[str, Any]) -> dict:
-        """Store ``code`` and the record ``fields`` under ``key`` (blob first, then record).
+    def put(self, key: str, code: bytes, fields: Mapping[str, Any], *, launcher: bytes | None = None) -> dict:
+        """Store ``code`` and the record ``fields`` under ``key`` (blobs first, then record).
 
         ``fields`` is any JSON-able mapping (metadata, launch, ingredients, ...) without the
-        reserved names ``schema``, ``key``, ``blob``. Use ``claim`` to avoid duplicate compiles.
-        With a writable remote, the same blob-then-record goes there too.
+        reserved names ``schema``, ``key``, ``blob``, ``launcher``. ``launcher``: the compile's
+        second output (``compiler.derive.Launcher`` bytes), stored as a blob the record names,
+        so the record can be derived again without a compile. Use ``claim`` to avoid duplicate
+        compiles. With a writable remote, the same blobs-then-record goes there too.
         """
         self.local.record_path(key)  # validates the key
         bad = [f for f in RESERVED_FIELDS if f in fields]
@@ -250,11 +252,18 @@ class Store:
             canonical_json(rec)
         except (TypeError, ValueError) as e:
             raise ValueError(f"record fields for {key} are not JSON-able: {e}") from None
+        if launcher is not None:
+            rec["launcher"] = blob_ref_json(self.local.put_blob(launcher))
         rec["blob"] = blob_ref_json(self.local.put_blob(code))
         self.local.put_record(key, rec)
         self.counters["puts"] += 1
-        self._upload(key, rec, code)
+        self._upload(key, rec, code, launcher)
         return rec
+
+    def put_record(self, key: str, rec: Mapping[str, Any]) -> None:
+        """Replace the local record under ``key`` with ``rec`` (a whole record whose blobs are
+        already stored): how a re-derived record is written back. Never uploads."""
+        self.local.put_record(key, rec)
 
     # ---- remote layering ----
 
@@ -305,11 +314,13 @@ class Store:
         self.counters["remote_hits"] += 1
         return rec
 
-    def _upload(self, key: str, rec: Mapping[str, Any], code: bytes) -> None:
+    def _upload(self, key: str, rec: Mapping[str, Any], code: bytes, launcher: bytes | None = None) -> None:
         if self.remote is None or not self.remote.writable:
             return
         try:
-            self.remote.put_blob(code)  # blob before record
+            if launcher is not None:
+                self.remote.put_blob(launcher)
+            self.remote.put_blob(code)  # blobs before record
             self.remote.put_record(key, rec)
             self.counters["uploads"] += 1
         except Exception as e:  # noqa: BLE001

@@ -21,7 +21,7 @@ import zstandard
 
 from . import blobfmt
 from ._fs import is_hex64, iter_fanned, iter_stray, remove_stale_temps
-from .backend import BadRecord
+from .backend import BadRecord, record_blobs, record_launcher
 from .cas import Store
 from .codec import BadBlob
 from .errors import CorruptArtifactError, StoreError, StoreFormatError
@@ -216,6 +216,10 @@ def verify(store: Store) -> list[dict]:
             q = store.quarantine(p, f"unreadable record: {e}")
             problems.append(_problem("record", p, f"unreadable record: {e}", q))
             continue
+        ln = record_launcher(rec)
+        if ln is not None and not store.blob_path(ln.hash).is_file():
+            problems.append(_problem("record", p, f"its launcher {ln.hash} is missing: the record cannot be "
+                                     f"derived again (a change of derive code recompiles it)"))
         d, size = rec["blob"]["digest"], rec["blob"]["size"]
         if not store.blob_path(d).is_file():
             problems.append(_problem("record", p, f"its blob {d} is missing: the key is a miss (gc removes it)"))
@@ -287,7 +291,8 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
             if key not in removed and mtime < cutoff and not protected(key):
                 removed[key] = f"unused for more than {max_age_days:g} days"
 
-    refs = Counter(records[k][1]["blob"]["digest"] for k in records if k not in removed)
+    # A record keeps every blob it names: its code object and its launcher (what a re-derive reads).
+    refs = Counter(d.hash for k in records if k not in removed for d in record_blobs(records[k][1]))
     live = {d for d in blobs if d in keep_blobs or refs[d] > 0}
     dict_refs = Counter(blobs[d].dict_ref for d in live if blobs[d].dict_ref)
     dict_refs.update(_record_dict_refs(store))  # records that stay or go alike: they name few
@@ -307,16 +312,16 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
                 break
             removed[key] = "least recently used (store over max_bytes)"
             total -= records[key][3]
-            d = records[key][1]["blob"]["digest"]
-            refs[d] -= 1
-            if refs[d] == 0 and d not in keep_blobs and d in live:
-                live.discard(d)
-                total -= blobs[d].file_bytes
-                dr = blobs[d].dict_ref
-                if dr:
-                    dict_refs[dr] -= 1
-                    if not dict_live(dr) and dr in blobs and dr not in live:
-                        total -= blobs[dr].file_bytes
+            for d in (b.hash for b in record_blobs(records[key][1])):
+                refs[d] -= 1
+                if refs[d] == 0 and d not in keep_blobs and d in live:
+                    live.discard(d)
+                    total -= blobs[d].file_bytes
+                    dr = blobs[d].dict_ref
+                    if dr:
+                        dict_refs[dr] -= 1
+                        if not dict_live(dr) and dr in blobs and dr not in live:
+                            total -= blobs[dr].file_bytes
         over_budget = total > max_bytes
 
     live_dicts = {d for d in blobs if dict_live(d)}
@@ -443,6 +448,9 @@ def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -
         rec = store.get_record(key)
         if rec is not None and rec["blob"]["digest"] in payload:
             records[key] = rec
+            ln = record_launcher(rec)
+            if ln is not None and store.has_blob(ln.hash):  # so the export can be derived again
+                take(ln.hash)
         else:
             missing_records.append(key)
     if corrupt:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 #: Output-file paths of our entries (what Bazel would call the action's outputs).
 RECORD_PATH = "gemmar-aot/record.json"
 CODE_PATH = "gemmar-aot/code.hsaco"
+#: The compile's second output (``compiler.launcher``), named by records that have one.
+LAUNCHER_PATH = "gemmar-aot/launcher.json"
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 

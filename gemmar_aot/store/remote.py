@@ -4,12 +4,14 @@ Mapping of our store onto Bazel's two namespaces (so bazel-remote with its defau
 validation, or nginx with WebDAV ``PUT``, can host it unchanged)::
 
     /cas/<sha256>   a blob's plain bytes: a code object, or a record's canonical JSON
-    /ac/<key>       an ActionResult (REAPI protobuf, see :mod:`.reapi`) with two output
-                    files: gemmar-aot/record.json -> the record's digest (its bytes also
-                    inlined as the output file's ``contents``),
-                    gemmar-aot/code.hsaco -> the code object's digest
+    /ac/<key>       an ActionResult (REAPI protobuf, see :mod:`.reapi`) with two or three
+                    output files: gemmar-aot/record.json -> the record's digest (its bytes
+                    also inlined as the output file's ``contents``),
+                    gemmar-aot/code.hsaco -> the code object's digest, and
+                    gemmar-aot/launcher.json -> the launcher's (``compiler.launcher``; the
+                    derive step's second input), when the record names one
 
-A put uploads the code object and the record JSON to ``/cas/`` before the ActionResult
+A put uploads the code object (and launcher) and the record JSON to ``/cas/`` before the ActionResult
 to ``/ac/`` (bazel-remote checks that the blobs an ActionResult names exist), so a
 reader never finds an entry whose blobs were not yet written. The record is inlined in
 the ActionResult as well (~1.5 KB): a hit is then two GETs, not three (424 fewer requests
@@ -38,7 +40,7 @@ from gemmar_aot.artifact_model import Digest
 from gemmar_aot.canonical_json import canonical_json_bytes
 
 from . import reapi
-from .backend import BadRecord, CacheBackend, check_record, record_blob
+from .backend import BadRecord, CacheBackend, check_record, record_blob, record_launcher
 from .codec import BadBlob, SizeMismatch, check_content
 from .errors import CorruptArtifactError
 from .http import ENV_URL, HttpCache
@@ -141,6 +143,11 @@ class HttpBackend(CacheBackend):
         if record_blob(rec) != Digest(cd.hash, cd.size_bytes):  # _entry checked the hash's form
             raise BadRecord(f"/ac/{key} names code object {cd.hash}/{cd.size_bytes} but its record names "
                             f"{rec['blob']['digest']}/{rec['blob']['size']}")
+        lf = ar.file(reapi.LAUNCHER_PATH)
+        ln = record_launcher(rec)
+        if (lf is None) != (ln is None) or (ln is not None and ln != Digest(lf.digest.hash, lf.digest.size_bytes)):
+            raise BadRecord(f"/ac/{key} names launcher {None if lf is None else lf.digest.hash} but its record "
+                            f"names {None if ln is None else ln.hash}")
         return rec, raw
 
     def put_record(self, key: str, record: Mapping[str, Any]) -> None:
@@ -148,11 +155,11 @@ class HttpBackend(CacheBackend):
         raw = record_bytes(rec)
         rd = Digest.of(raw)
         self.client.put("cas", rd.hash, raw)
-        code = record_blob(rec)
+        code, ln = record_blob(rec), record_launcher(rec)
         ar = reapi.ActionResult((
             reapi.OutputFile(reapi.RECORD_PATH, reapi.Digest(rd.hash, rd.size), contents=raw),
             reapi.OutputFile(reapi.CODE_PATH, reapi.Digest(code.hash, code.size)),
-        ))
+        ) + (() if ln is None else (reapi.OutputFile(reapi.LAUNCHER_PATH, reapi.Digest(ln.hash, ln.size)),)))
         self.client.put("ac", key, reapi.encode_action_result(ar))
 
     def contains_record(self, key: str) -> bool:

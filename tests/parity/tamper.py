@@ -53,6 +53,7 @@ def rewrite_store(src_root: Path, dst_root: Path, lock: Lock, rewrite: dict[str,
     ``rewrite`` passed through their function; return the lock made to agree with the new
     records (their digests, blobs and launch records), as a build that wrote them would."""
     from gemmar_aot.store import Store
+    from gemmar_aot.store.backend import RESERVED_FIELDS
 
     src, dst = Store(src_root, readonly=True), Store(dst_root)
     new: dict[str, LaunchEntry] = {}
@@ -60,8 +61,8 @@ def rewrite_store(src_root: Path, dst_root: Path, lock: Lock, rewrite: dict[str,
         rec, code = src.load(key)
         if key in rewrite:
             rec = rewrite[key](dict(rec))
-        fields = {k: v for k, v in rec.items() if k not in ("schema", "key", "blob")}
-        stored = dst.put(key, code, fields)
+        fields = {k: v for k, v in rec.items() if k not in RESERVED_FIELDS}
+        stored = dst.put(key, code, fields, launcher=src.load_blob(rec["launcher"]["digest"], rec["launcher"]["size"]))
         if key in rewrite:
             new[key] = replace(entry, launch=LaunchRecord.from_json(stored["launch"]),
                                record=record_digest(stored))
