@@ -36,12 +36,12 @@ from gemmar_aot.launch import LaunchRecord
 from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
 
 
-def _rederive(st, key: str, rec: dict) -> dict | None:
-    """``rec`` derived again by this derive code from its blobs in ``st`` (written back), or
-    None -- then the kernel is a miss and compiles: no launcher, a missing or damaged blob, or
-    blobs this derive code refuses."""
+def _rederive(st, writer, key: str, rec: dict) -> dict | None:
+    """``rec`` derived again by this derive code from its blobs in ``st`` (written back through
+    ``writer``), or None -- then the kernel is a miss and compiles: no launcher, a missing or
+    damaged blob, or blobs this derive code refuses."""
     try:
-        return rederive(st, key, rec)
+        return rederive(st, key, rec, writer=writer)
     except DeriveError:
         return None
 
@@ -157,6 +157,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     from gemmar_aot.compiler.trace import BuildTrace, maybe_phase
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
+    from gemmar_aot.remote_cache import FETCH_LEVEL
     from gemmar_aot.store import Store, default_store_root, maint
     from gemmar_aot.toolchain import PROFILE_ENV, load_toolchain
 
@@ -210,11 +211,17 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                 selected = select(selected, *shard)
             records: dict[str, dict] = {}
             rederived = []
+            rewriter = None
             with maybe_phase(trace, "store look-ups", specs=len(selected)):
                 for s in selected:
                     rec = st.get_record(keys[ids[s]], verify=True)
                     if rec is not None and not is_current(rec):
-                        rec = _rederive(st, keys[ids[s]], rec)
+                        if rewriter is None:
+                            # Written as the remote's entries are (remote_cache.py): zstd level 3, no
+                            # fsync. A torn or lost record is derived again by the next build, and
+                            # ``gemmar-aot optimize`` (run by every build that compiles) re-encodes it.
+                            rewriter = Store(root, level=FETCH_LEVEL, durable=False, touch=False)
+                        rec = _rederive(st, rewriter, keys[ids[s]], rec)
                         if rec is not None:
                             rederived.append(ids[s])
                     if rec is not None:

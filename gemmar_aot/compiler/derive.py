@@ -94,10 +94,11 @@ def is_current(rec: Mapping[str, Any]) -> bool:
     return isinstance(d, Mapping) and d.get("code") == derive_code_digest()
 
 
-def rederive(store, key: str, rec: Mapping[str, Any]) -> dict | None:
+def rederive(store, key: str, rec: Mapping[str, Any], *, writer=None) -> dict | None:
     """``rec`` with its derived fields made again from its verified blobs in ``store`` and
-    written back under ``key``; None when it cannot be (no launcher: the kernel must be
-    compiled again). Raises DeriveError when the stored blobs do not derive (never stored)."""
+    written back under ``key`` (through ``writer``, a Store on the same root, when given); None
+    when it cannot be (no launcher: the kernel must be compiled again). Raises DeriveError when
+    the stored blobs do not derive (never stored)."""
     from gemmar_aot.store.backend import blob_ref
     from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
 
@@ -110,5 +111,5 @@ def rederive(store, key: str, rec: Mapping[str, Any]) -> dict | None:
     except (BlobNotFoundError, CorruptArtifactError):
         return None
     new = {**rec, **derived_fields(code, launcher)}
-    store.put_record(key, new)
+    (writer or store).put_record(key, new)
     return new
