@@ -132,8 +132,14 @@ def reference_counts() -> dict[str, int]:
 
 # ---- bytes ----
 
+#: The first commit whose stores (format 3) today's store reader opens.
+FORMAT_3 = "80ce2bb"
+
+
 def build_commit(commit: str, scratch: Path) -> dict[str, str] | str:
     """canonical spec JSON -> code-object sha256 of C's smoke manifest built by C's code, or why not."""
+    if subprocess.run(["git", "merge-base", "--is-ancestor", FORMAT_3, commit], cwd=ROOT).returncode != 0:
+        return f"not compared (before {FORMAT_3}: a store format today's reader does not open)"
     out = scratch / f"store-{commit}"
     cache = scratch / f"blobs-{commit}.json"
     if cache.exists():
@@ -205,17 +211,23 @@ def main() -> None:
                 changed = sorted(json.loads(s)["recipe"] + ":" + json.loads(s)["kind"]
                                  for s in common if before[s] != after[s])
                 row["bytes"] = {"specs_compared": len(common), "changed": len(changed),
-                                "changed_kinds": sorted(set(changed))}
+                                "changed_kinds": sorted(set(changed)),
+                                # a spec the commit changed is a new spec: its key moves by the spec itself
+                                "new_specs": sorted({json.loads(s)["recipe"] + ":" + json.loads(s)["kind"]
+                                                     for s in set(after) - set(before)}),
+                                "new_spec_count": len(set(after) - set(before))}
         rows.append(row)
         print(f"{row['commit']}: old {row['old_rekeys']}, new {row['new_rekeys']} {moved_recipes} "
               f"{row.get('bytes', '')}", file=sys.stderr, flush=True)
     print(f"| commit | what it did | old scheme re-keys (of {total}) | new scheme re-keys | "
-          f"new scheme re-derives | code objects changed (smoke, every mode) |")
+          f"new scheme re-derives | code objects changed, of the smoke specs both built |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         b = r.get("bytes", "not built")
         if isinstance(b, dict):
-            b = f"{b['changed']} of {b['specs_compared']}" + (f" ({', '.join(b['changed_kinds'])})" if b["changed"] else "")
+            b = (f"{b['changed']} of {b['specs_compared']}"
+                 + (f" ({', '.join(b['changed_kinds'])})" if b["changed"] else "")
+                 + (f"; {b['new_spec_count']} new specs ({', '.join(b['new_specs'])})" if b["new_spec_count"] else ""))
         new = f"{r['new_rekeys']}" + (f" ({', '.join(r['new_recipes'])})" if r["new_recipes"] else "")
         print(f"| {r['commit']} | {r['subject'][:90]} | {r['old_rekeys']} | {new} | "
               f"{'yes' if r['rederive'] else ''} | {b} |")

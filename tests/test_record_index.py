@@ -90,6 +90,37 @@ def test_a_missing_index_falls_back_to_the_record_files(smoke_store, smoke_lock,
     assert read and set(read) == {le.key for e in op._entries.values() for le in (*e.launches, *e.self_test)}
 
 
+@pytest.mark.parametrize("loss", ["missing", "one byte flipped", "record dictionary damaged"])
+def test_without_the_index_a_record_that_cannot_be_read_is_refused_never_unchecked(
+        smoke_store, smoke_lock, tmp_path, loss):
+    """The record check never fails open: the index gone and a record the lock names missing or
+    unreadable, the op is refused naming that record and the fix, rather than built unchecked."""
+    root, lock_path = _copy(smoke_store, tmp_path)
+    index_path(lock_path).unlink()
+    st = Store(root)
+    r0 = next(r for t in smoke_lock.tuples if t.id.transport == "fused-sdma" for r in t.ranks if r.rank == 0)
+    entry = r0.launches[0]
+    rec_file = st.record_path(entry.key)
+    if loss == "missing":
+        rec_file.unlink()
+    elif loss == "one byte flipped":
+        data = bytearray(rec_file.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        rec_file.write_bytes(bytes(data))
+    else:
+        info = st.dictionary_info("records")
+        assert info is not None, "the smoke store's records use a dictionary"
+        for p in (st.blob_path(info["digest"]), st.local.spare_path(info["digest"])):
+            data = bytearray(p.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            p.write_bytes(bytes(data))
+    with pytest.raises(ArtifactMismatchError) as err:
+        _op(root, read_lock(lock_path)).close()
+    msg = str(err.value)
+    assert "neither a record index beside the lock nor the store has it readable" in msg
+    assert "rebuild the manifest into this store" in msg
+
+
 def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke_lock, tmp_path):
     root, lock_path = _copy(smoke_store, tmp_path)
     path = index_path(lock_path)

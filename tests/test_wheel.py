@@ -883,7 +883,7 @@ def test_installed_wheel_binds_its_lock_through_the_record_index(smoke_wheel, sm
         from gemmar_aot.store import read_lock_file
         checked = []
         orig = RecordBinding.check
-        RecordBinding.check = lambda self, *a, **k: checked.append(orig(self, *a, **k)) or checked[-1]
+        RecordBinding.check = lambda self, *a, **k: checked.append(orig(self, *a, **k) is None)
         try:
             op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512,
                                  driver=FakeHipDriver([read_lock_file(sys.argv[1])]), self_test=False)
@@ -907,3 +907,43 @@ def test_installed_wheel_binds_its_lock_through_the_record_index(smoke_wheel, sm
     out = env.run(probe, smoke_store / "locks" / "smoke.lock.json", check=False)
     assert out.returncode == 3, out.stdout + out.stderr
     assert "record index holds" in out.stdout and str(index) in out.stdout, out.stdout
+
+
+def test_an_installed_wheel_without_its_record_index_is_refused_never_served_unchecked(
+        smoke_wheel, smoke_lock, smoke_store, tmp_path):
+    """The pack holds no records, so the record index is the only place a lock entry's record can
+    be found. Removed, and the lock edited where only the record check looks (two pointer
+    arguments of rank 0's first GEMM swapped: same kinds and sizes, the code object's note
+    agrees): the op is refused, naming the record the lock names and the fix."""
+    from gemmar_aot.artifact_model import Lock, compress_lock, decode_lock_doc, encode_lock_doc
+
+    env = FreshEnv(tmp_path / "venv")
+    env.pip_install(smoke_wheel["wheel"])
+    pkg = env.site / smoke_wheel["package"]
+    (pkg / "lock.records.zst").unlink()
+    lock_file = pkg / "lock.json.zst"
+    doc = decode_lock_doc(lock_file.read_bytes())
+    r0 = next(p for p in doc["parts"] if p["rank"] == 0)
+    gemm = next(e for e in r0["kernels"].values() if e["kind"] == "gemm")
+    launch = doc["launch_records"][gemm["launch"]]
+    args = launch["kernel_args"]
+    assert args[0] != args[2]
+    args[0], args[2] = args[2], args[0]
+    lock_file.write_bytes(compress_lock(Lock.from_bytes(encode_lock_doc(doc))))
+    probe = """
+        from fakes import FakeCommunicator, FakeHipDriver
+        from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
+        from gemmar_aot.store import read_lock_file
+        import sys
+        try:
+            GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512,
+                            driver=FakeHipDriver([read_lock_file(sys.argv[1])]), self_test=False)
+        except ArtifactMismatchError as e:
+            print("REFUSED", e)
+            sys.exit(3)
+        print("BUILT")
+    """
+    out = env.run(probe, smoke_store / "locks" / "smoke.lock.json", check=False)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "neither a record index beside the lock nor the store has it" in out.stdout, out.stdout
+    assert "reinstall the artifact wheel" in out.stdout, out.stdout

@@ -398,14 +398,13 @@ class RecordBinding:
     names (``artifact_model.record_digest``), hold the same code object and launch
     record, and its spec must describe the kernel the lock launches where the entry sits
     (:func:`binding_problems`). A lock and a store that disagree are refused with a
-    message naming both.
+    message naming both. So is a lock whose record cannot be found or read: the check never
+    fails open (a lock-only edit -- another grid, swapped arguments -- is caught only here).
 
     Where the records come from: the lock's record index when it has one
     (:mod:`gemmar_aot.store.record_index`, one file beside the lock, each line verified
     against the record digest the lock names; see :meth:`use_index`), else the store's
-    record files one by one. A store without records and a lock without an index (an
-    artifact wheel built before the index existed) cannot be checked here; the lock's
-    blob digests still hold.
+    record files one by one.
     """
 
     def __init__(self):
@@ -434,8 +433,9 @@ class RecordBinding:
                 except RecordIndexError as exc:  # a group of lines damaged: read when first needed
                     raise ArtifactMismatchError(f"{exc} (lock {info.source})") from None
 
-    def check(self, store: Any, entry: Any, pos: EntryPosition, *, lock_where: str) -> bool:
-        """Raise ArtifactMismatchError on a disagreement; False when there is no record to check."""
+    def check(self, store: Any, entry: Any, pos: EntryPosition, *, lock_where: str) -> None:
+        """Raise ArtifactMismatchError on a disagreement, or when the record the entry names is
+        neither in a record index beside the lock nor readable in the store."""
         key = entry.key
         if key in self._checked:
             record = self._checked[key]
@@ -477,11 +477,15 @@ class RecordBinding:
                     self._check_record(store, entry, record, pos, lock_where)
             self._checked[key] = record
         if record is None:
-            return False
+            raise self._bad(store, entry, pos, lock_where,
+                            f"the lock names record {entry.record.hash} ({entry.record.size} bytes), and neither "
+                            f"a record index beside the lock nor the store has it readable (an installed "
+                            f"wheel's lock.records.zst removed, or a record file missing or damaged: a damaged "
+                            f"one is moved to the store's quarantine/). Nothing of this lock is checked without "
+                            f"it: reinstall the artifact wheel, or rebuild the manifest into this store")
         problems = binding_problems(record.get("spec"), pos)
         if problems:
             raise self._bad(store, entry, pos, lock_where, "the record compiled " + "; ".join(problems))
-        return True
 
     def _check_record(self, store: Any, entry: Any, record: dict, pos: EntryPosition, lock_where: str, *,
                       digest_checked: bool = False, store_where: str | None = None) -> None:
