@@ -38,12 +38,11 @@ REDUCE_PHASES = ("reduce", "reduce_quant", "reduce_push")
 
 
 def tail(gather_dtype: str, gather_transport: str) -> tuple[str, ...]:
-    """What follows the scatter (or drain): ``build_sdma_phases(...)["order"][1:]``."""
-    if gather_dtype == "fp8":
-        if gather_transport == "lsa":
-            return ("reduce", "quantize", "gather_barrier", "pull")
-        return ("reduce", "quantize", "gather", "dequantize")
-    return ("reduce", "gather")
+    """What follows the scatter (or drain): ``build_sdma_phases(...)["order"][1:]``, from the one
+    table the runtime checks locks against (imported here, by the plan half only)."""
+    from gemmar_aot.launch_sequence import tail
+
+    return tail(gather_dtype, gather_transport)
 
 
 def _canonical_control_cfg(world: int) -> dict:

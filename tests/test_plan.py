@@ -277,3 +277,28 @@ def test_build_cli_prints_the_warnings_before_it_starts(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["build", str(path), "--store", str(tmp_path / "store"), "-q"])
     assert result.exit_code != 0
     assert result.stderr.startswith(f"warning: {path}: tuple[0] (line 2): m = 300 and m = 512 both pad to 512")
+
+
+def test_every_planned_tuple_is_the_sequence_the_runtime_checks_locks_against():
+    """launch_sequence is the runtime's table: every tuple of every shipped manifest, each rank,
+    plans exactly it (the recipes and the table cannot drift apart)."""
+    from gemmar_aot import launch_sequence
+
+    seen = set()
+    for path in sorted((Path(__file__).resolve().parent.parent / "manifests").glob("*.toml")):
+        for t in make_plan(load_manifest(path)).tuples:
+            w = t.workload
+            for r in t.ranks:
+                assert launch_sequence.sequence_problems(
+                    w.transport, w.gather_dtype, w.gather_transport, r.rank,
+                    [_Planned(s) for s in r.launches], [_Planned(s) for s in r.self_test]) == [], (path, w)
+            seen.add((w.transport, w.gather_dtype, w.gather_transport))
+    assert {m for m, _, _ in seen} == set(MODE_SEQUENCES)
+
+
+class _Planned:
+    """A planned spec seen as a lock entry is (kind, launch.kernel): a plan has no symbols yet."""
+
+    def __init__(self, spec):
+        self.kind = spec.kind
+        self.launch = type("L", (), {"kernel": ""})()

@@ -844,3 +844,42 @@ def test_construction_runs_without_the_cyclic_gc_and_gives_it_back(smoke_store, 
         assert not gc.isenabled()  # the application's choice stands
     finally:
         gc.enable()
+
+
+# ---------------------------------------------------------------------------
+# the launch sequence is the mode's (lock-only edits, records and index intact)
+# ---------------------------------------------------------------------------
+
+def _edit_sequence(doc, edit):
+    _t, r = tuple_entry(doc, m=512)
+    edit(r["launches"], r["self_test"])
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda la, st: la.pop(2), r"launches \['gemm', 'drain', 'gather'\], where fused-sdma"),
+    (lambda la, st: la.insert(2, la[1]), r"launches \['gemm', 'drain', 'drain', 'reduce', 'gather'\]"),
+    (lambda la, st: la.__setitem__(slice(2, 4), [la[3], la[2]]), r"launches \['gemm', 'drain', 'gather', 'reduce'\]"),
+    (lambda la, st: st.pop(), r"self-tests with \['scatter', 'reduce'\], where fused-sdma"),
+], ids=["dropped", "duplicated", "reordered", "self-test-dropped"])
+def test_a_launch_sequence_that_is_not_the_modes_is_refused(smoke_store, smoke_lock, edit, says):
+    """Every digest stays consistent (the entries are the lock's own); only the mode's sequence
+    (gemmar_aot.launch_sequence) tells. Before it, dropping the third launch gave gemm, drain, gather."""
+    doc = _lock(smoke_lock)
+    _edit_sequence(doc, edit)
+    comm = FakeCommunicator()
+    with pytest.raises(ArtifactMismatchError, match=says) as err:
+        make_op(None, smoke_lock, comm=comm, artifacts=(doc, smoke_store))
+    assert "M=512 rank 0" in str(err.value) and "rebuild the manifest" in str(err.value)
+    assert not comm.acquired
+
+
+def test_another_ranks_kernel_in_a_ranks_slot_is_refused_by_its_symbol(smoke_store, smoke_lock):
+    """Rank 1's GEMM (symbol ..._r1) in rank 0's first launch: refused naming both ranks."""
+    doc = _lock(smoke_lock)
+    _t, r0 = tuple_entry(doc, m=512, rank=0)
+    _t, r1 = tuple_entry(doc, m=512, rank=1)
+    key1 = r1["launches"][0]
+    part(doc, 0)["kernels"][key1] = kernel_entry(doc, key1)
+    r0["launches"][0] = key1
+    with pytest.raises(ArtifactMismatchError, match=r"its gemm is \S+_r1, rank 1's kernel, in rank 0's slot"):
+        make_op(None, smoke_lock, artifacts=(doc, smoke_store))

@@ -37,7 +37,7 @@ from gemmar_aot.launch import LaunchRecord
 from .artifacts import load_artifacts
 from .driver import Driver, KernArgs, arch_base, unload_modules
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
-from .kernel import (EntryPosition, RecordBinding, _dependencies, _operand_deps, _to_signed, kernarg_struct,
+from .kernel import (EntryPosition, RecordBinding, check_sequences, _dependencies, _operand_deps, _to_signed, kernarg_struct,
                      verify_code_object)
 from .manifest_lines import manifest_snippet
 from .memory import resolve_device
@@ -169,6 +169,7 @@ class _StandaloneOp:
         one_profile(built)  # one toolchain profile per op
         check_installed_mori(built)  # and the pod's mori is the artifacts' (no communicator to share here)
         images = {}
+        check_sequences(entries.values())
         binding = RecordBinding()
         binding.use_indexes(self.artifacts, entries.values())
         for slot, e in entries.items():

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Sequence
 
 from gemmar_aot.artifact_model import record_digest
 from gemmar_aot.codeobject import CodeObject, KernelMetadata
+from gemmar_aot.launch_sequence import sequence_problems
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 from gemmar_aot.store.backend import BadRecord, check_record
 from gemmar_aot.store.record_index import RecordIndexError
@@ -389,6 +390,21 @@ def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
         differs("quant", builder.get("quant"), pos.quant)
         differs("BLOCK_M", builder.get("BLOCK_M"), pos.block_m)
     return out
+
+
+def check_sequences(rank_entries: Iterable[Any]) -> None:
+    """Refuse a (tuple, M, rank) whose launches or self-test are not its mode's sequence
+    (:mod:`gemmar_aot.launch_sequence`), or that holds another rank's kernel: a lock-only edit
+    that reorders, drops or duplicates launches, or moves a kernel between ranks' slots,
+    keeps every digest consistent, and only the mode's own sequence tells."""
+    for e in rank_entries:
+        i = e.tuple.id
+        problems = sequence_problems(i.transport, i.gather_dtype, i.gather_transport, e.rank,
+                                     e.launches, e.self_test)
+        if problems:
+            raise ArtifactMismatchError(
+                f"{e.where}: M={e.m} rank {e.rank} " + "; ".join(problems) + ". The lock was edited or "
+                "made by another gemmar-aot: rebuild the manifest (gemmar-aot build) and use the lock it writes")
 
 
 class RecordBinding:

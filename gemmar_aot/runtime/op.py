@@ -57,7 +57,7 @@ from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
 from .gc_pause import gc_paused
-from .kernel import EntryPosition, PreparedLaunch, RecordBinding, prepare_launch, verify_code_object
+from .kernel import EntryPosition, PreparedLaunch, RecordBinding, check_sequences, prepare_launch, verify_code_object
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
@@ -367,6 +367,7 @@ class GemmAllReduceOp:
         codes: dict[str, Any] = {}
         verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
         checked: dict = {}  # what verify_code_object found, by what it depends on
+        check_sequences(entries.values())
         binding = RecordBinding()
         binding.use_indexes(self.artifacts, entries.values())
         for m, e in sorted(entries.items()):
