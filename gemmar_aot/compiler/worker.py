@@ -51,7 +51,7 @@ class CompiledKernel:
     """What one compile and its derive produce, before they are stored."""
 
     code: bytes
-    launcher: bytes  # compiler.derive.Launcher bytes
+    launcher: bytes  # compiler.launcher.Launcher bytes
     derived: dict  # derive.derived_fields(): metadata, launch, the derive stamp
 
 

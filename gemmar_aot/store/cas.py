@@ -239,7 +239,7 @@ class Store:
 
         ``fields`` is any JSON-able mapping (metadata, launch, ingredients, ...) without the
         reserved names ``schema``, ``key``, ``blob``, ``launcher``. ``launcher``: the compile's
-        second output (``compiler.derive.Launcher`` bytes), stored as a blob the record names,
+        second output (``compiler.launcher.Launcher`` bytes), stored as a blob the record names,
         so the record can be derived again without a compile. Use ``claim`` to avoid duplicate
         compiles. With a writable remote, the same blobs-then-record goes there too.
         """
