@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.compiler.derive import DeriveError, derived_fields, is_current
+from gemmar_aot.compiler.derive import DeriveError, is_current, with_derived
 from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError
 
@@ -155,13 +155,12 @@ class RemoteSession:
                 local.put_blob(code)  # blob before record
                 return key, local.put_record_json(key, got[1])
             try:
-                fields = derived_fields(code, launcher)
+                rec = with_derived(got[0], code, launcher)
             except DeriveError as e:
                 self.problem(f"re-deriving {key}", e)  # this derive code refuses it: compile it
                 return key, None
             local.put_blob(launcher)
             local.put_blob(code)
-            rec = {**got[0], **fields}
             local.put_record(key, rec)
             with self._lock:
                 self.counts["rederived"] += 1

@@ -86,6 +86,12 @@ def derived_fields(code: bytes, launcher: bytes) -> dict[str, Any]:
     return out
 
 
+def with_derived(rec: Mapping[str, Any], code: bytes, launcher: bytes) -> dict:
+    """``rec`` (a record, or a record's fields) with its derived fields made by this derive code
+    from ``code`` and ``launcher``: the one way a record's derived part is (re)made."""
+    return {**rec, **derived_fields(code, launcher)}
+
+
 def is_current(rec: Mapping[str, Any]) -> bool:
     """Whether ``rec``'s derived fields were made by this process's derive code."""
     from gemmar_aot.keys import derive_code_digest
@@ -110,6 +116,6 @@ def rederive(store, key: str, rec: Mapping[str, Any], *, writer=None) -> dict | 
         launcher = store.load_blob(ln_ref.hash, ln_ref.size)
     except (BlobNotFoundError, CorruptArtifactError):
         return None
-    new = {**rec, **derived_fields(code, launcher)}
+    new = with_derived(rec, code, launcher)
     (writer or store).put_record(key, new)
     return new

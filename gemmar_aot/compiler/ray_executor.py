@@ -467,7 +467,7 @@ class RayExecutor:
         """Put a verified result in the store under the task's key (in a writer thread of the
         driver, the one process that writes the store). The record's derived fields are made
         here, from the verified bytes, by the driver's derive code: a node's are not trusted."""
-        from gemmar_aot.compiler.derive import derived_fields, is_current
+        from gemmar_aot.compiler.derive import is_current, with_derived
 
         code, launcher = outputs
         t0 = time.perf_counter()
@@ -475,8 +475,8 @@ class RayExecutor:
             with store.claim(task.key) as claim:
                 if claim.hit is not None and is_current(claim.hit):  # a concurrent builder stored it
                     return replace(res, record=claim.hit, hit=True)
-                fields = {**res.record, **derived_fields(code, launcher)}
-                return replace(res, record=claim.put(code, fields, launcher=launcher))
+                return replace(res, record=claim.put(code, with_derived(res.record, code, launcher),
+                                                     launcher=launcher))
         finally:
             with self._lock:  # summed over the writer threads: CPU-ish time, not wall time
                 self.seconds["store_writes"] += time.perf_counter() - t0
