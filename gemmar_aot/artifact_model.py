@@ -88,6 +88,20 @@ GEMV = "gemv"
 ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
 #: ``<store>/locks/<manifest name>`` + this is a lock file.
 LOCK_SUFFIX = ".lock.json"
+#: The names a lock file goes by: in a store (LOCK_SUFFIX), in an artifact wheel (``lock.json.zst``)
+#: and in older wheels (``lock.json``).
+LOCK_NAME_SUFFIXES = (LOCK_SUFFIX, ".json.zst", ".json")
+
+
+def lock_sibling(lock_path: str | os.PathLike, suffix: str) -> Path:
+    """A file that belongs to the lock at ``lock_path`` and lives beside it: the lock's name with
+    its lock suffix replaced by ``suffix`` (``locks/M.lock.json`` -> ``locks/M<suffix>``,
+    ``pkg/lock.json.zst`` -> ``pkg/lock<suffix>``). The record index and the signature envelope."""
+    p = Path(lock_path)
+    for s in LOCK_NAME_SUFFIXES:
+        if p.name.endswith(s) and len(p.name) > len(s):
+            return p.with_name(p.name[: -len(s)] + suffix)
+    return p.with_name(p.name + suffix)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
@@ -564,6 +578,12 @@ class Lock:
 LOCK_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: A compressed lock larger than this when decompressed is refused (the reference lock is ~0.25 MB).
 MAX_LOCK_BYTES = 256 << 20
+
+
+def plain_lock_bytes(data: bytes, where: str = "<lock>") -> bytes:
+    """A lock file's canonical bytes: ``data`` itself, or the bytes inside its zstd frame (an artifact
+    wheel's ``lock.json.zst``). What a lock's sha256 -- and its signature -- is of."""
+    return _decompress_lock(data, where) if data[:4] == LOCK_ZSTD_MAGIC else data
 
 
 def _decompress_lock(data: bytes, where: str) -> bytes:

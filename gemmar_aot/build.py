@@ -16,7 +16,9 @@ import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, Sequence
 
 from gemmar_aot.artifact_model import (
     Digest,
@@ -141,8 +143,13 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
               remote: str | None = None, remote_read_only: bool = False, remote_required: bool = False,
               progress: bool = True, toolchain_root: str | None = None,
               trace_path: str | os.PathLike | None = None, executor=None,
-              toolchain_profile: str | None = None) -> dict:
+              toolchain_profile: str | None = None, signers: Sequence[Any] = (),
+              sign_expires: float | None = None) -> dict:
     """Build ``manifest_path`` into the store; returns the summary.
+
+    ``signers`` (:mod:`gemmar_aot.signing`: keys, or anything with ``keyid`` and ``sign``): sign
+    the lock, its envelope written beside it; ``sign_expires``: seconds until the signature
+    expires (None: never). Load the keys before calling: a bad key is refused before any compile.
 
     ``remote``: a Bazel HTTP cache URL layered behind the local store (read-through and,
     unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.remote_cache`).
@@ -162,6 +169,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     from gemmar_aot.toolchain import PROFILE_ENV, load_toolchain
 
     t_start = time.perf_counter()
+    started = datetime.now(timezone.utc)
     trace = BuildTrace() if trace_path is not None else None
     with maybe_phase(trace, "manifest"):
         manifest = load_manifest(manifest_path)
@@ -313,11 +321,24 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             index = build_index(lock.kernels(), by_key.get, groups=lock_rank_groups(lock))
             write_index(index_path(lock_path), index)
             lock_file = write_lock(lock_path, lock)
+    signature = None
+    if lock_file is not None and signers:
+        from gemmar_aot.signing import sign_lock_file
+
+        with maybe_phase(trace, "sign lock"):
+            now = datetime.now(timezone.utc)
+            expires = None if sign_expires is None else now + timedelta(seconds=sign_expires)
+            audit = {"remote": remote_summary is not None, "remote_hits": remote_hits, "audited": 0}
+            env_path = sign_lock_file(lock_file, signers, audit=audit, started=started, expires=expires,
+                                      lock=lock)
+            signature = {"envelope": str(env_path), "keyids": [s.keyid for s in signers],
+                         "expires": None if expires is None else expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
     summary = {
         "manifest": manifest.name,
         "warnings": list(manifest.warnings),
         "store": str(root),
         "lock_file": str(lock_file) if lock_file else None,
+        "signature": signature,
         "jobs": (local.jobs if local is not None else getattr(executor, "jobs", 0)) if todo else 0,
         "executor": executor.info() if hasattr(executor, "info") else {"name": "local"},
         "kernel_instances": plan.instances,

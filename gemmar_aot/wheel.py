@@ -83,6 +83,7 @@ from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, l
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
 from gemmar_aot.store.lockfile import parse_lock
+from gemmar_aot.signing import envelope_path, read_envelope
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 from gemmar_aot.store.record_index import (RecordIndex, RecordIndexError, RecordMissingError, build_index_from_store,
                                            index_path)
@@ -182,6 +183,8 @@ PACK_ARCPATH = f"store/{PACK_FILE}"
 LOCK_ARCNAME = "lock.json.zst"
 #: The lock's record index, beside it (``record_index.index_path(LOCK_ARCNAME)``).
 INDEX_ARCNAME = index_path(LOCK_ARCNAME).name
+#: The lock's signature envelope, beside it (``signing.envelope_path(LOCK_ARCNAME)``).
+ENVELOPE_ARCNAME = envelope_path(LOCK_ARCNAME).name
 #: What wheels of gemmar-aot before LOCK_ARCNAME named their lock (plain JSON); inspect still reads them.
 OLD_LOCK_ARCNAME = "lock.json"
 
@@ -377,18 +380,32 @@ def _record_index(lock: Lock, store_root: Path) -> bytes | None:
 def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_root: str | os.PathLike,
                     manifest: str | os.PathLike | None, out_dir: str | os.PathLike, *,
                     version: str | None = None, manifest_text: bytes | None = None,
-                    manifest_file: str | None = None) -> dict:
+                    manifest_file: str | None = None, envelope: bytes | None = None) -> dict:
     """Write the wheel of an already-built ``lock`` (a Lock, its JSON data or a path) whose blobs are in
     ``store_root``.
 
     ``manifest``: the manifest file the lock was built from (or pass ``manifest_text`` and
-    ``manifest_file``, its bare file name); its sha256 must be the lock's. Returns a summary.
+    ``manifest_file``, its bare file name); its sha256 must be the lock's. ``envelope``: the lock's
+    signature envelope (:mod:`gemmar_aot.signing`), shipped as ``lock.intoto.jsonl``; default: the one
+    beside a lock given as a path, if any. It must vouch for this lock's bytes. Returns a summary.
     """
+    lock_path = None if isinstance(lock, (Lock, Mapping)) else Path(lock)
     if isinstance(lock, Mapping):
         lock = Lock.from_json(lock, "<lock>")
     elif not isinstance(lock, Lock):
         lock = read_lock_file(lock)
     lock_bytes = dumps_lock(lock)
+    if envelope is None and lock_path is not None and envelope_path(lock_path).is_file():
+        envelope = envelope_path(lock_path).read_bytes()
+    signature = None
+    if envelope is not None:
+        env = read_envelope(envelope, "the lock's signature envelope")
+        if env.subject[1] != hashlib.sha256(lock_bytes).hexdigest():
+            raise WheelError(f"the signature envelope beside the lock vouches for other bytes (sha256 "
+                             f"{env.subject[1][:16]}, the lock's is {hashlib.sha256(lock_bytes).hexdigest()[:16]}): "
+                             f"the lock was rebuilt after it was signed; re-sign it (gemmar-aot sign LOCK "
+                             f"--sign-key KEY) or build with --sign-key")
+        signature = env.summary()
     if manifest is not None:
         manifest_text = Path(manifest).read_bytes()
         manifest_file = Path(manifest).name
@@ -446,6 +463,8 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
     }
     if record_index is not None:
         files[f"{pkg}/{INDEX_ARCNAME}"] = record_index
+    if envelope is not None:
+        files[f"{pkg}/{ENVELOPE_ARCNAME}"] = envelope
     files = {k: files[k] for k in sorted(files)}
     di = f"{dist.replace('-', '_')}-{version}.dist-info"
     files[f"{di}/METADATA"] = _metadata(dist, version, mname, arch, description)
@@ -479,6 +498,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         "dictionary_file_bytes": build_info["dictionary_file_bytes"],
         "lock_sha256": build_info["lock"]["sha256"],
         "coverage": build_info["coverage"],
+        "signature": signature,
     }
 
 
@@ -521,8 +541,9 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
                 jobs: int | None = None, version: str | None = None, progress: bool = True,
                 toolchain_root: str | None = None, remote: str | None = None,
                 remote_read_only: bool = False, remote_required: bool = False,
-                toolchain_profile: str | None = None) -> dict:
+                toolchain_profile: str | None = None, signers=(), sign_expires: float | None = None) -> dict:
     """Build ``manifest`` into the store (compiling only misses), then write its wheel into ``out_dir``.
+    ``signers``/``sign_expires``: as for ``run_build``; the wheel carries the lock's envelope.
 
     ``remote*``: the shared remote cache, as for ``run_build`` (a CI packaging job after
     sharded builds finds every kernel there). ``toolchain_profile``: as for ``run_build``; the
@@ -535,7 +556,7 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
     summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                         progress=progress, toolchain_root=toolchain_root, remote=remote,
                         remote_read_only=remote_read_only, remote_required=remote_required,
-                        toolchain_profile=toolchain_profile)
+                        toolchain_profile=toolchain_profile, signers=signers, sign_expires=sign_expires)
     if summary["failed"] or not summary["lock_file"]:
         raise WheelBuildFailed(summary)
     out = wheel_from_lock(summary["lock_file"], summary["store"], manifest, out_dir, version=version)
@@ -578,8 +599,12 @@ def _index_problems(lock: Lock, lock_name: str, info: Mapping[str, Any], content
     return out
 
 
-def inspect_wheel(path: str | os.PathLike) -> dict:
+def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
     """What an artifact wheel holds, and whether it is intact.
+
+    ``signature``: who signed the lock and the provenance they signed (None: unsigned); with
+    ``trusted_keys`` (:func:`gemmar_aot.signing.load_trust`) also whether it verifies against them,
+    ``verified``, a failure being a problem like any other.
 
     Checks every file against RECORD (sha256 and size; files missing from either side),
     the lock against BUILD_INFO, the manifest text against its sha256, decodes every
@@ -692,6 +717,7 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
             kernels, code_objects = len(lock_keys(lock)), len(sizes)
             cov = coverage(lock)
             problems.extend(_index_problems(lock, lock_name, info, contents, pkg))
+        signature = _signature(contents, pkg, lock, lock_name, trusted_keys, problems)
     dist = meta.get("Name")
     eps = contents.get(f"{di}/entry_points.txt", b"").decode("utf-8", errors="replace")
     return {
@@ -720,5 +746,21 @@ def inspect_wheel(path: str | os.PathLike) -> dict:
             "raw_bytes": raw_bytes,
         },
         "encoding": info.get("encoding"),
+        "signature": signature,
     }
 
+
+def _signature(contents: Mapping[str, bytes], pkg: str, lock: Lock | None, lock_name: str, trusted_keys: Any,
+               problems: list[str]) -> dict | None:
+    """The wheel's envelope, read (and verified against ``trusted_keys`` when given); a finding goes
+    to ``problems``."""
+    from gemmar_aot.signing import describe_signature, load_trust
+
+    if lock is None:
+        return None
+    name = f"{pkg}/{ENVELOPE_ARCNAME}"
+    trust = load_trust(trusted_keys) if trusted_keys is not None else None
+    out, problem = describe_signature(contents.get(name), dumps_lock(lock), lock_name, name, trust)
+    if problem:
+        problems.append(problem)
+    return out

@@ -7,7 +7,8 @@ package registers on :data:`main`; no command module imports this package back:
 - :mod:`.store`: ``ls``, ``show``, ``cat``, ``stats``, ``verify``, ``gc``, ``export``,
   ``import``, ``explain``;
 - :mod:`.runtime`: ``coverage``;
-- :mod:`.wheel`: ``wheel``, ``inspect``.
+- :mod:`.wheel`: ``wheel``, ``inspect``;
+- :mod:`.signing`: ``keygen``, ``sign``.
 
 Each command imports what it runs lazily, so ``gemmar-aot --help`` stays fast.
 """
@@ -20,7 +21,7 @@ import click
 
 from gemmar_aot.errors import GemmarError
 
-from . import build, profiles, runtime, store, wheel
+from . import build, profiles, runtime, signing, store, wheel
 
 __all__ = ["main"]
 
@@ -42,6 +43,6 @@ def main() -> None:
     """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
 
 
-for _module in (build, store, runtime, wheel, profiles):
+for _module in (build, store, runtime, wheel, signing, profiles):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from .signing import resolve_signing, sign_options
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json: bool) -> None:
@@ -98,10 +100,12 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the build's timeline (per worker: import, trace, compile, store) as "
                    "Chrome-trace/Perfetto JSON to this file.")
+@sign_options
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
           only: tuple[str, ...], shard: str | None, executor: str, ray_address: str | None,
           remote: str | None, remote_read_only: bool, remote_required: bool,
-          as_json: bool, quiet: bool, trace_path: Path | None, toolchain: str | None) -> None:
+          as_json: bool, quiet: bool, trace_path: Path | None, toolchain: str | None,
+          sign_keys: tuple[str, ...], sign_expires: str | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
@@ -119,6 +123,10 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     if executor == "ray" and jobs is not None:
         raise click.UsageError("-j/--jobs is for the local executor; a Ray build uses every CPU of the cluster")
     shard_ix = parse_shard(shard) if shard is not None else None
+    signers, expires = resolve_signing(sign_keys, sign_expires)
+    if signers and (shard_ix is not None or only):
+        raise click.UsageError("--sign-key signs the lock, and a --shard or --only build writes none: sign the "
+                               "final build of the whole manifest")
     _echo_warnings(load_manifest(manifest).warnings)  # before the long part (the summary repeats them)
     ex = None
     try:
@@ -130,7 +138,7 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
                             only=only, shard=shard_ix, remote=(remote or "").strip() or None,
                             remote_read_only=remote_read_only, remote_required=remote_required,
                             progress=not quiet, trace_path=trace_path, executor=ex,
-                            toolchain_profile=toolchain)
+                            toolchain_profile=toolchain, signers=signers, sign_expires=expires)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
@@ -175,6 +183,10 @@ def format_summary(s: dict) -> str:
                         if r["corrupt_refused"] else ""))
     if s["lock_file"]:
         lines.append(f"lock file: {s['lock_file']}")
+    sig = s.get("signature")
+    if sig:
+        lines.append(f"signed by {', '.join(k[:16] for k in sig['keyids'])}"
+                     + (f", expires {sig['expires']}" if sig["expires"] else "") + f": {sig['envelope']}")
     for kind, k in sorted(s["by_kind"].items()):
         lines.append(f"  {kind:<26} {k['count']:4d} kernels  {k['mean_seconds']:6.2f}s mean  "
                      f"{k['bytes']:>10,d} bytes")

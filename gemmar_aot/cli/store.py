@@ -231,19 +231,49 @@ def optimize(store, as_json):
 @click.command()
 @STORE_OPT
 @JSON_OPT
-def verify(store, as_json):
-    """Decompress and check every blob and record; quarantine what is bad."""
+@click.option("--trusted-keys", "trusted_keys", default=None, metavar="PATH", envvar="GEMMAR_AOT_TRUSTED_KEYS",
+              help="Also verify each lock's signature against these public keys (a PEM file or a directory), as "
+                   "a pod would. [env: GEMMAR_AOT_TRUSTED_KEYS]")
+def verify(store, as_json, trusted_keys):
+    """Decompress and check every blob and record; quarantine what is bad. Show who signed each
+    lock (and, with trusted keys, whether the signature verifies)."""
+    from .signing import signature_lines
+
     st = _open(store)
     problems = maint.verify(st)
+    locks = _lock_signatures(st.root, trusted_keys or None)
+    bad_sigs = [lk for lk in locks if lk["problem"]]
 
-    def text(ps):
-        for p in ps:
+    def text(d):
+        for p in d["problems"]:
             click.echo(f"BAD {p['kind']} {p['path']}: {p['problem']}")
+        for lk in d["locks"]:
+            click.echo(f"lock {lk['lock']}")
+            for line in signature_lines(lk["signature"]):
+                click.echo("  " + line)
+            if lk["problem"]:
+                click.echo(f"  NOT VOUCHED FOR: {lk['problem']}")
+        ps = d["problems"]
         click.echo("store verified: no problems" if not ps else f"{len(ps)} problem(s); bad "
                    f"entries were quarantined and the next build recompiles them")
 
-    _emit({"problems": problems, "ok": not problems}, as_json, lambda d: text(d["problems"]))
-    sys.exit(0 if not problems else 1)
+    _emit({"problems": problems, "locks": locks, "ok": not problems and not bad_sigs}, as_json, text)
+    sys.exit(0 if not problems and not bad_sigs else 1)
+
+
+def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
+    """Every lock of the store with its signature (:func:`gemmar_aot.signing.describe_signature`)."""
+    from gemmar_aot.artifact_model import LOCK_SUFFIX, plain_lock_bytes
+    from gemmar_aot.signing import describe_signature, envelope_path, load_trust
+
+    trust = load_trust(trusted_keys) if trusted_keys is not None else None
+    out = []
+    for lp in sorted((root / "locks").glob("*" + LOCK_SUFFIX)):
+        env = envelope_path(lp)
+        sig, problem = describe_signature(env.read_bytes() if env.is_file() else None,
+                                          plain_lock_bytes(lp.read_bytes(), str(lp)), str(lp), str(env), trust)
+        out.append({"lock": str(lp), "signature": sig, "problem": problem})
+    return out
 
 
 @click.command()
@@ -290,6 +320,10 @@ def export_cmd(lock, dest, store, as_json):
     res = maint.export(st, read_lock_file(lock), dest)
     (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
+    from gemmar_aot.signing import envelope_path
+
+    if envelope_path(lock).is_file():  # the signature travels with its lock
+        shutil.copyfile(envelope_path(lock), envelope_path(Path(dest) / "locks" / Path(lock).name))
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .signing import resolve_signing, sign_options, signature_lines
 
 
 def _mib(n: int) -> str:
@@ -43,23 +44,27 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
                    "'default'); a wheel holds one profile's lock, for pods with that profile's mori.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@sign_options
 def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, version: str | None,
               remote: str | None, remote_read_only: bool, remote_required: bool, toolchain: str | None,
-              as_json: bool, quiet: bool) -> None:
+              as_json: bool, quiet: bool, sign_keys: tuple[str, ...], sign_expires: str | None) -> None:
     """Build MANIFEST (compiling only what the store misses) and write ONE installable wheel.
 
     The wheel holds the lock file and exactly the code objects it names, as a read-only
     store inside the package gemmar_artifacts_<manifest>; installing it makes the runtime
     find the kernels (entry-point group gemmar_aot.artifacts). Same lock -> same bytes.
+    With --sign-key the lock is signed and the wheel carries its envelope (lock.intoto.jsonl);
+    without, it carries the envelope beside the store's lock when that one vouches for it.
     """
     from .build import format_summary
     from gemmar_aot.wheel import WheelBuildFailed, build_wheel
 
+    signers, expires = resolve_signing(sign_keys, sign_expires)
     try:
         s = build_wheel(manifest, out, store=store, jobs=jobs, version=version,
                         progress=not (quiet or as_json), remote=(remote or "").strip() or None,
                         remote_read_only=remote_read_only, remote_required=remote_required,
-                        toolchain_profile=toolchain)
+                        toolchain_profile=toolchain, signers=signers, sign_expires=expires)
     except WheelBuildFailed as exc:
         if as_json:
             click.echo(json.dumps({"wheel": None, "error": str(exc), "build": exc.summary}, indent=2,
@@ -82,21 +87,28 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
                + (f" + dictionary {s['dictionary_file_bytes']:,d} B" if s["dictionary"] else "")
                + f", wheel {_mib(s['wheel_bytes'])}")
     click.echo(f"  sha256 {s['wheel_sha256']}")
+    sig = s.get("signature")
+    click.echo(f"  signed by {', '.join(k[:16] for k in sig['signers'])}" if sig else "  unsigned")
 
 
 @click.command("inspect")
 @click.argument("wheel", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--no-manifest", is_flag=True, help="Do not print the manifest text.")
-def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
-    """Show what an artifact WHEEL holds and verify it (RECORD hashes, every blob's digest).
+@click.option("--trusted-keys", "trusted_keys", default=None, metavar="PATH", envvar="GEMMAR_AOT_TRUSTED_KEYS",
+              help="Also verify the lock's signature against these public keys (a PEM file or a directory), "
+                   "as a pod would. [env: GEMMAR_AOT_TRUSTED_KEYS]")
+def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str | None) -> None:
+    """Show what an artifact WHEEL holds and verify it (RECORD hashes, every blob's digest), who
+    signed its lock and with which provenance.
 
-    Exit code 1 when anything was modified after the wheel was built.
+    Exit code 1 when anything was modified after the wheel was built, or (with trusted keys) when
+    its signature does not verify against them.
     """
     from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
     from gemmar_aot.wheel import inspect_wheel
 
-    r = inspect_wheel(wheel)
+    r = inspect_wheel(wheel, trusted_keys=trusted_keys or None)
     if as_json:
         click.echo(json.dumps(r, indent=2, sort_keys=True))
         sys.exit(0 if r["ok"] else 1)
@@ -118,6 +130,8 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool) -> None:
     click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}, compressed blobs {_mib(sz['blob_bytes'])}"
                + (f" + dictionary {sz['dictionary_file_bytes']:,d} B" if sz["dictionary_file_bytes"] else "")
                + f", raw code objects {_mib(sz['raw_bytes'])}")
+    for line in signature_lines(r.get("signature")):
+        click.echo("  " + line)
     click.echo("  tuples covered:")
     for line in _coverage_lines(r["coverage"]):
         click.echo("  " + line)

@@ -25,6 +25,7 @@ from .errors import (
     ArtifactMismatchError,
     ArtifactMissingError,
     ArtifactNotFoundError,
+    ArtifactSignatureError,
     HipError,
     SelfTestError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ArtifactMismatchError",
     "ArtifactMissingError",
     "ArtifactNotFoundError",
+    "ArtifactSignatureError",
     "Artifacts",
     "Driver",
     "GemmAllReduceOp",

@@ -17,6 +17,14 @@ Where the runtime looks, first match wins:
        [project.entry-points."gemmar_aot.artifacts"]
        dsv4-pro-wo_b = "gemmar_aot_artifacts_dsv4:locate"
 
+**Authenticity.** With trusted public keys (``trusted_keys=`` or ``$GEMMAR_AOT_TRUSTED_KEYS``;
+:mod:`gemmar_aot.signing`) every lock must carry a signature envelope beside it
+(``locks/M.intoto.jsonl``, a wheel's ``lock.intoto.jsonl``) by a trusted, unrevoked key, over
+exactly its bytes and not expired; else :class:`~.errors.ArtifactSignatureError`, before anything
+of the lock is parsed. The lock names every record, code object and part by digest, and each is
+checked against it, so the signature covers everything served. Without trusted keys locks load as
+before, and the runtime says once, at INFO, that nothing was authenticated.
+
 All sources are merged into one index keyed by :class:`TupleKey` -> padded M ->
 rank. The same (tuple, M, rank) found twice is fine when both name the same
 kernels (same action keys, in the same order); otherwise it is an
@@ -33,6 +41,7 @@ standard library plus ``gemmar_aot.store`` (zstandard).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,12 +56,16 @@ from gemmar_aot.artifact_model import (
     RankLaunches,
     TupleKey,
     WindowLayout,
+    plain_lock_bytes,
     read_lock,
 )
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
 
-from .errors import ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError
+from gemmar_aot.signing import SignatureError, TrustSet, Verified, envelope_path, trust_from
+
+from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
+                     ArtifactSignatureError)
 from .provenance import MoriIdentity
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "LockInfo", "RankEntry", "Source", "TupleKey",
@@ -62,6 +75,9 @@ ENV_VAR = "GEMMAR_AOT_ARTIFACTS"
 #: Which toolchain profile's locks to serve from a store that holds several (as the build side names it).
 PROFILE_ENV = "GEMMAR_AOT_TOOLCHAIN_PROFILE"
 LOCK_GLOB = "*" + LOCK_SUFFIX
+
+log = logging.getLogger("gemmar_aot.runtime")
+_said_unauthenticated = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,7 @@ class LockInfo:
     manifest: str
     toolchain_digest: str | None
     mori: MoriIdentity | None = None  # the mori (and toolchain profile) the lock was built with
+    signed_by: Verified | None = None  # who vouched for it, when loaded with trusted keys
 
 
 @dataclass
@@ -131,16 +148,21 @@ class Artifacts:
     index: dict[TupleKey, dict[int, dict[int, RankEntry]]] = field(default_factory=dict)
     _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
     _indexes: dict[int, tuple[LockInfo, RecordIndex | None]] = field(default_factory=dict, repr=False)
+    trust: TrustSet | None = None  # the keys every lock here was checked against (None: unauthenticated)
 
     # ---- building ----
 
-    def add_lock(self, lock: Lock, source: Source) -> None:
+    def add_lock(self, lock: Lock, source: Source, signed_by: Verified | None = None) -> None:
         """Index every tuple of ``lock``; raises ArtifactConflictError on a conflicting duplicate."""
         if not isinstance(lock, Lock):
             raise TypeError(f"add_lock takes a Lock (gemmar_aot.artifact_model), got {type(lock).__name__}")
+        if self.trust is not None and signed_by is None:
+            raise ArtifactSignatureError(
+                f"the lock {source} cannot be authenticated: trusted keys are set ({self.trust.source}) and it "
+                f"was given as data, not as a file with its signature envelope; pass the lock's path")
         info = LockInfo(source=source, arch=lock.arch, code_object_version=lock.code_object_version,
                         manifest=lock.manifest.name, toolchain_digest=lock.toolchain.digest,
-                        mori=MoriIdentity.from_toolchain(lock.toolchain))
+                        mori=MoriIdentity.from_toolchain(lock.toolchain), signed_by=signed_by)
         self.sources.append(source)
         self.locks.append(info)
         for t in lock.tuples:
@@ -235,14 +257,47 @@ def _add_path(arts: Artifacts, path: Path, origin: str, store_root: Path | None 
                 f"manifest into it (gemmar-aot build MANIFEST --store {path}) or name a lock file")
         root = Path(store_root) if store_root is not None else path
         _check_store(root, str(path))
-        for lp, lock in select_profile([(lp, read_lock(lp)) for lp in locks], str(path)):
-            arts.add_lock(lock, Source(lp, root, origin))
+        read = {lp: _read_lock(arts, lp, origin) for lp in locks}
+        for lp, lock in select_profile([(lp, read[lp][0]) for lp in locks], str(path)):
+            arts.add_lock(lock, Source(lp, root, origin), read[lp][1])
         return
     if not path.exists():
         raise ArtifactNotFoundError(f"no artifacts at {path} ({origin}): neither a lock file nor a store directory")
     root = Path(store_root).expanduser() if store_root is not None else _store_root_for_lock(path)
     _check_store(root, f"lock {path}")
-    arts.add_lock(read_lock(path), Source(path, root, origin))
+    arts.add_lock(*_read_lock(arts, path, origin, root))
+
+
+def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = None):
+    """The lock at ``path``, checked against ``arts.trust`` first when there is one: (lock, who
+    signed it) -- or, given ``root``, (lock, its Source, who signed it), add_lock's arguments."""
+    verified = None
+    if arts.trust is None:
+        lock = read_lock(path)
+    else:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            read_lock(path)  # raises the reader's error (no such file, a directory)
+            raise
+        src = Source(path, root or _store_root_for_lock(path), origin)
+        env_path = envelope_path(path)
+        try:
+            env = env_path.read_bytes()
+        except FileNotFoundError:
+            env = None
+        except OSError as exc:
+            raise ArtifactSignatureError(f"cannot read the signature envelope {env_path} of the lock {src}: "
+                                         f"{exc.strerror or exc}") from None
+        try:
+            verified = arts.trust.verify(env, plain_lock_bytes(data, str(path)), str(src), str(env_path))
+        except SignatureError as exc:
+            raise ArtifactSignatureError(str(exc)) from None
+        lock = Lock.from_bytes(data, str(path))
+        log.debug("lock %s vouched for by %s", path, verified.describe())
+    if root is None:
+        return lock, verified
+    return lock, Source(path, root, origin), verified
 
 
 def select_profile(locks: list[tuple[Path, Lock]], where: str) -> list[tuple[Path, Lock]]:
@@ -315,6 +370,12 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
                     f"dict, an Artifacts object or a list of these; got {type(spec).__name__}")
 
 
+def _checked_against(arts: Artifacts, trust: TrustSet) -> bool:
+    """Whether every lock of ``arts`` was verified with keys ``trust`` holds (and does not revoke)."""
+    ids = {k.keyid for k in trust.keys} - trust.revoked
+    return all(i.signed_by is not None and i.signed_by.keyid in ids for i in arts.locks)
+
+
 def _is_pair(spec: Any) -> bool:
     """``(lock, store_root)``: a lock (dict or file) and a directory -- not two sources in a tuple."""
     if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], (str, os.PathLike))):
@@ -341,15 +402,33 @@ def _entry_point_specs() -> list[tuple[Any, str]]:
     return out
 
 
-def load_artifacts(artifacts: Any = None) -> Artifacts:
+def load_artifacts(artifacts: Any = None, *, trusted_keys: Any = None) -> Artifacts:
     """The merged artifacts: ``artifacts`` if given, else ``$GEMMAR_AOT_ARTIFACTS``, else packages.
 
-    Raises ArtifactNotFoundError when none of the three yields a lock file, and
-    ArtifactConflictError when two sources disagree about one (tuple, M, rank).
+    ``trusted_keys`` (else ``$GEMMAR_AOT_TRUSTED_KEYS``): the public keys every lock must be signed
+    by (:func:`gemmar_aot.signing.load_trust`); none: locks are not authenticated.
+
+    Raises ArtifactNotFoundError when none of the three yields a lock file,
+    ArtifactConflictError when two sources disagree about one (tuple, M, rank), and
+    ArtifactSignatureError when trusted keys are set and a lock is not vouched for by one.
     """
+    try:
+        trust = trust_from(trusted_keys)
+    except SignatureError as exc:
+        raise ArtifactSignatureError(str(exc)) from None
     if isinstance(artifacts, Artifacts):
+        if trust is not None and not _checked_against(artifacts, trust):
+            raise ArtifactSignatureError(
+                f"these Artifacts were loaded without the trusted keys now set ({trust.source}); load them "
+                f"with load_artifacts(..., trusted_keys=...) or pass their lock paths")
         return artifacts
-    arts = Artifacts()
+    if trust is None:
+        global _said_unauthenticated
+        if not _said_unauthenticated:
+            _said_unauthenticated = True
+            log.info("no trusted keys set ($GEMMAR_AOT_TRUSTED_KEYS, trusted_keys=): the artifacts' locks are "
+                     "checked for integrity but nothing was authenticated")
+    arts = Artifacts(trust=trust)
     if artifacts is not None:
         _add_spec(arts, artifacts, "artifacts=")
         return arts

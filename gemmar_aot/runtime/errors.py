@@ -27,6 +27,11 @@ class ArtifactMismatchError(ArtifactError, ValueError):
     """The artifacts exist but were built for something else (m_max, arch, layout, ...)."""
 
 
+class ArtifactSignatureError(ArtifactError):
+    """Trusted keys are set and a lock is not vouched for: unsigned, signed by an untrusted, revoked
+    or expired key, or its signature covers other bytes (:mod:`gemmar_aot.signing`)."""
+
+
 class ArtifactMissingError(ArtifactError, LookupError):
     """A call (or the constructor) needs an M the artifacts do not hold.
 

@@ -141,9 +141,9 @@ class _StandaloneOp:
         self._launches: dict[Any, _Launch] = {}
         self._driver: Any = None
 
-    def _entries(self, artifacts: Any, select) -> dict[Any, Any]:
+    def _entries(self, artifacts: Any, select, trusted_keys: Any = None) -> dict[Any, Any]:
         """slot -> the lock entry whose kernel serves it; ``select(m, entry)`` names the slot or None."""
-        self.artifacts = load_artifacts(artifacts)
+        self.artifacts = load_artifacts(artifacts, trusted_keys=trusted_keys)
         found: dict[Any, Any] = {}
         for key, by_m in self.artifacts.index.items():
             if (key.transport, key.n, key.k, key.quant) != (self.transport, self.n, self.k, "mxfp8"):
@@ -298,7 +298,7 @@ class Mxfp8GemmOp(_StandaloneOp):
     _ARGS = _GEMM_ARGS
 
     def __init__(self, *, n: int, k: int, block_n: int = rules.DEFAULT_BLOCK_N, artifacts: Any = None,
-                 driver: Driver | None = None, device: Any = None):
+                 driver: Driver | None = None, device: Any = None, trusted_keys: Any = None):
         self._init_state()
         why = rules.check_tile(rules.MXFP8_BLOCK_M, block_n) or rules.check_block_n(block_n)
         if why:
@@ -314,7 +314,7 @@ class Mxfp8GemmOp(_StandaloneOp):
                 return None
             return "narrow" if rules.gemm_only_wants_narrow(m, n) else "wide"
 
-        entries = self._entries(artifacts, select)
+        entries = self._entries(artifacts, select, trusted_keys)
         if not entries:
             raise ArtifactMissingError(
                 f"the artifacts hold no Mxfp8GemmOp kernels for N={n} K={k} block_n={block_n} (sources: "
@@ -419,13 +419,13 @@ class Mxfp8GemvOp(_StandaloneOp):
     _ARGS = _GEMV_ARGS
 
     def __init__(self, *, n: int, k: int, artifacts: Any = None, driver: Driver | None = None,
-                 device: Any = None):
+                 device: Any = None, trusted_keys: Any = None):
         self._init_state()
         if rules.check_mxfp8_gemv(n, k):
             raise ValueError(f"unsupported shape N={n} K={k}: K must be a multiple of {rules.GEMV_STEP_K} and N "
                              f"of {rules.MXFP8_BLOCK}")
         self.n, self.k = n, k
-        entries = self._entries(artifacts, lambda m, e: m if m in M_BUCKETS else None)
+        entries = self._entries(artifacts, lambda m, e: m if m in M_BUCKETS else None, trusted_keys)
         if not entries:
             snippet = self._snippet(list(M_BUCKETS))
             raise ArtifactMissingError(

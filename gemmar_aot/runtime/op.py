@@ -4,6 +4,8 @@ Same constructor keywords, call signature, validation and results as
 ``mori.ops.gemm_ar.GemmAllReduceOp`` (amd-mori 1.2.4), plus:
 
 ``artifacts``     where the compiled kernels are (see :mod:`.artifacts`);
+``trusted_keys``  the public keys the artifacts' locks must be signed by (default
+                  ``$GEMMAR_AOT_TRUSTED_KEYS``; none: not authenticated; :mod:`gemmar_aot.signing`);
 ``self_test``     run :meth:`self_test` before returning (default True);
 ``self_test_gemm`` also run :meth:`self_test_gemm` before returning (default False: it
                   allocates and quantises two operand tensors; cost in BENCHMARKS.md);
@@ -166,7 +168,8 @@ class GemmAllReduceOp:
                  block_n: int = DEFAULT_BLOCK_N, sdma_queues: int = 1, gather_dtype: str = "bf16",
                  gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
                  artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
-                 jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT):
+                 jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT,
+                 trusted_keys: Any = None):
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
         self.mem = self.win = self.dev_comm = None
@@ -227,7 +230,7 @@ class GemmAllReduceOp:
         self.transport = transport
 
         # ---- 2. the artifacts: every M held for this op and rank, one shared layout ----
-        self.artifacts: Artifacts = load_artifacts(artifacts)
+        self.artifacts: Artifacts = load_artifacts(artifacts, trusted_keys=trusted_keys)
         self.key = TupleKey.make(transport=transport, n=n, k=k, world=world, quant=quant,
                                  gather_dtype=gather_dtype, gather_transport=gather_transport,
                                  block_m=block_m, sdma_queues=sdma_queues)

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.artifact_model import (LOCK_SUFFIX, Digest, record_digest, record_digest_of_halves,
+from gemmar_aot.artifact_model import (Digest, lock_sibling, record_digest, record_digest_of_halves,
                                      record_halves)
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json
@@ -63,9 +63,6 @@ INDEX_SCHEMA = 3
 READABLE_SCHEMAS = (3,)
 INDEX_FORMAT = "gemmar-aot record index"
 INDEX_SUFFIX = ".records.zst"
-#: The lock names an artifact wheel ships (``wheel.LOCK_ARCNAME``) and older ones, whose index
-#: is ``lock.records.zst`` beside them.
-_LOCK_SUFFIXES = (LOCK_SUFFIX, ".json.zst", ".json")
 ZSTD_LEVEL = 19
 #: Key prefixes name the lines: at least this many hex digits (32 bits; longer when two keys of one
 #: lock share one). A prefix only finds a line: the line is verified against the lock's digest.
@@ -88,12 +85,7 @@ class RecordMissingError(RecordIndexError):
 
 def index_path(lock_path: str | os.PathLike) -> Path:
     """Where the record index of the lock at ``lock_path`` lives: beside it, ``<name>.records.zst``."""
-    p = Path(lock_path)
-    name = p.name
-    for suffix in _LOCK_SUFFIXES:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return p.with_name(name[: -len(suffix)] + INDEX_SUFFIX)
-    return p.with_name(name + INDEX_SUFFIX)
+    return lock_sibling(lock_path, INDEX_SUFFIX)
 
 
 def _markers(key: str, blob: str) -> tuple[bytes, bytes, bytes, bytes]:

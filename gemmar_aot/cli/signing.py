@@ -1,0 +1,101 @@
+"""Signing commands: ``gemmar-aot keygen`` and ``gemmar-aot sign``, and the ``--sign-key`` options
+that ``build`` and ``wheel`` share (:mod:`gemmar_aot.signing`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def sign_options(fn):
+    """``--sign-key`` (repeatable) and ``--sign-expires``, for every command that signs a lock."""
+    fn = click.option("--sign-expires", "sign_expires", default=None, metavar="DURATION",
+                      help="The signature expires after this long (90d, 12h); pods refuse it after. "
+                           "Default: never.")(fn)
+    fn = click.option("--sign-key", "sign_keys", multiple=True, metavar="FILE",
+                      help="Sign the lock with this PEM private key (Ed25519 or ECDSA P-256); repeat while "
+                           "rotating keys. Default: $GEMMAR_AOT_SIGN_KEY (the key itself or its path), else "
+                           "unsigned. The key never reaches a log, key, lock or summary.")(fn)
+    return fn
+
+
+def resolve_signing(sign_keys: tuple[str, ...], sign_expires: str | None):
+    """(signers, seconds to expiry): loaded before anything runs, so a bad key costs no compile."""
+    from gemmar_aot.signing import parse_duration, signing_keys
+
+    signers = signing_keys(sign_keys)
+    if sign_expires is not None and not signers:
+        raise click.UsageError("--sign-expires needs a signing key (--sign-key or $GEMMAR_AOT_SIGN_KEY)")
+    return signers, (parse_duration(sign_expires) if sign_expires is not None else None)
+
+
+def signature_lines(sig: dict | None) -> list[str]:
+    """Who signed a lock, the provenance they signed, and whether it verified (inspect, verify)."""
+    if sig is None:
+        return ["signature: none (unsigned: a pod with trusted keys refuses it)"]
+    v = sig.get("verified")
+    state = ("verifies against the given keys: " + f"{v['keyid'][:16]} ({v['signer']})" if isinstance(v, dict)
+             else "does NOT verify against the given keys" if v is False else "not checked (no --trusted-keys)")
+    man = sig.get("manifest") or {}
+    audit = sig.get("remote_audit")
+    ga = sig.get("gemmar_aot") or {}
+    return [f"signature: {', '.join(k[:16] for k in sig['signers'])}; {state}",
+            f"  provenance: {sig.get('builder')} of {man.get('name')} (sha256 {str(man.get('sha256'))[:16]}), "
+            f"profile {sig.get('profile')}, toolchain {str(sig.get('toolchain_digest'))[:16]}, gemmar-aot "
+            f"{ga.get('version')} (source {str(ga.get('source_digest'))[:16]}), finished {sig.get('finished')}"
+            + (f", expires {sig['expires']}" if sig.get("expires") else ""),
+            "  remote cache: " + ("not recorded (signed apart from the build)" if audit is None else
+                                  "not used" if not audit.get("remote") else
+                                  f"{audit.get('remote_hits')} hits taken, {audit.get('audited')} of them audited "
+                                  f"by recompiling")]
+
+
+@click.command("keygen")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="Directory to write NAME.key and NAME.pub.pem into.")
+@click.option("--name", default="gemmar-aot-signing", show_default=True, help="File name stem.")
+@click.option("--algorithm", type=click.Choice(["ed25519", "ecdsa-p256"]), default="ed25519", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def keygen(out: Path, name: str, algorithm: str, as_json: bool) -> None:
+    """Make a signing key pair: NAME.key (private, mode 0600: put it in CI's secret store) and
+    NAME.pub.pem (public: give it to the pods, in $GEMMAR_AOT_TRUSTED_KEYS)."""
+    from gemmar_aot.signing import generate_key
+
+    priv, pub, keyid = generate_key(out, name, algorithm)
+    if as_json:
+        click.echo(json.dumps({"private_key": str(priv), "public_key": str(pub), "keyid": keyid,
+                               "algorithm": algorithm}, indent=2, sort_keys=True))
+        return
+    click.echo(f"private key {priv} (keep it secret: CI's secret store)\npublic key  {pub} (the pods' "
+               f"trusted keys)\nkey id      {keyid}")
+
+
+@click.command("sign")
+@click.argument("lock", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@sign_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def sign_cmd(lock: Path, sign_keys: tuple[str, ...], sign_expires: str | None, as_json: bool) -> None:
+    """Sign (or re-sign) a built LOCK file: its envelope is written beside it. For a packaging job
+    that signs what a build job built; `gemmar-aot build --sign-key` signs as it builds."""
+    from datetime import datetime, timedelta, timezone
+
+    from gemmar_aot.signing import SignatureError, sign_lock_file
+
+    signers, expires_s = resolve_signing(sign_keys, sign_expires)
+    if not signers:
+        raise SignatureError("nothing to sign with: give --sign-key KEY or set $GEMMAR_AOT_SIGN_KEY")
+    expires = None if expires_s is None else datetime.now(timezone.utc) + timedelta(seconds=expires_s)
+    env = sign_lock_file(lock, signers, expires=expires, builder="gemmar-aot sign")
+    out = {"lock": str(lock), "envelope": str(env), "keyids": [s.keyid for s in signers],
+           "expires": None if expires is None else expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if as_json:
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        click.echo(f"signed {lock} by {', '.join(k[:16] for k in out['keyids'])} -> {env}")
+    sys.exit(0)
+
+
+COMMANDS = (keygen, sign_cmd)
