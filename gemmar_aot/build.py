@@ -38,6 +38,41 @@ from gemmar_aot.launch import LaunchRecord
 from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
 
 
+def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, session, *, n: int,
+                       seed: int | None, jobs: int | None, toolchain_root: str | None, costs, progress: bool,
+                       trace) -> dict:
+    """Audit ``n`` of the remote hits ``found`` (key -> record, already in the local store). A
+    finding quarantines that entry, and distrusts every remote hit of the build: their local
+    copies are quarantined too, so the caller compiles them.
+
+    The audit compiles on this machine in workers of its own, closed after it: a compile
+    worker must compile a spec at most once (FlyDSL keeps what it compiled in the process and
+    would hand the build's second compile of that spec no artifact)."""
+    from gemmar_aot.audit import audit_tasks, sample
+    from gemmar_aot.compiler.driver import LocalExecutor, Task
+    from gemmar_aot.compiler.trace import maybe_phase
+
+    picked, seed = sample(found, n, seed)
+    tasks = [Task(spec_of[k], k, ingr[ids[spec_of[k]]]) for k in picked]
+    claimed = {k: {"blob": found[k]["blob"]["digest"], "record": record_digest(found[k]).hash} for k in picked}
+    origin = f"remote cache {session.backend.name}"
+    with maybe_phase(trace, "audit remote hits", kernels=len(tasks)), \
+            LocalExecutor(min(jobs or len(tasks), len(tasks)), toolchain_root=toolchain_root, costs=costs) as ex:
+        rep = audit_tasks(tasks, claimed, dict.fromkeys(picked, origin), executor=ex, costs=costs,
+                          progress=progress)
+    distrusted = []
+    if rep["findings"]:
+        bad = {f.key: f for f in rep["findings"]}
+        for k in sorted(found):
+            why = (bad[k].describe() if k in bad else
+                   f"distrusted: {origin} served a poisoned entry in the same build ({next(iter(bad))[:16]})")
+            st.quarantine(st.record_path(k), why)
+            distrusted.append(k)
+    return {"sampled": len(picked), "of": len(found), "seed": seed, "audited": rep["audited"],
+            "seconds": rep["seconds"], "findings": [f.to_json() for f in rep["findings"]],
+            "distrusted": len(distrusted), "distrusted_keys": distrusted, "specs": spec_of}
+
+
 def _rederive(st, writer, key: str, rec: dict) -> dict | None:
     """``rec`` derived again by this derive code from its blobs in ``st`` (written back through
     ``writer``), or None -- then the kernel is a miss and compiles: no launcher, a missing or
@@ -144,12 +179,18 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
               progress: bool = True, toolchain_root: str | None = None,
               trace_path: str | os.PathLike | None = None, executor=None,
               toolchain_profile: str | None = None, signers: Sequence[Any] = (),
-              sign_expires: float | None = None) -> dict:
+              sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None) -> dict:
     """Build ``manifest_path`` into the store; returns the summary.
 
     ``signers`` (:mod:`gemmar_aot.signing`: keys, or anything with ``keyid`` and ``sign``): sign
     the lock, its envelope written beside it; ``sign_expires``: seconds until the signature
     expires (None: never). Load the keys before calling: a bad key is refused before any compile.
+
+    ``audit_remote``: recompile this many of the remote hits (a sample seeded by ``audit_seed``,
+    else a fresh seed, reported) in a scratch store before trusting the rest (:mod:`gemmar_aot.audit`).
+    An entry that is not what its key compiles to is reported and quarantined, and then no remote
+    hit of this build is trusted: all of them are compiled here (and uploaded, replacing the
+    poisoned entry).
 
     ``remote``: a Bazel HTTP cache URL layered behind the local store (read-through and,
     unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.remote_cache`).
@@ -238,12 +279,25 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                         local.start()  # at the first miss: workers import while the look-ups go on
             local_hits = len(records)
             remote_hits = 0
+            audit_report = None
             if session is not None:
                 with maybe_phase(trace, "remote look-ups", specs=len(selected) - local_hits):
                     found = session.lookup([keys[ids[s]] for s in selected if ids[s] not in records])
                 for s in selected:
                     if keys[ids[s]] in found:
                         records[ids[s]] = found[keys[ids[s]]]
+                from gemmar_aot.audit import note_fetches
+
+                note_fetches(st.stats_dir, session.backend.name, found)
+                audit_report = None
+                if audit_remote and found:
+                    audit_report = _audit_remote_hits(
+                        found, {keys[ids[s]]: s for s in selected}, ingr, ids, st, session,
+                        n=audit_remote, seed=audit_seed, jobs=local.jobs if local is not None else jobs,
+                        toolchain_root=toolchain_root, costs=costs, progress=progress, trace=trace)
+                    for k in audit_report["distrusted_keys"]:
+                        records.pop(ids[audit_report["specs"][k]], None)
+                        found.pop(k)
                 remote_hits = len(found)
                 session.backfill({keys[sid]: rec for sid, rec in records.items()
                                   if keys[sid] not in found})
@@ -328,7 +382,10 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         with maybe_phase(trace, "sign lock"):
             now = datetime.now(timezone.utc)
             expires = None if sign_expires is None else now + timedelta(seconds=sign_expires)
-            audit = {"remote": remote_summary is not None, "remote_hits": remote_hits, "audited": 0}
+            audit = {"remote": remote_summary is not None, "remote_hits": remote_hits,
+                     "audited": audit_report["audited"] if audit_report else 0}
+            if audit_report:
+                audit.update(seed=audit_report["seed"], findings=len(audit_report["findings"]))
             env_path = sign_lock_file(lock_file, signers, audit=audit, started=started, expires=expires,
                                       lock=lock)
             signature = {"envelope": str(env_path), "keyids": [s.keyid for s in signers],
@@ -351,6 +408,8 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "rederived": len(rederived) + (remote_summary["rederived"] if remote_summary else 0),
         "uploads": remote_summary["uploads"] if remote_summary else 0,
         "remote": remote_summary,
+        "audit": None if audit_report is None else {k: v for k, v in audit_report.items()
+                                                     if k not in ("specs", "distrusted_keys")},
         "misses": len(todo),
         "compiled": compiled,
         "failed": len(failures),

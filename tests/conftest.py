@@ -120,3 +120,13 @@ def nginx(tmp_path):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def warm_remote(smoke_store, nginx, tmp_path):
+    """nginx holding every smoke kernel, uploaded by a build whose local store already had them."""
+    from test_remote_build import _build, _copy_store
+
+    s = _build(_copy_store(smoke_store, tmp_path / "seed"), nginx.url)
+    assert s["compiled"] == 0 and s["uploads"] == s["distinct_specs"] and s["remote"]["errors"] == 0
+    return nginx

@@ -72,14 +72,6 @@ def assert_remote_is_consistent(server: Nginx) -> int:
     return len(server.files("ac"))
 
 
-@pytest.fixture
-def warm_remote(smoke_store, nginx, tmp_path):
-    """nginx holding every smoke kernel, uploaded by a build whose local store already had them."""
-    s = _build(_copy_store(smoke_store, tmp_path / "seed"), nginx.url)
-    assert s["compiled"] == 0 and s["uploads"] == s["distinct_specs"] and s["remote"]["errors"] == 0
-    return nginx
-
-
 def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, warm_remote, tmp_path):
     n = len(_lock_entries(smoke_store))
     assert assert_remote_is_consistent(warm_remote) == n

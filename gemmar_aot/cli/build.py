@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .signing import resolve_signing, sign_options
+from .trust import resolve_signing, sign_options
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -100,12 +100,16 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the build's timeline (per worker: import, trace, compile, store) as "
                    "Chrome-trace/Perfetto JSON to this file.")
+@click.option("--audit-remote", "audit_remote", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Recompile N random remote hits in a scratch store and compare bytes before trusting the "
+                   "rest; a poisoned entry distrusts every remote hit of the build (all compiled here).")
+@click.option("--audit-seed", "audit_seed", type=int, default=None, help="Seed of --audit-remote's sample.")
 @sign_options
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
           only: tuple[str, ...], shard: str | None, executor: str, ray_address: str | None,
           remote: str | None, remote_read_only: bool, remote_required: bool,
           as_json: bool, quiet: bool, trace_path: Path | None, toolchain: str | None,
-          sign_keys: tuple[str, ...], sign_expires: str | None) -> None:
+          audit_remote: int, audit_seed: int | None, sign_keys: tuple[str, ...], sign_expires: str | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
@@ -123,6 +127,8 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     if executor == "ray" and jobs is not None:
         raise click.UsageError("-j/--jobs is for the local executor; a Ray build uses every CPU of the cluster")
     shard_ix = parse_shard(shard) if shard is not None else None
+    if audit_remote and not (remote or "").strip():
+        raise click.UsageError("--audit-remote N audits remote hits: give --remote URL (or $GEMMAR_AOT_REMOTE)")
     signers, expires = resolve_signing(sign_keys, sign_expires)
     if signers and (shard_ix is not None or only):
         raise click.UsageError("--sign-key signs the lock, and a --shard or --only build writes none: sign the "
@@ -138,7 +144,8 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
                             only=only, shard=shard_ix, remote=(remote or "").strip() or None,
                             remote_read_only=remote_read_only, remote_required=remote_required,
                             progress=not quiet, trace_path=trace_path, executor=ex,
-                            toolchain_profile=toolchain, signers=signers, sign_expires=expires)
+                            toolchain_profile=toolchain, signers=signers, sign_expires=expires,
+                            audit_remote=audit_remote, audit_seed=audit_seed)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
@@ -181,6 +188,15 @@ def format_summary(s: dict) -> str:
                      + (f", {r['errors']} failed (built locally; first: {r['first_problem']})" if r["errors"] else "")
                      + (f", {r['corrupt_refused']} corrupt entries refused (see quarantine/)"
                         if r["corrupt_refused"] else ""))
+    a = s.get("audit")
+    if a:
+        lines.append(f"audit: {a['audited']} of {a['of']} remote hits recompiled and compared (seed {a['seed']}), "
+                     f"{len(a['findings'])} poisoned" + (f"; every remote hit distrusted and compiled here "
+                                                         f"({a['distrusted']})" if a["distrusted"] else ""))
+        from gemmar_aot.audit import Finding
+
+        for f in a["findings"]:
+            lines.append("  " + Finding(**f).describe())
     if s["lock_file"]:
         lines.append(f"lock file: {s['lock_file']}")
     sig = s.get("signature")

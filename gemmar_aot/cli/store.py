@@ -237,7 +237,7 @@ def optimize(store, as_json):
 def verify(store, as_json, trusted_keys):
     """Decompress and check every blob and record; quarantine what is bad. Show who signed each
     lock (and, with trusted keys, whether the signature verifies)."""
-    from .signing import signature_lines
+    from .trust import signature_lines
 
     st = _open(store)
     problems = maint.verify(st)

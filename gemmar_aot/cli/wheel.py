@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .signing import resolve_signing, sign_options, signature_lines
+from .trust import resolve_signing, sign_options, signature_lines
 
 
 def _mib(n: int) -> str:

@@ -1,5 +1,5 @@
-"""Signing commands: ``gemmar-aot keygen`` and ``gemmar-aot sign``, and the ``--sign-key`` options
-that ``build`` and ``wheel`` share (:mod:`gemmar_aot.signing`)."""
+"""Trust commands: ``gemmar-aot keygen`` and ``sign`` (:mod:`gemmar_aot.signing`), ``audit``
+(:mod:`gemmar_aot.audit`), and the ``--sign-key`` options that ``build`` and ``wheel`` share."""
 
 from __future__ import annotations
 
@@ -98,4 +98,41 @@ def sign_cmd(lock: Path, sign_keys: tuple[str, ...], sign_expires: str | None, a
     sys.exit(0)
 
 
-COMMANDS = (keygen, sign_cmd)
+@click.command("audit")
+@click.argument("lock", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--sample", "n", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Audit N kernels, picked at random (seeded, reported). Default: all of them.")
+@click.option("--all", "all_", is_flag=True, help="Audit every kernel the lock names (the default).")
+@click.option("--seed", type=int, default=None, help="Seed of the sample (to replay an audit).")
+@click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The store whose entries are audited (default: the lock's own, <store>/locks/LOCK).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Compile workers.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def audit_cmd(lock: Path, n: int | None, all_: bool, seed: int | None, store: Path | None, jobs: int | None,
+              as_json: bool, quiet: bool) -> None:
+    """Recompile the kernels LOCK names (or a sample) in a scratch store and compare their bytes and
+    records with the store's: a cache entry that is not what its key compiles to is reported as
+    poisoned (key, both digests, where it came from) and quarantined. Exit code 1 on a finding."""
+    from gemmar_aot.audit import audit_lock
+
+    if n is not None and all_:
+        raise click.UsageError("--sample N and --all exclude each other")
+    r = audit_lock(lock, store=store, n=n, seed=seed, jobs=jobs, progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(r, indent=2, sort_keys=True))
+    else:
+        click.echo(f"audited {r['audited']} of {r['kernels']} kernels of {r['lock']} (sample seed {r['seed']}) "
+                   f"in {r['seconds']:.1f}s")
+        for f in r["findings"]:
+            from gemmar_aot.audit import Finding
+
+            click.echo(Finding(**f).describe())
+        click.echo("every audited entry is what its key compiles to" if r["ok"] else
+                   f"{len(r['findings'])} poisoned entr{'y' if len(r['findings']) == 1 else 'ies'}, quarantined in "
+                   f"{r['store']}: the next build compiles them; find who could write them (the remote cache's "
+                   f"access log) before trusting the cache again")
+    sys.exit(0 if r["ok"] else 1)
+
+
+COMMANDS = (keygen, sign_cmd, audit_cmd)
