@@ -144,7 +144,8 @@ def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke
     assert want.hash in msg and str(path) in msg and "record index holds" in msg
     restored = line[prefix:].partition(b"\x1f")[0].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
         b'"blob":{"digest":""', f'"blob":{{"digest":"{smoke_lock.kernels()[key].blob.hash}"'.encode())
-    got = record_digest_of_halves(restored, rest)
+    derive_key = Store(smoke_store, readonly=True).get_record(key)["derive"]["key"]  # left out of the line
+    got = record_digest_of_halves(restored, rest.replace(b'"key":""}', f'"key":"{derive_key}"}}'.encode(), 1))
     assert got.hash in msg  # both digests: the lock's and the line's
 
 
@@ -170,7 +171,7 @@ def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, sm
     head, groups = read_frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
     n = head["prefix_hex"]
     ranks = sorted({r.rank for t in smoke_lock.tuples for r in t.ranks})
-    assert head["schema"] == 3 and len(groups) == len(ranks) > 1
+    assert head["schema"] == 4 and len(groups) == len(ranks) > 1
     seen: set[bytes] = set()
     for rank, lines in zip(ranks, groups):  # a key in the group of the first rank that launches it
         want = {le.key[:n].encode() for t in smoke_lock.tuples for r in t.ranks if r.rank == rank
@@ -210,7 +211,7 @@ def test_an_index_of_an_older_schema_is_refused_with_the_fix(smoke_store, smoke_
     old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": schema}).encode()
     index_path(lock_path).write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
                                       .compress(b"\n".join([old, *lines])))
-    with pytest.raises(ArtifactMismatchError, match=f"record index schema {schema}, this gemmar-aot reads 3 .*"
+    with pytest.raises(ArtifactMismatchError, match=f"record index schema {schema}, this gemmar-aot reads 3, 4 .*"
                                                     "rebuild the manifest.*or delete"):
         _op(root, smoke_lock)
 
@@ -274,3 +275,36 @@ def test_abridging_falls_back_to_the_verbatim_form_when_it_would_not_round_trip(
     assert index.records([("d" * 64, Digest.of(b"x"), blob)])["d" * 64] is None
     with pytest.raises(RecordIndexError, match="not a gemmar-aot record index"):
         RecordIndex.from_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(b"{}\n"), path)
+
+
+def test_the_derive_key_is_left_out_of_each_line_and_restored_from_the_line_itself(smoke_store, smoke_lock):
+    """Schema 4: a line's second half omits the record's derive key when its blob, launcher and
+    derive code give it (the oracle: the derive step's own ``derive_key``), and the reader puts
+    it back; the line still hashes to the lock's record digest."""
+    from gemmar_aot.compiler.derive import derive_key
+    from gemmar_aot.store.record_index import derive_key_of, encode_line
+
+    st = Store(smoke_store, readonly=True)
+    kernels = smoke_lock.kernels()
+    for key in sorted(kernels)[:20]:
+        rec = st.get_record(key)
+        e = kernels[key]
+        launcher = rec["launcher"]["digest"]
+        assert derive_key_of(e.blob.hash, launcher, rec["derive"]["code"]) == rec["derive"]["key"]
+        assert derive_key(e.blob.hash, launcher) == rec["derive"]["key"]  # this derive code made it
+        line = encode_line(rec, key, e.blob.hash)
+        assert rec["derive"]["key"].encode() not in line and b'"key":""}' in line
+    index = RecordIndex.read(index_path(smoke_store / "locks" / "smoke.lock.json"))
+    got = index.records((k, e.record, e.blob.hash) for k, e in kernels.items())
+    assert all(isinstance(v, dict) for v in got.values()) and len(got) == len(kernels)
+
+
+def test_a_line_whose_derive_key_is_not_the_derivable_one_is_written_whole(smoke_store, smoke_lock):
+    from gemmar_aot.store.record_index import encode_line
+
+    st = Store(smoke_store, readonly=True)
+    key, e = next(iter(sorted(smoke_lock.kernels().items())))
+    rec = st.get_record(key)
+    odd = {**rec, "derive": {**rec["derive"], "key": "f" * 64}}
+    line = encode_line(odd, key, e.blob.hash)
+    assert b'"key":"' + b"f" * 64 in line  # kept: restoring it would give another record

@@ -12,7 +12,7 @@ writes, next to each lock file, the records that lock names in one file::
 Format (schema :data:`INDEX_SCHEMA`): zstd frames, each with its content size and checksum.
 The first holds a header (canonical JSON)::
 
-    {"format": "gemmar-aot record index", "schema": 3, "kernels": N, "prefix_hex": P,
+    {"format": "gemmar-aot record index", "schema": 4, "kernels": N, "prefix_hex": P,
      "groups": [[FRAME_BYTES, "PREFIXES"], ...]}
 
 then one frame per group follows, FRAME_BYTES long, holding that group's lines separated by
@@ -25,7 +25,10 @@ hashes them (``record_halves``): the members the runtime reads, ``\x1f`` (a byte
 JSON never holds raw), the other members. The first half is abridged by the record's own
 action key and blob digest, which the lock already holds: ``"key":""`` and
 ``"blob":{"digest":""`` stand for them (the reader puts the lock's values back); a line
-starting with ``=`` holds it verbatim (written when abridging would not round trip).
+starting with ``=`` holds it verbatim (written when abridging would not round trip). In the
+second half (schema 4) ``"derive":{"code":C,"key":""`` stands for the record's derive key
+when it is the one its blob, its launcher and C give (:func:`derive_key_of`): a sha256 per
+record that compresses to nothing, a tenth of a wheel.
 
 Nothing in the index is trusted by itself. A reader restores each line it needs with the
 lock's key and blob digest, hashes both halves, and compares the digest they give with the
@@ -45,6 +48,7 @@ given libzstd. Runtime-safe: standard library + ``zstandard``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,9 +62,9 @@ from gemmar_aot.canonical_json import canonical_json
 
 from .errors import StoreError
 
-INDEX_SCHEMA = 3
-#: Schemas this reader understands.
-READABLE_SCHEMAS = (3,)
+INDEX_SCHEMA = 4
+#: Schemas this reader understands (3: the same lines, the second half never abridged).
+READABLE_SCHEMAS = (3, 4)
 INDEX_FORMAT = "gemmar-aot record index"
 INDEX_SUFFIX = ".records.zst"
 ZSTD_LEVEL = 19
@@ -100,6 +104,55 @@ def _restore(read: bytes, key: str, blob: str) -> bytes:
     return read.replace(short_blob, full_blob, 1).replace(short_key, full_key, 1)
 
 
+#: The derive stamp and the launcher reference in a record's second half (canonical JSON).
+_DERIVE_CODE = b'"derive":{"code":"'
+_DERIVE_KEY_AT = b'","key":"'
+_LAUNCHER_DIGEST = b'"launcher":{"digest":"'
+
+
+def derive_key_of(blob: str, launcher: str, derive_code: str) -> str:
+    """The derive key a record made from ``blob`` and ``launcher`` by derive code ``derive_code``
+    carries: what ``gemmar_aot.compiler.derive.derive_key`` computes (a test holds the two equal;
+    were they ever to differ, lines would be written whole, never restored wrong: a restored line
+    must still hash to the lock's record digest)."""
+    return hashlib.sha256(b'{"code_object":"%s","derive_code":"%s","launcher":"%s"}'
+                          % (blob.encode(), derive_code.encode(), launcher.encode())).hexdigest()
+
+
+def _derive_parts(rest: bytes) -> tuple[int, str, str] | None:
+    """(where the derive key starts, derive code digest, launcher digest) in a second half, or None."""
+    c = rest.find(_DERIVE_CODE)
+    ln = rest.find(_LAUNCHER_DIGEST)
+    if c < 0 or ln < 0:
+        return None
+    c += len(_DERIVE_CODE)
+    k = c + 64
+    if rest[k:k + len(_DERIVE_KEY_AT)] != _DERIVE_KEY_AT:
+        return None
+    ln += len(_LAUNCHER_DIGEST)
+    return k + len(_DERIVE_KEY_AT), rest[c:c + 64].decode("ascii", "replace"), rest[ln:ln + 64].decode(
+        "ascii", "replace")
+
+
+def _restore_rest(rest: bytes, blob: str) -> bytes:
+    parts = _derive_parts(rest)
+    if parts is None or rest[parts[0]:parts[0] + 1] != b'"':
+        return rest  # not abridged (schema 3, or a line written whole)
+    at, code, launcher = parts
+    return rest[:at] + derive_key_of(blob, launcher, code).encode() + rest[at:]
+
+
+def _abridge_rest(rest: bytes, blob: str) -> bytes:
+    parts = _derive_parts(rest)
+    if parts is None:
+        return rest
+    at, code, launcher = parts
+    if rest[at:at + 64] != derive_key_of(blob, launcher, code).encode() or rest[at + 64:at + 65] != b'"':
+        return rest
+    line = rest[:at] + rest[at + 64:]
+    return line if _restore_rest(line, blob) == rest else rest
+
+
 def _abridge(read: bytes, key: str, blob: str) -> bytes:
     full_key, short_key, full_blob, short_blob = _markers(key, blob)
     line = read.replace(full_key, short_key, 1).replace(full_blob, short_blob, 1)
@@ -109,7 +162,7 @@ def _abridge(read: bytes, key: str, blob: str) -> bytes:
 def encode_line(record: Mapping[str, Any], key: str, blob: str) -> bytes:
     """A record's line, without its key prefix: its halves (``record_halves``), the first abridged."""
     read, rest = record_halves(record)
-    return _abridge(read, key, blob) + _SEP + rest
+    return _abridge(read, key, blob) + _SEP + _abridge_rest(rest, blob)
 
 
 def prefix_length(keys: Sequence[str]) -> int:
@@ -339,6 +392,7 @@ class RecordIndex:
                 continue
             read, _sep, rest = line[n:].partition(_SEP)
             read = _restore(read, key, blob)
+            rest = _restore_rest(rest, blob)
             got = record_digest_of_halves(read, rest)
             if got == want:
                 ok.append(key)
