@@ -73,6 +73,39 @@ def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, se
             "distrusted": len(distrusted), "distrusted_keys": distrusted, "specs": spec_of}
 
 
+def _closure_keys(manifest, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
+    """(exact, latest): the action keys of this build's closure entry and of its manifest's newest."""
+    from gemmar_aot.closure import closure_key, latest_key
+    from gemmar_aot.keys import derive_code_digest
+
+    sha = hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest()
+    return (closure_key(manifest={"name": manifest.name, "sha256": sha}, profile=profile,
+                        toolchain_digest=toolchain_digest, keys=all_keys, derive_code=derive_code_digest()),
+            latest_key(manifest_name=manifest.name, profile=profile, toolchain_digest=toolchain_digest))
+
+
+def _closure_lookup(session, closure_keys: tuple[str, str], manifest, toolchain_digest: str, all_keys: set[str],
+                    missing: list[str]) -> dict:
+    """Ask for the closure when anything is missing locally (else only whether the remote holds
+    it: then nothing needs backfilling and nothing uploading). The summary's ``closure``."""
+    from gemmar_aot.closure import fetch_closure
+
+    exact, latest = closure_keys
+    if not missing:
+        if session.backend.down:  # the probe failed: one warning is all the remote costs
+            return {"key": exact, "status": "local", "present": False, "records": {}, "entries": 0}
+        try:
+            present = session.backend.client.head("ac", exact)
+        except Exception as e:  # noqa: BLE001 - a failing remote: counted, then as if absent
+            session.problem("closure existence check", e)
+            present = False
+        return {"key": exact, "status": "local", "present": present, "records": {}, "entries": 0}
+    got = fetch_closure(session, exact=exact, latest=latest, all_keys=all_keys, need=set(missing),
+                        manifest_sha256=hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest(),
+                        toolchain_digest=toolchain_digest)
+    return {"key": exact, **got.summary(), "present": got.status == "hit", "records": got.records}
+
+
 def _rederive(st, writer, key: str, rec: dict) -> dict | None:
     """``rec`` derived again by this derive code from its blobs in ``st`` (written back through
     ``writer``), or None -- then the kernel is a miss and compiles: no launcher, a missing or
@@ -280,9 +313,25 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             local_hits = len(records)
             remote_hits = 0
             audit_report = None
+            closure = closure_keys = None
             if session is not None:
-                with maybe_phase(trace, "remote look-ups", specs=len(selected) - local_hits):
-                    found = session.lookup([keys[ids[s]] for s in selected if ids[s] not in records])
+                missing = [keys[ids[s]] for s in selected if ids[s] not in records]
+                if not only and shard is None:  # a build of the whole manifest: it has a closure
+                    closure_keys = _closure_keys(manifest, tc.profile.name, fp["digest"], set(keys.values()))
+                    with maybe_phase(trace, "remote closure"):
+                        closure = _closure_lookup(session, closure_keys, manifest, fp["digest"], set(keys.values()),
+                                                  missing)
+                from_closure = closure["records"] if closure else {}
+                rest = [k for k in missing if k not in from_closure]
+                before = dict(session.backend.stats)
+                with maybe_phase(trace, "remote look-ups", specs=len(rest)):
+                    found = session.lookup(rest)
+                if closure is not None:
+                    after = session.backend.stats
+                    closure.update(per_key_lookups=len(rest),
+                                   per_key_requests=after["requests"] - before["requests"],
+                                   per_key_bytes=after["bytes_down"] - before["bytes_down"])
+                found.update(from_closure)
                 for s in selected:
                     if keys[ids[s]] in found:
                         records[ids[s]] = found[keys[ids[s]]]
@@ -299,8 +348,9 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                         records.pop(ids[audit_report["specs"][k]], None)
                         found.pop(k)
                 remote_hits = len(found)
-                session.backfill({keys[sid]: rec for sid, rec in records.items()
-                                  if keys[sid] not in found})
+                if not (closure and closure["present"]):  # the remote holds this closure: it has them all
+                    session.backfill({keys[sid]: rec for sid, rec in records.items()
+                                      if keys[sid] not in found})
                 for sid in rederived:  # the remote's entry predates this derive code: refresh it
                     session.upload(keys[sid], records[sid])
             todo = [Task(s, keys[ids[s]], ingr[ids[s]]) for s in selected if ids[s] not in records]
@@ -319,8 +369,6 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                                       progress=progress, on_result=uploaded,
                                       on_tail=early.start) if todo else []
             compile_wall = time.perf_counter() - t0
-            with maybe_phase(trace, "remote uploads"):
-                remote_summary = session.finish() if session is not None else None
     finally:
         if local is not None:
             local.close()
@@ -375,6 +423,19 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             index = build_index(lock.kernels(), by_key.get, groups=lock_rank_groups(lock))
             write_index(index_path(lock_path), index)
             lock_file = write_lock(lock_path, lock)
+    remote_summary = None
+    if session is not None:
+        if closure is not None:
+            closure.pop("records")
+            closure["uploaded"] = False
+            if lock_file is not None and not closure["present"]:
+                from gemmar_aot.closure import upload_closure
+
+                with maybe_phase(trace, "closure upload"):
+                    up = upload_closure(session, st, lock, index, exact=closure_keys[0], latest=closure_keys[1])
+                closure["uploaded"] = up["uploaded"]
+        with maybe_phase(trace, "remote uploads"):
+            remote_summary = session.finish()
     signature = None
     if lock_file is not None and signers:
         from gemmar_aot.signing import sign_lock_file
@@ -408,6 +469,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         "rederived": len(rederived) + (remote_summary["rederived"] if remote_summary else 0),
         "uploads": remote_summary["uploads"] if remote_summary else 0,
         "remote": remote_summary,
+        "closure": closure,
         "audit": None if audit_report is None else {k: v for k, v in audit_report.items()
                                                      if k not in ("specs", "distrusted_keys")},
         "misses": len(todo),

@@ -84,6 +84,10 @@ class RemoteSession:
         if first:
             print(f"warning: {line}; going on with the local store", file=self.stream or sys.stderr, flush=True)
 
+    def quarantine_bytes(self, where: str, data: bytes, reason: str) -> None:
+        """Keep bytes the remote served that cannot be used (a refused closure pack) in the quarantine."""
+        self._quarantine(where, data, reason)
+
     def _quarantine(self, where: str, data: bytes, reason: str) -> None:
         """Keep bytes the remote served wrong in the local quarantine (never in the store proper)."""
         with self._lock:

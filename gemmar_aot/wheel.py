@@ -72,16 +72,16 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import zstandard
 
 from gemmar_aot import __version__
 from gemmar_aot.artifact_model import ENTRY_POINT_GROUP, Lock, compress_lock
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
-from gemmar_aot.store import STORE_FORMAT, blobfmt, dumps_lock, iter_launches, lock_keys, read_lock_file
+from gemmar_aot.store import STORE_FORMAT, dumps_lock, iter_launches, lock_keys, read_lock_file
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
+from gemmar_aot.store.pack import encode_blobs as _encode_blobs
 from gemmar_aot.store.lockfile import parse_lock
 from gemmar_aot.signing import envelope_path, read_envelope
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
@@ -287,30 +287,8 @@ def _record(files: Mapping[str, bytes], record_name: str) -> bytes:
 
 
 def encode_blobs(raws: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict]:
-    """Canonical file bytes of ``raws`` (digest -> raw): {digest: file bytes} (dictionary included)
-    and the encoding facts. Deterministic for a given libzstd."""
-    from gemmar_aot.store.maint import train_best_dictionary
-
-    samples = [raws[d] for d in sorted(raws)]
-    dict_raw, report = train_best_dictionary(samples) if samples else (None, {})
-    files: dict[str, bytes] = {}
-    dict_digest = None
-    if dict_raw is not None:
-        dict_digest = hashlib.sha256(dict_raw).hexdigest()
-        files[dict_digest] = blobfmt.encode(dict_raw, blobfmt.compressor(ZSTD_LEVEL), None)
-        cctx = blobfmt.compressor(ZSTD_LEVEL, zstandard.ZstdCompressionDict(dict_raw))
-    else:
-        cctx = blobfmt.compressor(ZSTD_LEVEL)
-    for d in sorted(raws):
-        files[d] = blobfmt.encode(raws[d], cctx, dict_digest)
-    return files, {
-        "zstd_level": ZSTD_LEVEL,
-        "dictionary": dict_digest,
-        "dictionary_bytes": 0 if dict_raw is None else len(dict_raw),
-        "dictionary_gain_vs_plain": report.get("gain_vs_plain"),
-        "python_zstandard": zstandard.__version__,
-        "libzstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
-    }
+    """Canonical file bytes of ``raws`` at the wheel's level (:func:`gemmar_aot.store.pack.encode_blobs`)."""
+    return _encode_blobs(raws, ZSTD_LEVEL)
 
 
 def pack_blobs(raws: Mapping[str, bytes]) -> tuple[bytes, dict]:

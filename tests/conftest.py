@@ -130,3 +130,24 @@ def warm_remote(smoke_store, nginx, tmp_path):
     s = _build(_copy_store(smoke_store, tmp_path / "seed"), nginx.url)
     assert s["compiled"] == 0 and s["uploads"] == s["distinct_specs"] and s["remote"]["errors"] == 0
     return nginx
+
+
+def drop_closures(server) -> int:
+    """Take every closure entry (gemmar_aot.closure) off ``server``'s action cache, so a build goes
+    the per-key way; returns how many there were."""
+    from gemmar_aot.closure import PACK_PATH
+    from gemmar_aot.store import reapi
+
+    n = 0
+    for _key, path in server.files("ac").items():
+        if reapi.decode_action_result(path.read_bytes()).file(PACK_PATH) is not None:
+            path.unlink()
+            n += 1
+    return n
+
+
+@pytest.fixture
+def per_key_remote(warm_remote):
+    """warm_remote without its closure entries: builds look kernels up one key at a time."""
+    assert drop_closures(warm_remote) == 2  # the manifest's closure and its name's latest
+    return warm_remote

@@ -225,11 +225,14 @@ class FaultProxy:
     ``("stall", seconds)``, ``("truncate", n_bytes)`` / ``("flip", offset)`` on the answer's
     body, ``("drop",)`` (close the connection unanswered), ``("call", fn)`` (run ``fn``,
     e.g. kill the server, then forward). ``count`` is how many requests it has seen.
+    ``delay``: seconds every request waits before it is forwarded (the round trip to a cache
+    in another region), so a test counts round trips and a benchmark measures their cost.
     """
 
-    def __init__(self, upstream_port: int, fault=None):
+    def __init__(self, upstream_port: int, fault=None, *, delay: float = 0.0):
         self.upstream_port = upstream_port
         self.fault = fault or (lambda method, path, n: None)
+        self.delay = delay  # seconds added to every request: a round trip to a far cache
         self.seen: list[tuple[str, str]] = []
         proxy = self
 
@@ -243,6 +246,8 @@ class FaultProxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
                 proxy.seen.append((self.command, self.path))
+                if proxy.delay:
+                    time.sleep(proxy.delay)
                 act = proxy.fault(self.command, self.path, len(proxy.seen))
                 if act and act[0] == "status":
                     return self._send(act[1], b"injected fault\n")

@@ -6,7 +6,9 @@ blob, launch and metadata). Every digest agrees, so a plain build takes it. `gem
 recompiles and finds it, naming the key, both digests and the remote it came from, and
 quarantines it; `build --audit-remote N` finds it before trusting the rest, distrusts every
 remote hit, and builds the manifest here into the right lock (and the signed provenance says
-it audited). The oracle is the store the smoke build compiled itself, never the remote.
+it audited). The oracle is the store the smoke build compiled itself, never the remote. The
+poisoned entry is a per-key one, so the remote's closure entries are taken off first
+(``per_key_remote``); a closure's entries are remote hits like any other and audited alike.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ def _poison(smoke_store: Path, url: str) -> tuple[str, dict, dict]:
     return victim, true_rec, donor_rec
 
 
-def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_store, warm_remote, tmp_path):
-    victim, true_rec, donor_rec = _poison(smoke_store, warm_remote.url)
-    naive = _build(tmp_path / "naive", warm_remote.url)
+def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_store, per_key_remote, tmp_path):
+    victim, true_rec, donor_rec = _poison(smoke_store, per_key_remote.url)
+    naive = _build(tmp_path / "naive", per_key_remote.url)
     assert naive["compiled"] == 0 and naive["remote_hits"] == naive["distinct_specs"]  # every digest agrees
     assert _lock_bytes(tmp_path / "naive") != _lock_bytes(smoke_store)  # ...and the lock names the forgery
     fetched = (Store(tmp_path / "naive").stats_dir / FETCHES_FILE).read_text()
-    assert victim in fetched and warm_remote.url in fetched
+    assert victim in fetched and per_key_remote.url in fetched
 
     lock = tmp_path / "naive" / "locks" / "smoke.lock.json"
     r = CliRunner().invoke(main, ["audit", str(lock), "--all", "--json", "-j", "2"])
@@ -59,7 +61,7 @@ def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_st
     (f,) = rep["findings"]
     assert f["key"] == victim and f["problem"] == "another code object than this key compiles to"
     assert f["claimed_blob"] == donor_rec["blob"]["digest"] and f["rebuilt_blob"] == true_rec["blob"]["digest"]
-    assert warm_remote.url in f["origin"]
+    assert per_key_remote.url in f["origin"]
     assert rep["quarantined"] == [victim] and not Store(tmp_path / "naive").record_path(victim).exists()
     reasons = [p.read_text() for p in Store(tmp_path / "naive").quarantine_dir.glob("*.reason")]
     assert any("POISONED" in x and victim[:16] in x for x in reasons)
@@ -72,13 +74,13 @@ def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_st
     assert json.loads(r.stdout)["seed"] == 11 and json.loads(r.stdout)["audited"] == 4
 
 
-def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock(smoke_store, warm_remote,
+def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock(smoke_store, per_key_remote,
                                                                                   tmp_path):
-    victim, true_rec, _donor = _poison(smoke_store, warm_remote.url)
+    victim, true_rec, _donor = _poison(smoke_store, per_key_remote.url)
     keys = sorted(_lock_entries(smoke_store))
     seed = next(s for s in range(1000) if victim in sample(keys, 3, s)[0])  # a sample that holds it
     priv, pub, keyid = generate_key(tmp_path / "k", "ci")
-    s = _build(tmp_path / "audited", warm_remote.url, audit_remote=3, audit_seed=seed,
+    s = _build(tmp_path / "audited", per_key_remote.url, audit_remote=3, audit_seed=seed,
                signers=[load_signing_key(priv)])
     a = s["audit"]
     assert (a["sampled"], a["of"], a["seed"], a["audited"]) == (3, len(keys), seed, 3)
@@ -86,7 +88,7 @@ def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock
     assert s["remote_hits"] == 0 and s["failed"] == 0 and s["compiled"] == len(keys), {k: v for k, v in s.items() if k in ("hits", "local_hits", "misses", "compiled", "rederived")}
     assert _lock_bytes(tmp_path / "audited") == _lock_bytes(smoke_store)
     # the rebuilt entry replaced the poisoned one on the remote
-    assert HttpBackend(warm_remote.url).get_record(victim)["blob"] == true_rec["blob"]
+    assert HttpBackend(per_key_remote.url).get_record(victim)["blob"] == true_rec["blob"]
     # the signed provenance says the remote hits were audited, and what was found
     env = json.loads(envelope_path(tmp_path / "audited" / "locks" / "smoke.lock.json").read_bytes())
     pred = json.loads(base64.b64decode(env["payload"]))["predicate"]

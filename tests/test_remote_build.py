@@ -61,33 +61,41 @@ def _a_cheap_kernel_with_its_own_blob(store: Path) -> tuple[str, str]:
 
 
 def assert_remote_is_consistent(server: Nginx) -> int:
-    """Every /ac/ entry is an ActionResult whose output files are in /cas/ with the right bytes."""
+    """Every /ac/ entry is an ActionResult whose output files are in /cas/ with the right bytes: a
+    kernel's (record, code object, launcher) or a manifest's closure (pack, lock, record index).
+    Returns how many kernel entries there are."""
+    from gemmar_aot.closure import INDEX_PATH, LOCK_PATH, PACK_PATH
+
     cas = server.files("cas")
+    kernels = 0
     for key, path in server.files("ac").items():
         ar = reapi.decode_action_result(path.read_bytes())
-        assert {f.path for f in ar.output_files} == {reapi.RECORD_PATH, reapi.CODE_PATH, reapi.LAUNCHER_PATH}, key
+        paths = {f.path for f in ar.output_files}
+        assert paths in ({reapi.RECORD_PATH, reapi.CODE_PATH, reapi.LAUNCHER_PATH},
+                         {PACK_PATH, LOCK_PATH, INDEX_PATH}), key
+        kernels += reapi.RECORD_PATH in paths
         for f in ar.output_files:
             data = cas[f.digest.hash].read_bytes()
             assert hashlib.sha256(data).hexdigest() == f.digest.hash and len(data) == f.digest.size_bytes
-    return len(server.files("ac"))
+    return kernels
 
 
-def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, warm_remote, tmp_path):
+def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, per_key_remote, tmp_path):
     n = len(_lock_entries(smoke_store))
-    assert assert_remote_is_consistent(warm_remote) == n
-    s = _build(tmp_path / "b", warm_remote.url)
+    assert assert_remote_is_consistent(per_key_remote) == n
+    s = _build(tmp_path / "b", per_key_remote.url)
     assert (s["compiled"], s["remote_hits"], s["local_hits"], s["uploads"]) == (0, n, 0, 0)
     assert s["remote"]["bytes_down"] > 0 and s["remote"]["errors"] == 0
     assert s["store_optimize"] is None  # a fetch-only build trains and repacks nothing
     assert _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
     p = subprocess.run([sys.executable, "-m", "gemmar_aot", "stats", "--store", str(tmp_path / "b"), "--json",
-                        "--remote", warm_remote.url], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                        "--remote", per_key_remote.url], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)["remote"]
     assert r["reachable"] and r["local_entries_on_remote"] == n
     assert r["locks"]["smoke.lock.json"] == {"keys": n, "on_remote": n}
     assert r["last_build"]["remote_hits"] == n and r["last_build"]["local_hits"] == 0
-    again = _build(tmp_path / "b", warm_remote.url)  # now everything is local
+    again = _build(tmp_path / "b", per_key_remote.url)  # now everything is local
     assert (again["local_hits"], again["remote_hits"], again["uploads"]) == (n, 0, 0)
 
 
@@ -103,14 +111,17 @@ def test_sharded_builds_and_a_final_job_give_the_single_build_lock(smoke_store, 
     final = _build(tmp_path / "final", nginx.url)
     assert (final["compiled"], final["remote_hits"]) == (0, n)
     assert _lock_bytes(tmp_path / "final") == _lock_bytes(smoke_store)
+    assert final["closure"]["status"] == "miss" and final["closure"]["uploaded"]  # shards upload none
+    fresh = _build(tmp_path / "fresh", nginx.url)
+    assert fresh["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)
 
 
 @pytest.mark.parametrize("fault", [("truncate", 9), ("flip", 200)], ids=["truncated", "altered"])
-def test_a_bad_blob_from_the_remote_is_refused_quarantined_and_rebuilt(smoke_store, warm_remote, tmp_path,
+def test_a_bad_blob_from_the_remote_is_refused_quarantined_and_rebuilt(smoke_store, per_key_remote, tmp_path,
                                                                         fault, capfd):
     key, digest = _a_cheap_kernel_with_its_own_blob(smoke_store)
-    good = (warm_remote.data / "cas" / digest).read_bytes()
-    with FaultProxy(warm_remote.port, lambda m, p, n: fault if m == "GET" and p.endswith(digest) else None) as px:
+    good = (per_key_remote.data / "cas" / digest).read_bytes()
+    with FaultProxy(per_key_remote.port, lambda m, p, n: fault if m == "GET" and p.endswith(digest) else None) as px:
         s = _build(tmp_path / "b", px.url)
     assert s["failed"] == 0 and s["compiled"] == 1 and s["remote_hits"] == s["distinct_specs"] - 1
     assert s["remote"]["corrupt_refused"] >= 1
@@ -127,13 +138,13 @@ def test_a_bad_blob_from_the_remote_is_refused_quarantined_and_rebuilt(smoke_sto
     assert _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
 
 
-def test_a_record_whose_blob_is_gone_is_a_miss_and_gets_repaired(smoke_store, warm_remote, tmp_path, capfd):
+def test_a_record_whose_blob_is_gone_is_a_miss_and_gets_repaired(smoke_store, per_key_remote, tmp_path, capfd):
     key, digest = _a_cheap_kernel_with_its_own_blob(smoke_store)
-    (warm_remote.data / "cas" / digest).unlink()
-    s = _build(tmp_path / "b", warm_remote.url)
+    (per_key_remote.data / "cas" / digest).unlink()
+    s = _build(tmp_path / "b", per_key_remote.url)
     assert (s["compiled"], s["remote_hits"], s["remote"]["errors"]) == (1, s["distinct_specs"] - 1, 0)
     assert "warning:" not in capfd.readouterr().err  # a miss is not a failure
-    assert hashlib.sha256((warm_remote.data / "cas" / digest).read_bytes()).hexdigest() == digest  # re-uploaded
+    assert hashlib.sha256((per_key_remote.data / "cas" / digest).read_bytes()).hexdigest() == digest  # re-uploaded
     assert _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
 
 
@@ -234,4 +245,5 @@ def test_the_packaging_job_builds_its_wheel_from_the_remote(smoke_store, warm_re
     out = json.loads(p.stdout)
     b = out["build"]
     assert b["compiled"] == 0 and b["remote_hits"] == b["distinct_specs"]
+    assert b["closure"]["status"] == "hit" and b["remote"]["requests"] <= 6  # one pack, not a GET a kernel
     assert list((tmp_path / "dist").glob("*.whl"))

@@ -1,0 +1,121 @@
+"""A fresh runner far from the cache: the manifest's closure against today's per-key path (issue 22).
+
+Usage::
+
+    python bench/bench_closure.py [--store artifacts] [--manifest manifests/dsv4-pro-wo_b.toml]
+                                  [--delay 0.05] [--rounds 3] [--json-out FILE]
+
+Starts a real nginx (tests/nginx_server.py) on loopback, fills it from ``--store`` (a warm
+store of the manifest: a build with the remote writable uploads every entry and the closure),
+and puts the fault proxy in front of it with ``--delay`` seconds on every request. Then, per
+round, interleaved, three builds of the manifest, each in a process of its own:
+
+* ``warm_local``: a copy of the warm store, no remote (**the anchor**);
+* ``closure``: an empty store, the remote through the proxy: the closure entry and its pack;
+* ``per_key``: an empty store, the remote through the proxy, the closure entries taken off the
+  server for the run (and put back after): one look-up per kernel, as before the closure.
+
+Reported per arm: wall seconds of the whole build (median), requests, bytes down, and for the
+closure the pack's bytes; beside them the speed reference of ``bench_runtime.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+
+def build(manifest: Path, store: Path, remote: str | None, read_only: bool = False) -> dict:
+    cmd = [sys.executable, "-m", "gemmar_aot", "build", str(manifest), "--store", str(store), "--json", "-q"]
+    if remote:
+        cmd += ["--remote", remote] + (["--remote-read-only"] if read_only else [])
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "GEMMAR_AOT_REMOTE": ""})
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise SystemExit(f"build failed: {p.stderr[-2000:]}")
+    s = json.loads(p.stdout)
+    if s["compiled"]:
+        raise SystemExit(f"the build compiled {s['compiled']} kernels: --store must be warm for the manifest")
+    r = s.get("remote") or {}
+    return {"wall_s": wall, "build_wall_s": s["wall_seconds"], "requests": r.get("requests", 0),
+            "bytes_down": r.get("bytes_down", 0), "closure": s.get("closure")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", type=Path, default=ROOT / "artifacts")
+    ap.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "dsv4-pro-wo_b.toml")
+    ap.add_argument("--delay", type=float, default=0.05)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args()
+
+    from bench_runtime import python_speed_ms
+    from nginx_server import FaultProxy, Nginx
+
+    speed_before = python_speed_ms()
+    runs: dict[str, list[dict]] = {"warm_local": [], "closure": [], "per_key": []}
+    with tempfile.TemporaryDirectory(prefix="bench-closure-") as tmp:
+        tmp = Path(tmp)
+        server = Nginx(tmp / "nginx").start()
+        try:
+            warm = tmp / "warm"
+            shutil.copytree(a.store, warm, ignore=shutil.ignore_patterns("quarantine", "*.claim"))
+            seed = build(a.manifest, warm, server.url)
+            key = seed["closure"]["key"]
+            latest = [p for p in (server.data / "ac").iterdir()
+                      if p.read_bytes() == (server.data / "ac" / key).read_bytes() and p.name != key]
+            closure_files = {p: p.read_bytes() for p in [server.data / "ac" / key, *latest]}
+            with FaultProxy(server.port, delay=a.delay) as px:
+                for i in range(a.rounds):
+                    copy = tmp / f"warm{i}"
+                    shutil.copytree(warm, copy)
+                    runs["warm_local"].append(build(a.manifest, copy, None))
+                    runs["closure"].append(build(a.manifest, tmp / f"closure{i}", px.url, read_only=True))
+                    for p in closure_files:
+                        p.unlink()
+                    try:
+                        runs["per_key"].append(build(a.manifest, tmp / f"perkey{i}", px.url, read_only=True))
+                    finally:
+                        for p, data in closure_files.items():
+                            p.write_bytes(data)
+        finally:
+            server.stop()
+    speed_after = python_speed_ms()
+
+    def arm(rs: list[dict]) -> dict:
+        return {"wall_s_median": round(statistics.median(r["wall_s"] for r in rs), 3),
+                "build_wall_s_median": round(statistics.median(r["build_wall_s"] for r in rs), 3),
+                "requests": rs[-1]["requests"], "bytes_down": rs[-1]["bytes_down"],
+                "closure": rs[-1]["closure"]}
+
+    out = {"manifest": str(a.manifest), "delay_s": a.delay, "rounds": a.rounds,
+           **{name: arm(rs) for name, rs in runs.items()},
+           "python_speed_ms": {"before": speed_before, "after": speed_after},
+           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=ROOT).stdout.strip()}
+    c = out["closure"]
+    out["closure_vs_warm_local_wall"] = round(c["wall_s_median"] / out["warm_local"]["wall_s_median"], 2)
+    out["closure_bytes_vs_pack"] = round(c["bytes_down"] / max(1, c["closure"]["pack_bytes"]), 3)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.json_out:
+        a.json_out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

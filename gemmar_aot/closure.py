@@ -1,0 +1,253 @@
+"""A manifest's closure in the remote cache: everything its lock names, in one request.
+
+A fresh runner pointed at a warm remote used to fetch each kernel by key: two requests a
+kernel (~850 for the reference manifest), one small object each. At 50 ms a round trip that
+is seconds, and the CAS copies are raw code objects. But the lock already names the whole
+closure of a manifest, so after a build we upload one more action-cache entry:
+
+    /ac/<closure key>   an ActionResult whose outputs are
+                        gemmar-aot/closure.pack       one pack (:mod:`.store.pack`): every code
+                                                      object the lock names (dictionary-compressed,
+                                                      as an artifact wheel ships them), the lock's
+                                                      canonical bytes and its record index, each
+                                                      under its own sha256
+                        gemmar-aot/closure/lock.json  the lock (its plain bytes), and
+                        gemmar-aot/closure/records.zst its record index, for other clients
+    /ac/<latest key>    the same ActionResult: the newest closure of this manifest name,
+                        toolchain and profile, for a manifest that changed since
+
+The **closure key** hashes what the lock is a function of: the manifest (name and sha256),
+the toolchain profile and digest, every action key, the derive code (records name it) and
+the lock and index schemas. A build asks for it before its per-key look-ups: on a hit it
+unpacks, checks the lock against the manifest it is building (manifest digest, toolchain,
+the very set of action keys), takes every record from the index (each verified against the
+lock's record digest) and every code object from the pack (each verified against its
+digest), writes them into the local store, and has nothing left to look up: three requests
+(the probe, the entry, the pack). A manifest that differs from the latest closure by a few
+tuples takes what that closure has of it and looks up only the rest, one key at a time.
+
+Nothing in a closure is trusted: a pack whose bytes do not match its digest, that does not
+decode, whose lock was built from another manifest or toolchain, or whose record or code
+object does not match the lock is refused, its bytes quarantined, and the build goes on
+with per-key look-ups as before.
+
+The remote's per-key entries stay as they are (other clients, partial hits); the pack is one
+more ``/cas/`` object. bazel-remote's ``/ac/`` validation accepts the entry: its outputs are
+uploaded to ``/cas/`` first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from gemmar_aot.artifact_model import LOCK_SCHEMA, Digest, Lock
+from gemmar_aot.canonical_json import canonical_json
+
+#: Bump when what a closure entry holds, or how its key is made, changes.
+CLOSURE_SCHEMA = 1
+PACK_PATH = "gemmar-aot/closure.pack"
+LOCK_PATH = "gemmar-aot/closure/lock.json"
+INDEX_PATH = "gemmar-aot/closure/records.zst"
+
+
+def closure_key(*, manifest: Mapping[str, str], profile: str, toolchain_digest: str, keys: Iterable[str],
+                derive_code: str) -> str:
+    """The action key of a manifest's closure entry (see the module docstring)."""
+    from gemmar_aot.store.record_index import INDEX_SCHEMA
+
+    return hashlib.sha256(canonical_json({
+        "what": "gemmar-aot closure", "schema": CLOSURE_SCHEMA, "lock_schema": LOCK_SCHEMA,
+        "index_schema": INDEX_SCHEMA, "manifest": {"name": manifest["name"], "sha256": manifest["sha256"]},
+        "profile": profile, "toolchain": toolchain_digest, "derive_code": derive_code,
+        "keys": sorted(set(keys))}).encode()).hexdigest()
+
+
+def latest_key(*, manifest_name: str, profile: str, toolchain_digest: str) -> str:
+    """The action key of the newest closure of a manifest name (for a manifest that changed)."""
+    return hashlib.sha256(canonical_json({
+        "what": "gemmar-aot closure, latest of a manifest", "schema": CLOSURE_SCHEMA, "manifest": manifest_name,
+        "profile": profile, "toolchain": toolchain_digest}).encode()).hexdigest()
+
+
+@dataclass
+class ClosureFetch:
+    """What asking the remote for a closure gave: ``status`` is "hit" (the exact closure),
+    "partial" (the latest closure of the manifest name, holding ``len(records)`` of the keys),
+    "miss" or "refused" (``problem`` says why); ``records``: key -> record now in the local store."""
+
+    status: str
+    records: dict[str, dict] = field(default_factory=dict)
+    source: str | None = None  # "exact" or "latest"
+    problem: str | None = None
+    pack_bytes: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {"status": self.status, "source": self.source, "entries": len(self.records),
+                "pack_bytes": self.pack_bytes, "problem": self.problem, "seconds": round(self.seconds, 3)}
+
+
+class ClosureRefused(Exception):
+    """A closure entry that cannot be used (bytes, format, or another manifest's): a miss."""
+
+
+def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest]:
+    from gemmar_aot.store import reapi
+
+    try:
+        ar = reapi.decode_action_result(data)
+    except reapi.ProtobufError as e:
+        raise ClosureRefused(f"/ac/{key} is not an ActionResult: {e}") from None
+    out = []
+    for path in (PACK_PATH, LOCK_PATH, INDEX_PATH):
+        f = ar.file(path)
+        if f is None:
+            raise ClosureRefused(f"/ac/{key} has no output file {path}: not a gemmar-aot closure")
+        try:
+            out.append(Digest(f.digest.hash, f.digest.size_bytes))
+        except ValueError as e:
+            raise ClosureRefused(f"/ac/{key}: {path}: {e}") from None
+    return out[0], out[1], out[2]
+
+
+def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: Digest, where: str):
+    """(the lock, its record index, the pack reader) of a closure pack's bytes, each checked:
+    the pack against its digest, the lock and index (inside it) against theirs. Raises
+    ClosureRefused naming what is wrong."""
+    from pathlib import Path
+
+    from gemmar_aot.store.codec import BadBlob, SizeMismatch, check_content
+    from gemmar_aot.store.errors import StoreError
+    from gemmar_aot.store.pack import PackBackend
+    from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
+
+    try:
+        check_content(pack, want.hash, want.size)
+    except (BadBlob, SizeMismatch) as e:
+        raise ClosureRefused(f"{where}: {e}") from None
+    try:
+        reader = PackBackend(".", data=pack, where=where)
+        lock_bytes = reader.load_blob(lock_digest.hash, lock_digest.size)
+        index_bytes = reader.load_blob(index_digest.hash, index_digest.size)
+        lock = Lock.from_bytes(lock_bytes, f"{where} (its lock)")
+        lock.check_parts()
+        index = RecordIndex.from_bytes(index_bytes, Path(f"{where} (its record index)"))
+    except (StoreError, RecordIndexError, ValueError) as e:
+        raise ClosureRefused(f"{where}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the lock reader's errors are GemmarErrors; any is a refusal
+        raise ClosureRefused(f"{where}: {e}") from None
+    return lock, index, reader
+
+
+def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], need: set[str],
+                  manifest_sha256: str, toolchain_digest: str) -> ClosureFetch:
+    """Ask ``session``'s remote for the closure ``exact``, else the ``latest`` of the manifest, and
+    write what it holds of ``need`` (the action keys the local store lacks) into the local store.
+    ``all_keys``: every action key of the build (the exact closure's lock must name exactly
+    these). Never raises for the remote's sake: a failure is a miss or a refusal (its bytes
+    quarantined), and the caller looks up per key what is still missing."""
+    import time
+
+    t0 = time.perf_counter()
+    backend = session.backend
+    if backend.down:
+        return ClosureFetch("miss", problem=f"remote down: {backend.down}")
+    for source, key in (("exact", exact), ("latest", latest)):
+        try:
+            data = backend.client.get("ac", key)
+        except Exception as e:  # noqa: BLE001 - a failing remote is a miss, never fatal here
+            session.problem(f"closure look-up {key[:16]}", e)
+            return ClosureFetch("miss", problem=str(e), seconds=time.perf_counter() - t0)
+        if data is None:
+            continue
+        where = f"{backend.name}/cas/<closure pack of /ac/{key[:16]}>"
+        try:
+            pack_d, lock_d, index_d = _decode_entry(data, key)
+            where = f"{backend.name}/cas/{pack_d.hash}"
+            try:
+                pack = backend.client.get("cas", pack_d.hash)
+            except Exception as e:  # noqa: BLE001
+                session.problem(f"closure pack {pack_d.hash[:16]}", e)
+                return ClosureFetch("miss", source=source, problem=str(e), seconds=time.perf_counter() - t0)
+            if pack is None:
+                continue  # evicted: try the next, then per key
+            try:
+                lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
+                got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
+                            toolchain_digest, where)
+            except ClosureRefused as e:
+                session.quarantine_bytes(where, pack, str(e))
+                raise
+        except ClosureRefused as e:
+            session.problem("closure", e)
+            return ClosureFetch("refused", source=source, problem=str(e), seconds=time.perf_counter() - t0)
+        return ClosureFetch("hit" if source == "exact" else "partial", got, source, pack_bytes=len(pack),
+                            seconds=time.perf_counter() - t0)
+    return ClosureFetch("miss", seconds=time.perf_counter() - t0)
+
+
+def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str], need: set[str], source: str,
+          manifest_sha256: str, toolchain_digest: str, where: str) -> dict[str, dict]:
+    """Every entry of the closure that ``need`` names, verified, into the local store."""
+    from gemmar_aot.compiler.derive import is_current
+    from gemmar_aot.store.errors import StoreError
+
+    kernels = lock.kernels()
+    if lock.toolchain.digest != toolchain_digest:
+        raise ClosureRefused(f"{where}: its lock was built with toolchain {lock.toolchain.digest[:16]}, this "
+                             f"build's is {toolchain_digest[:16]}")
+    if source == "exact" and (lock.manifest.sha256 != manifest_sha256 or set(kernels) != all_keys):
+        raise ClosureRefused(f"{where}: its lock is not this manifest's (manifest sha256 "
+                             f"{lock.manifest.sha256[:16]}, {len(kernels)} kernels): the entry was written for "
+                             f"another closure")
+    take = {k: e for k, e in kernels.items() if k in need}
+    if not take:
+        return {}
+    recs = index.records(((k, e.record, e.blob.hash) for k, e in take.items()), whole=True)
+    bad = sorted(k for k, r in recs.items() if not isinstance(r, dict))
+    if bad or len(recs) != len(take):
+        raise ClosureRefused(f"{where}: its record index does not hold the records its lock names (first: "
+                             f"{(bad or sorted(set(take) - set(recs)))[0][:16]})")
+    local = session.writer.local
+    out: dict[str, dict] = {}
+    try:
+        codes = {k: reader.load_blob(e.blob.hash, e.blob.size) for k, e in take.items()}
+    except StoreError as e:
+        raise ClosureRefused(f"{where}: {e}") from None
+    for k, rec in recs.items():
+        if not is_current(rec):
+            continue  # made by other derive code: the per-key path re-derives it
+        local.put_blob(codes[k])  # blob before record
+        local.put_record(k, rec)
+        out[k] = rec
+    return out
+
+
+def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, *, exact: str, latest: str) -> dict:
+    """Upload the closure of ``lock`` (its code objects from the local store ``st``) as ``exact`` and
+    as ``latest``. Returns what was sent; a failure is counted by the session, never raised."""
+    from gemmar_aot.store import reapi
+    from gemmar_aot.store.pack import pack_closure
+
+    backend = session.backend
+    if not backend.writable or backend.down:
+        return {"uploaded": False}
+    try:
+        lock_bytes = lock.to_bytes()
+        raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
+        lock_d, index_d = Digest.of(lock_bytes), Digest.of(index_bytes)
+        pack = pack_closure(raws, {lock_d.hash: lock_bytes, index_d.hash: index_bytes})
+        pack_d = Digest.of(pack)
+        for d, data in ((pack_d, pack), (lock_d, lock_bytes), (index_d, index_bytes)):
+            backend.client.put("cas", d.hash, data)  # outputs before the entry that names them
+        ar = reapi.encode_action_result(reapi.ActionResult(tuple(
+            reapi.OutputFile(path, reapi.Digest(d.hash, d.size))
+            for path, d in ((PACK_PATH, pack_d), (LOCK_PATH, lock_d), (INDEX_PATH, index_d)))))
+        backend.client.put("ac", exact, ar)
+        backend.client.put("ac", latest, ar)
+    except Exception as e:  # noqa: BLE001 - a failed upload costs the next runner a per-key build
+        session.problem("closure upload", e)
+        return {"uploaded": False, "problem": str(e)}
+    return {"uploaded": True, "pack_bytes": len(pack), "pack": pack_d.hash}
