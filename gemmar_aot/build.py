@@ -91,15 +91,9 @@ def _closure_lookup(session, closure_keys: tuple[str, str], manifest, toolchain_
     from gemmar_aot.closure import fetch_closure
 
     exact, latest = closure_keys
-    if not missing:
-        if session.backend.down:  # the probe failed: one warning is all the remote costs
-            return {"key": exact, "status": "local", "present": False, "records": {}, "entries": 0}
-        try:
-            present = session.backend.client.head("ac", exact)
-        except Exception as e:  # noqa: BLE001 - a failing remote: counted, then as if absent
-            session.problem("closure existence check", e)
-            present = False
-        return {"key": exact, "status": "local", "present": present, "records": {}, "entries": 0}
+    if not missing:  # only whether the remote holds it; the build's first request, so its probe
+        present = session.first_request(lambda: session.backend.client.head("ac", exact))
+        return {"key": exact, "status": "local", "present": bool(present), "records": {}, "entries": 0}
     got = fetch_closure(session, exact=exact, latest=latest, all_keys=all_keys, need=set(missing),
                         manifest_sha256=hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest(),
                         toolchain_digest=toolchain_digest)
@@ -265,8 +259,9 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
         except ValueError as e:  # a malformed URL, credentials in it, a bad timeout or netrc
             raise StoreError(f"--remote / $GEMMAR_AOT_REMOTE: {e}") from None
         session = RemoteSession(st, backend, required=remote_required)
-        with maybe_phase(trace, "remote probe"):
-            session.probe()
+        if only or shard is not None:  # else the closure look-up is the first request (build: _closure_lookup)
+            with maybe_phase(trace, "remote probe"):
+                session.probe()
     costs_path = st.stats_dir / COSTS_FILE
     costs = CostModel.load(costs_path)
     local = None

@@ -108,15 +108,21 @@ class RemoteSession:
 
     def probe(self) -> bool:
         """Whether the remote answers. With ``required`` an unreachable one raises."""
+        return self.first_request(lambda: self.backend.ping() or True) is not None
+
+    def first_request(self, fn):
+        """``fn()``, the build's first request, as the probe: its result, or None when it failed
+        (the build's one warning; the remote is left alone from then on). With ``required`` a
+        failure raises. A build whose first request is useful by itself (the closure look-up)
+        makes it through here instead of paying a round trip for :meth:`probe`."""
         try:
-            self.backend.ping()
-            return True
+            return fn()
         except Exception as e:  # noqa: BLE001 - any failure means: build without it
             if self.required:
                 raise RemoteRequiredError(f"remote cache {self.backend.name} is required "
                                           f"(--remote-required) but failed: {e}") from None
             self.problem("the first request", e)
-            return False
+            return None
 
     def lookup(self, keys: list[str]) -> dict[str, dict]:
         """key -> record for the ``keys`` the remote has, each verified and now in the local store."""

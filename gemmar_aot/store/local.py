@@ -506,12 +506,13 @@ class DirectoryBackend(CacheBackend):
         self.write_file(self.record_path(key), self.encode_record(record))
         self.counters["records_written"] += 1
 
-    def put_record_json(self, key: str, text: bytes) -> dict:
+    def put_record_json(self, key: str, text: bytes, record: Mapping[str, Any] | None = None) -> dict:
         """Store a record given as its JSON text -- as a remote cache served it, already
         verified -- without re-encoding it (pure-Python indented JSON is ~70% of taking a
-        fetched entry in). Returns the record."""
+        fetched entry in). ``record``: the record ``text`` encodes, when the caller has it
+        (then the text is not parsed again). Returns the record."""
         try:
-            rec = check_record(json.loads(text), key)
+            rec = check_record(dict(record) if record is not None else json.loads(text), key)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRecord(f"not a JSON record: {e}") from None
         self.init()
