@@ -317,6 +317,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                         closure = _closure_lookup(session, closure_keys, manifest, fp["digest"], set(keys.values()),
                                                   missing)
                 from_closure = closure["records"] if closure else {}
+                session.counts["remote_hits"] += len(from_closure)  # hits, whichever way they came
                 rest = [k for k in missing if k not in from_closure]
                 before = dict(session.backend.stats)
                 with maybe_phase(trace, "remote look-ups", specs=len(rest)):

@@ -188,6 +188,16 @@ def format_summary(s: dict) -> str:
                      + (f", {r['errors']} failed (built locally; first: {r['first_problem']})" if r["errors"] else "")
                      + (f", {r['corrupt_refused']} corrupt entries refused (see quarantine/)"
                         if r["corrupt_refused"] else ""))
+    c = s.get("closure")
+    if c and c["status"] != "local":
+        what = {"hit": "the manifest's closure", "partial": "the latest closure of this manifest name",
+                "miss": "no closure", "refused": "a closure, refused"}[c["status"]]
+        lines.append(f"closure: {what}: {c['entries']} kernels from one pack ({c['pack_bytes']:,d} bytes); "
+                     f"{c.get('per_key_lookups', 0)} looked up per key ({c.get('per_key_requests', 0)} requests, "
+                     f"{c.get('per_key_bytes', 0):,d} bytes)" + ("; uploaded the closure" if c.get("uploaded") else "")
+                     + (f"; {c['problem']}" if c.get("problem") and c["status"] == "refused" else ""))
+    elif c and c.get("uploaded"):
+        lines.append("closure: uploaded the manifest's closure")
     a = s.get("audit")
     if a:
         lines.append(f"audit: {a['audited']} of {a['of']} remote hits recompiled and compared (seed {a['seed']}), "
