@@ -22,8 +22,8 @@ the lock and index schemas. A build asks for it before its per-key look-ups: on 
 unpacks, checks the lock against the manifest it is building (manifest digest, toolchain,
 the very set of action keys), takes every record from the index (each verified against the
 lock's record digest) and every code object from the pack (each verified against its
-digest), writes them into the local store, and has nothing left to look up: three requests
-(the probe, the entry, the pack). A manifest that differs from the latest closure by a few
+digest), writes them into the local store, and has nothing left to look up: two requests
+(the entry, which is also the build's probe, and the pack). A manifest that differs from the latest closure by a few
 tuples takes what that closure has of it and looks up only the rest, one key at a time.
 
 Nothing in a closure is trusted: a pack whose bytes do not match its digest, that does not
