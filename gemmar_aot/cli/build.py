@@ -221,4 +221,41 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = (doctor, plan, build)
+@click.command("suggest")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--manifest", "manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="The manifest the pods' artifacts were built from: M values it already builds are left out.")
+@click.option("--write", is_flag=True, help="Append the suggested [[tuple]] blocks to --manifest (comments and "
+                                            "layout kept; the result must parse, else nothing is written).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def suggest_cmd(reports: tuple[Path, ...], manifest: Path | None, write: bool, as_json: bool) -> None:
+    """Turn miss reports ($GEMMAR_AOT_MISS_REPORT files or directories) into the manifest lines that
+    would have served every reported M."""
+    from gemmar_aot.manifest import load_manifest
+    from gemmar_aot.runtime.misses import read_reports
+    from gemmar_aot.suggest import suggest, write_into
+
+    if write and manifest is None:
+        raise click.UsageError("--write edits a manifest: give --manifest M.toml")
+    lines, problems = read_reports(reports)
+    for p in problems:
+        click.echo(f"warning: skipped {p}", err=True)
+    r = suggest(lines, load_manifest(manifest) if manifest is not None else None)
+    r["skipped_lines"] = len(problems)
+    if write and r["snippet"]:
+        r["written"] = str(write_into(manifest, r["snippet"], [str(x) for x in reports]))
+    if as_json:
+        click.echo(json.dumps(r, indent=2, sort_keys=True))
+        return
+    for a in r["already_built"]:
+        click.echo(f"# already in the manifest (rebuild and redeploy the artifacts): {a['tuple']['transport']} "
+                   f"N={a['tuple']['n']} K={a['tuple']['k']} M={a['m']}", err=True)
+    if not r["snippet"]:
+        click.echo(f"# {r['misses']} miss(es) reported; nothing to add", err=True)
+        return
+    click.echo(r["snippet"])
+    if r.get("written"):
+        click.echo(f"# appended to {r['written']}", err=True)
+
+
+COMMANDS = (doctor, plan, build, suggest_cmd)

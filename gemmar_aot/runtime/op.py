@@ -4,6 +4,9 @@ Same constructor keywords, call signature, validation and results as
 ``mori.ops.gemm_ar.GemmAllReduceOp`` (amd-mori 1.2.4), plus:
 
 ``artifacts``     where the compiled kernels are (see :mod:`.artifacts`);
+``miss_report``   where each distinct miss of this process is appended as a JSON line
+                  (default ``$GEMMAR_AOT_MISS_REPORT``; :mod:`.misses`), for
+                  ``gemmar-aot suggest`` to turn into manifest lines;
 ``trusted_keys``  the public keys the artifacts' locks must be signed by (default
                   ``$GEMMAR_AOT_TRUSTED_KEYS``; none: not authenticated; :mod:`gemmar_aot.signing`);
 ``self_test``     run :meth:`self_test` before returning (default True);
@@ -60,6 +63,7 @@ from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
 from .gc_pause import gc_paused
 from .kernel import EntryPosition, PreparedLaunch, RecordBinding, check_sequences, prepare_launch, verify_code_object
+from . import misses
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
@@ -169,7 +173,7 @@ class GemmAllReduceOp:
                  gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
                  artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
                  jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT,
-                 trusted_keys: Any = None):
+                 trusted_keys: Any = None, miss_report: Any = None):
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
         self.mem = self.win = self.dev_comm = None
@@ -227,6 +231,7 @@ class GemmAllReduceOp:
         self.max_shapes = max_shapes
         self.m_max = m_max_pad
         self._jit_fallback = bool(jit_fallback)
+        self._misses = misses.reporter(miss_report)
         self.transport = transport
 
         # ---- 2. the artifacts: every M held for this op and rank, one shared layout ----
@@ -244,7 +249,9 @@ class GemmAllReduceOp:
                         "serve them", partial, world, self.key.describe())
         entries = {m: self.artifacts.entry(self.key, m, rank) for m in served}
         if not entries:
-            raise self._nothing_built_error()
+            err = self._nothing_built_error()
+            self._report_miss(None, err)
+            raise err
         self._entries = entries
         self.window_bytes = self._check_layouts(entries)
         # One toolchain profile per op and per communicator; the pod's mori must be the artifacts'.
@@ -560,6 +567,7 @@ class GemmAllReduceOp:
             raise ValueError(f"M={m} must be a multiple of world_size * block_m = "
                              f"{self.world_size * self.block_m}; use padded_m()/pad_rows()")
         err = self.missing_error(m)
+        self._report_miss(m, err)
         if not self._jit_fallback:
             raise err
         return self._fallback_call(m, err, a_fp8, b_preshuffled, a_scale, b_scale)
@@ -575,6 +583,22 @@ class GemmAllReduceOp:
             f"Pad to one of those, or add M={m} to the manifest and rebuild (gemmar-aot build), e.g.:\n"
             f"{snippet}",
             m=m, available=avail, nearest=near, manifest_lines=snippet)
+
+    def _report_miss(self, m: int | None, err: Exception) -> None:
+        """Append the miss to the miss report, if one is set (once per process and M; never raises)."""
+        if self._misses is None:
+            return
+        k = self.key
+        tuple_id = {"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
+                    "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
+                    "sdma_queues": k.sdma_queues, "m_max": self.m_max}
+        profile = next((i.mori.profile for i in self.artifacts.locks if i.mori is not None), None)
+        try:
+            self._misses.report(op=type(self).__name__, tuple_id=tuple_id, m=m, served=None,
+                                error=type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""),
+                                rank=self.rank, profile=profile, locks=misses.lock_digests(self.artifacts))
+        except Exception:  # noqa: BLE001 - a report never fails the call it reports
+            log.exception("gemmar-aot: writing the miss report failed")
 
     def _fallback_call(self, m, err, a_fp8, b_preshuffled, a_scale, b_scale):
         """jit_fallback=True: serve a missing M with mori's own (JIT-compiling) op. Loud, every time."""

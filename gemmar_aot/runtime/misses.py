@@ -1,0 +1,150 @@
+"""Miss reports: what a pod was asked for and did not have, for CI to build next.
+
+With ``$GEMMAR_AOT_MISS_REPORT=PATH`` (or ``miss_report=PATH`` on the op) every distinct miss
+-- a call at an M whose kernels were not built, or an op constructed for a tuple none were
+built for -- is appended once per process to PATH as one JSON line::
+
+    {"schema": 1, "op": "GemmAllReduceOp", "tuple": {"transport": ..., "n": ..., "k": ...,
+     "world": ..., "quant": ..., "gather_dtype": ..., "gather_transport": ..., "block_m": ...,
+     "sdma_queues": ..., "m_max": ...}, "m": 768, "served": null, "error": "ArtifactMissingError",
+     "count": 1, "rank": 0, "profile": "default", "locks": ["<sha256 of each lock file>"],
+     "time": "2026-12-03T16:00:00Z", "host": "...", "pid": 1234}
+
+``served`` is the bucket that served the call (None: the call raised, and ``error`` says
+what). ``count`` is 1: the line is written at the first miss, before the process can die of
+it; ``gemmar-aot suggest`` counts lines, i.e. processes and ranks. PATH may be a directory:
+then each process writes its own ``misses-<host>-<pid>.jsonl`` in it. Many processes can
+append to one file: each line is one ``write`` under an exclusive ``flock``, so lines never
+interleave and none is lost. A report that cannot be written is logged once at WARNING and
+never fails the call it reports.
+
+Runtime module: standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger("gemmar_aot.runtime")
+
+ENV_VAR = "GEMMAR_AOT_MISS_REPORT"
+SCHEMA = 1
+
+_reporters: dict[str, "MissReporter"] = {}
+_reporters_lock = threading.Lock()
+
+
+class MissReporter:
+    """Appends each distinct miss of this process to one report (a file, or a file in a directory)."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self._seen: set[tuple] = set()
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def path(self) -> Path:
+        if self.target.is_dir():
+            return self.target / f"misses-{socket.gethostname()}-{os.getpid()}.jsonl"
+        return self.target
+
+    def report(self, *, op: str, tuple_id: dict, m: int | None, served: int | None, error: str | None,
+               rank: int | None, profile: str | None, locks: Iterable[str]) -> bool:
+        """Append the miss unless this process reported it already. Returns whether a line was written."""
+        ident = (op, tuple(sorted(tuple_id.items())), m, served)
+        with self._lock:
+            if ident in self._seen:
+                return False
+            self._seen.add(ident)
+        line = json.dumps({"schema": SCHEMA, "op": op, "tuple": tuple_id, "m": m, "served": served,
+                           "error": error, "count": 1, "rank": rank, "profile": profile,
+                           "locks": sorted(set(locks)), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "host": socket.gethostname(), "pid": os.getpid()}, sort_keys=True) + "\n"
+        try:
+            append_line(self.path(), line.encode())
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning("gemmar-aot: cannot write the miss report %s (%s); misses are not reported",
+                            self.path(), exc)
+            return False
+        return True
+
+
+def append_line(path: Path, data: bytes) -> None:
+    """``data`` appended to ``path`` in one write under an exclusive lock (many writers, no tearing)."""
+    import fcntl
+
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def reporter(miss_report: Any = None) -> MissReporter | None:
+    """The process's reporter for ``miss_report`` (else ``$GEMMAR_AOT_MISS_REPORT``), or None."""
+    target = miss_report if miss_report is not None else os.environ.get(ENV_VAR, "").strip() or None
+    if target is None or target is False:
+        return None
+    key = str(Path(target).expanduser().resolve())
+    with _reporters_lock:
+        got = _reporters.get(key)
+        if got is None:
+            got = _reporters[key] = MissReporter(Path(key))
+        return got
+
+
+def lock_digests(artifacts: Any) -> list[str]:
+    """The sha256 of every lock file the artifacts were read from (a lock given as data: none)."""
+    out = []
+    for info in getattr(artifacts, "locks", ()):
+        p = info.source.lock_path
+        if p is not None:
+            try:
+                out.append(hashlib.sha256(Path(p).read_bytes()).hexdigest())
+            except OSError:
+                continue
+    return out
+
+
+def read_reports(paths: Iterable[str | os.PathLike]) -> tuple[list[dict], list[str]]:
+    """Every miss line of the report files (a directory: its ``*.jsonl``): (lines, problems). A line
+    that is not a miss of this schema is a problem, not an error: reports come from many pods."""
+    lines, problems = [], []
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        files += sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except OSError as exc:
+            problems.append(f"{f}: {exc.strerror or exc}")
+            continue
+        for n, raw in enumerate(text.splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                d = json.loads(raw)
+                if d.get("schema") != SCHEMA or not isinstance(d.get("tuple"), dict):
+                    raise ValueError(f"not a schema-{SCHEMA} miss line")
+                lines.append(d)
+            except ValueError as exc:
+                problems.append(f"{f}:{n}: {exc}")
+    return lines, problems

@@ -1,0 +1,153 @@
+"""Miss reports (gemmar_aot.runtime.misses) and `gemmar-aot suggest` (gemmar_aot.suggest).
+
+A pod's misses become JSON lines; eight processes appending to one report at once lose and
+duplicate nothing; `suggest` turns reports into manifest lines, and a manifest with those lines,
+built for real, serves every reported M with no miss left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from fakes import FakeCommunicator, FakeHipDriver
+from gemmar_aot.artifact_model import read_lock
+from gemmar_aot.cli import main
+from gemmar_aot.runtime import ArtifactMissingError, GemmAllReduceOp
+from gemmar_aot.runtime.misses import ENV_VAR, read_reports
+
+ROOT = Path(__file__).resolve().parents[1]
+FP8 = torch.float8_e4m3fn
+
+
+def _operands(m, n=1024, k=256):
+    return (torch.zeros(m, k, dtype=FP8), torch.zeros(n, k, dtype=FP8), torch.ones(k // 128, m),
+            torch.ones(n // 128, k // 128))
+
+
+def test_eight_processes_appending_at_once_lose_and_duplicate_nothing(tmp_path):
+    report = tmp_path / "misses.jsonl"
+    code = textwrap.dedent(f"""
+        import sys, time
+        from gemmar_aot.runtime.misses import reporter
+        r = reporter({str(report)!r})
+        while time.time() < float(sys.argv[2]):  # start together
+            pass
+        for i in range(200):
+            for _ in range(3):  # each distinct miss three times: one line
+                r.report(op="GemmAllReduceOp", tuple_id={{"transport": "fused-sdma", "n": 1024, "k": 256,
+                         "world": 2, "quant": "blockscale", "gather_dtype": "bf16", "gather_transport": None,
+                         "block_m": 128, "sdma_queues": 1, "m_max": 51200}}, m=256 * (i + 1), served=None,
+                         error="ArtifactMissingError", rank=int(sys.argv[1]), profile="default",
+                         locks=["0" * 64])
+    """)
+    import time
+
+    start = time.time() + 2.0
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(start)], cwd=ROOT) for i in range(8)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 8
+    raw = report.read_bytes()
+    assert raw.endswith(b"\n")
+    lines, problems = read_reports([report])
+    assert problems == [] and len(lines) == 8 * 200
+    assert len({(d["pid"], d["m"]) for d in lines}) == 8 * 200  # none lost, none twice
+    assert {d["rank"] for d in lines} == set(range(8))
+
+
+def test_a_miss_at_call_time_is_reported_once_per_process(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    """The fp8/lsa smoke tuple is built for M=512 only in a 512 window: M=256 misses."""
+    report = tmp_path / "reports"
+    report.mkdir()
+    monkeypatch.setenv(ENV_VAR, str(report))
+    op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, gather_dtype="fp8",
+                         gather_transport="lsa", artifacts=smoke_store, driver=FakeHipDriver([smoke_lock]),
+                         self_test=False)
+    try:
+        assert op.m_values == (512,)
+        for _ in range(3):
+            with pytest.raises(ArtifactMissingError):
+                op(*_operands(256))
+        op(*_operands(512))  # served: no report
+    finally:
+        op.close()
+    (f,) = report.glob("misses-*.jsonl")
+    lines, _ = read_reports([report])
+    (d,) = lines
+    assert d["m"] == 256 and d["served"] is None and d["error"] == "ArtifactMissingError" and d["rank"] == 0
+    assert d["tuple"] == {"transport": "fused-sdma", "n": 1024, "k": 256, "world": 2, "quant": "blockscale",
+                          "gather_dtype": "fp8", "gather_transport": "lsa", "block_m": 128, "sdma_queues": 1,
+                          "m_max": 512}
+    import hashlib
+
+    assert d["locks"] == [hashlib.sha256((smoke_store / "locks" / "smoke.lock.json").read_bytes()).hexdigest()]
+    # suggest, against the smoke manifest: the one line that would have served it
+    r = CliRunner().invoke(main, ["suggest", str(report), "--manifest", str(ROOT / "manifests" / "smoke.toml"),
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["misses"] == 1 and [g["m"] for g in s["groups"]] == [[256]]
+    assert 'gather_dtype = "fp8"' in s["snippet"] and "m = 256" in s["snippet"] and "m_max = 512" in s["snippet"]
+
+
+def test_suggested_lines_built_serve_every_reported_m(tmp_path, tiny_manifest):
+    """A tiny manifest (split-lsa, M=256, window 512) in a pod asked for M=512: the report, `suggest
+    --write`, a real build of the edited manifest, and the same pod serves M=512 with no miss."""
+    text = tiny_manifest.read_text().replace("world = 2", "world = 2\nm_max = 512", 1)
+    tiny_manifest.write_text("# the team's comment, kept\n" + text)
+    store = tmp_path / "store"
+    from gemmar_aot.build import run_build
+
+    s = run_build(tiny_manifest, store=store, jobs=2, progress=False)
+    assert s["failed"] == 0
+    lock = read_lock(store / "locks" / "tiny.lock.json")
+    report = tmp_path / "misses.jsonl"
+
+    def ask(m):
+        op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, transport="split-lsa",
+                             artifacts=store, driver=FakeHipDriver([read_lock(store / "locks" / "tiny.lock.json")]),
+                             self_test=False, miss_report=report)
+        try:
+            op(*_operands(m))
+        finally:
+            op.close()
+
+    ask(256)
+    with pytest.raises(ArtifactMissingError):
+        ask(512)
+    r = CliRunner().invoke(main, ["suggest", str(report), "--manifest", str(tiny_manifest), "--write"])
+    assert r.exit_code == 0, r.output
+    edited = tiny_manifest.read_text()
+    assert edited.startswith("# the team's comment, kept\n" + text.rstrip("\n")) and "gemmar-aot suggest" in edited
+    s = run_build(tiny_manifest, store=store, jobs=2, progress=False)
+    assert s["failed"] == 0 and s["compiled"] >= 1
+    assert read_lock(store / "locks" / "tiny.lock.json") != lock
+    before = len(read_reports([report])[0])
+    ask(512)  # served now
+    ask(256)
+    assert len(read_reports([report])[0]) == before  # no new miss
+    r = CliRunner().invoke(main, ["suggest", str(report), "--manifest", str(tiny_manifest), "--json"])
+    assert json.loads(r.stdout)["snippet"] == ""  # everything reported is built
+
+
+def test_suggest_refuses_to_write_an_invalid_manifest_and_skips_bad_lines(tmp_path):
+    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.suggest import write_into
+
+    man = tmp_path / "m.toml"
+    man.write_text('[manifest]\nname = "m"\n\n[[tuple]]\ntransport = "fused-sdma"\nm = 256\nn = 1024\nk = 256\n'
+                   'world = 2\n')
+    before = man.read_bytes()
+    with pytest.raises(GemmarError, match="nothing was written"):
+        write_into(man, '[[tuple]]\ntransport = "fused-sdma"\nm = 100\nn = 1024\nk = 256\nworld = 2', ["r"])
+    assert man.read_bytes() == before
+    bad = tmp_path / "r.jsonl"
+    bad.write_text('{"schema": 1, "tuple": {}}\nnot json\n{"schema": 9, "tuple": {}}\n')
+    lines, problems = read_reports([bad])
+    assert len(lines) == 1 and len(problems) == 2
