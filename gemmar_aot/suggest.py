@@ -100,3 +100,92 @@ def write_into(manifest_path: str | os.PathLike, snippet: str, sources: Iterable
                           f"{exc}") from None
     atomic_write_bytes(path, new.encode("utf-8"))
     return path
+
+
+# ---------------------------------------------------------------------------
+# bucket planning: which M values to build for a token-count histogram
+# ---------------------------------------------------------------------------
+
+
+def read_histogram(path: str | os.PathLike) -> dict[int, int]:
+    """A token-count histogram as a serving log gives it: JSON (``{"M": count}``, ``[[M, count], ...]``
+    or a list of M values) or CSV (``M,count`` lines; a header line is skipped). M -> count."""
+    import csv
+    import json
+
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    out: dict[int, int] = defaultdict(int)
+    try:
+        if p.suffix.lower() == ".json" or text.lstrip()[:1] in "[{":
+            d = json.loads(text)
+            items = (d.items() if isinstance(d, dict) else
+                     ((x[0], x[1]) if isinstance(x, (list, tuple)) else (x, 1) for x in d))
+        else:
+            items = [row[:2] for row in csv.reader(text.splitlines()) if row and row[0].strip().isdigit()]
+        for m, c in items:
+            m, c = int(m), int(c)
+            if m < 1 or c < 0:
+                raise ValueError(f"M={m} count={c}")
+            out[m] += c
+    except (ValueError, TypeError, IndexError) as exc:
+        raise GemmarError(f"{p}: not a token-count histogram ({exc}); give JSON {{\"M\": count}} or CSV "
+                          f"lines M,count") from None
+    if not out:
+        raise GemmarError(f"{p}: the histogram is empty")
+    return dict(out)
+
+
+def padded_work(hist: dict[int, int], buckets: Sequence[int]) -> tuple[int, int]:
+    """(rows computed, rows asked for) serving ``hist`` with ``buckets``: each M at the smallest bucket
+    at or above it. Raises ValueError when an M is above every bucket."""
+    bs = sorted(buckets)
+    import bisect
+
+    done = asked = 0
+    for m, c in hist.items():
+        i = bisect.bisect_left(bs, m)
+        if i == len(bs):
+            raise ValueError(f"M={m} is above every bucket ({bs[-1] if bs else 'none'})")
+        done += c * bs[i]
+        asked += c * m
+    return done, asked
+
+
+def plan_buckets(hist: dict[int, int], budget: int, step: int, m_max: int | None = None) -> list[int]:
+    """The at most ``budget`` M buckets (multiples of ``step``, the largest covering every M) that
+    minimise the padded work of ``hist`` -- exactly, by dynamic programming over the candidates
+    (each M rounded up to ``step``: a bucket between two of them only pads more)."""
+    if budget < 1:
+        raise GemmarError(f"--budget must be at least 1, got {budget}")
+    weight: dict[int, int] = defaultdict(int)
+    for m, c in hist.items():
+        p = -(-m // step) * step
+        if m_max is not None and p > m_max:
+            raise GemmarError(f"M={m} (padded {p}) is above the window's m_max {m_max}: no bucket can serve it")
+        weight[p] += c
+    cand = sorted(weight)
+    n = len(cand)
+    budget = min(budget, n)
+    # prefix sums of counts over the candidates: rows of a bucket b serving (lo, b] = b * count
+    pre = [0]
+    for b in cand:
+        pre.append(pre[-1] + weight[b])
+    inf = float("inf")
+    # best[j][i]: least work serving cand[:i+1] with j+1 buckets, the last at cand[i]
+    best = [[inf] * n for _ in range(budget)]
+    back = [[-1] * n for _ in range(budget)]
+    for i in range(n):
+        best[0][i] = cand[i] * pre[i + 1]
+    for j in range(1, budget):
+        for i in range(j, n):
+            for p in range(j - 1, i):
+                v = best[j - 1][p] + cand[i] * (pre[i + 1] - pre[p + 1])
+                if v < best[j][i]:
+                    best[j][i], back[j][i] = v, p
+    j = min(range(budget), key=lambda j: best[j][n - 1])
+    out, i = [], n - 1
+    while i >= 0 and j >= 0:
+        out.append(cand[i])
+        i, j = back[j][i], j - 1
+    return sorted(out)

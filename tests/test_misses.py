@@ -151,3 +151,54 @@ def test_suggest_refuses_to_write_an_invalid_manifest_and_skips_bad_lines(tmp_pa
     bad.write_text('{"schema": 1, "tuple": {}}\nnot json\n{"schema": 9, "tuple": {}}\n')
     lines, problems = read_reports([bad])
     assert len(lines) == 1 and len(problems) == 2
+
+
+# ---- bucket planning ----
+
+def _brute(hist, budget, step):
+    import itertools
+
+    from gemmar_aot.suggest import padded_work
+
+    cands = sorted({-(-m // step) * step for m in hist})
+    top = cands[-1]
+    best = None
+    for k in range(1, budget + 1):
+        for rest in itertools.combinations(cands[:-1], k - 1):
+            done, _ = padded_work(hist, [*rest, top])
+            best = done if best is None else min(best, done)
+    return best
+
+
+def test_the_planned_buckets_are_the_optimum_of_a_brute_force_on_small_cases():
+    import random
+
+    from gemmar_aot.suggest import padded_work, plan_buckets
+
+    rng = random.Random(20261203)
+    for _ in range(150):
+        step = rng.choice([256, 512, 1024])
+        hist = {rng.randint(1, 12 * step): rng.randint(1, 1000) for _ in range(rng.randint(1, 9))}
+        budget = rng.randint(1, 5)
+        got = plan_buckets(hist, budget, step)
+        assert len(got) <= budget and all(b % step == 0 for b in got)
+        done, _ = padded_work(hist, got)
+        assert done <= _brute(hist, budget, step) * 1.01  # within 1% (it is exact: equal)
+        assert done == _brute(hist, budget, step)
+
+
+def test_suggest_tokens_against_the_manifest_in_use(tmp_path):
+    hist = tmp_path / "tokens.csv"
+    # a serving log: many short batches, a tail of long ones (synthetic)
+    rows = {1000: 500, 1500: 300, 3000: 120, 7000: 40, 15000: 5}
+    hist.write_text("tokens,count\n" + "".join(f"{m},{c}\n" for m, c in rows.items()))
+    r = CliRunner().invoke(main, ["suggest", "--tokens", str(hist), "--budget", "3", "--world", "8", "--block-m",
+                                  "128", "--manifest", str(ROOT / "manifests" / "dsv4-pro-wo_b.toml"), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert len(d["buckets"]) == 3 and d["buckets"][-1] == 15360 and all(b % 1024 == 0 for b in d["buckets"])
+    assert d["rows_asked"] == sum(m * c for m, c in rows.items()) and d["overhead"] > 0
+    cur = d["manifest"]
+    assert cur["buckets"][0] == 4096 and cur["tokens_above_largest"] == 0 and cur["overhead"] > d["overhead"]
+    r = CliRunner().invoke(main, ["suggest", "--tokens", str(hist)])
+    assert r.exit_code == 2 and "--budget" in r.output

@@ -222,19 +222,36 @@ def format_summary(s: dict) -> str:
 
 
 @click.command("suggest")
-@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("reports", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--tokens", "tokens", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Plan buckets instead: a token-count histogram (JSON {\"M\": count} or CSV M,count lines).")
+@click.option("--budget", type=click.IntRange(min=1), default=None, help="With --tokens: how many M buckets.")
+@click.option("--world", type=click.IntRange(min=1), default=8, show_default=True, help="With --tokens.")
+@click.option("--block-m", "block_m", type=click.IntRange(min=1), default=128, show_default=True,
+              help="With --tokens: buckets are multiples of world * block_m.")
+@click.option("--m-max", "m_max", type=click.IntRange(min=1), default=None, help="With --tokens: the window.")
 @click.option("--manifest", "manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="The manifest the pods' artifacts were built from: M values it already builds are left out.")
 @click.option("--write", is_flag=True, help="Append the suggested [[tuple]] blocks to --manifest (comments and "
                                             "layout kept; the result must parse, else nothing is written).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def suggest_cmd(reports: tuple[Path, ...], manifest: Path | None, write: bool, as_json: bool) -> None:
+def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | None, world: int, block_m: int,
+                m_max: int | None, manifest: Path | None, write: bool, as_json: bool) -> None:
     """Turn miss reports ($GEMMAR_AOT_MISS_REPORT files or directories) into the manifest lines that
-    would have served every reported M."""
+    would have served every reported M; or, with --tokens and --budget, pick the M buckets that
+    pad a token-count histogram least."""
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.runtime.misses import read_reports
     from gemmar_aot.suggest import suggest, write_into
 
+    if tokens is not None:
+        if reports or write:
+            raise click.UsageError("--tokens plans buckets; it takes no REPORTS and no --write")
+        if budget is None:
+            raise click.UsageError("--tokens needs --budget N (how many M buckets)")
+        return _plan_cmd(tokens, budget, world, block_m, m_max, manifest, as_json)
+    if not reports:
+        raise click.UsageError("give miss reports (files or directories), or --tokens HISTOGRAM --budget N")
     if write and manifest is None:
         raise click.UsageError("--write edits a manifest: give --manifest M.toml")
     lines, problems = read_reports(reports)
@@ -256,6 +273,40 @@ def suggest_cmd(reports: tuple[Path, ...], manifest: Path | None, write: bool, a
     click.echo(r["snippet"])
     if r.get("written"):
         click.echo(f"# appended to {r['written']}", err=True)
+
+
+def _plan_cmd(tokens: Path, budget: int, world: int, block_m: int, m_max: int | None, manifest: Path | None,
+              as_json: bool) -> None:
+    from gemmar_aot.manifest import load_manifest
+    from gemmar_aot.runtime.manifest_lines import m_field
+    from gemmar_aot.suggest import manifest_ms, padded_work, plan_buckets, read_histogram
+
+    hist = read_histogram(tokens)
+    buckets = plan_buckets(hist, budget, world * block_m, m_max)
+    done, asked = padded_work(hist, buckets)
+    out = {"buckets": buckets, "m": m_field(buckets), "rows_computed": done, "rows_asked": asked,
+           "overhead": round(done / asked - 1, 6), "step": world * block_m}
+    if manifest is not None:
+        groups = {g: ms for g, ms in manifest_ms(load_manifest(manifest)).items() if g[3] == world and g[7] == block_m}
+        if groups:
+            g, ms = max(groups.items(), key=lambda kv: len(kv[1]))
+            above = sum(c for m, c in hist.items() if m > max(ms))
+            cur = {"tuple": dict(zip(("transport", "n", "k", "world"), g[:4])), "buckets": sorted(ms),
+                   "tokens_above_largest": above}
+            if not above:
+                d, a = padded_work(hist, sorted(ms))
+                cur["overhead"] = round(d / a - 1, 6)
+            out["manifest"] = cur
+    if as_json:
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+        return
+    click.echo(f"{len(buckets)} bucket(s), multiples of {world * block_m}: {out['m']}")
+    click.echo(f"padded work: {done:,d} rows for {asked:,d} asked, +{out['overhead'] * 100:.2f}%")
+    cur = out.get("manifest")
+    if cur is not None:
+        click.echo(f"the manifest's {len(cur['buckets'])} bucket(s) for {cur['tuple']}: "
+                   + (f"+{cur['overhead'] * 100:.2f}%" if "overhead" in cur else
+                      f"{cur['tokens_above_largest']} calls above its largest M ({max(cur['buckets'])}) miss"))
 
 
 COMMANDS = (doctor, plan, build, suggest_cmd)
