@@ -49,9 +49,12 @@ class Finding:
     claimed_record: str | None
     rebuilt_record: str | None
     problem: str
+    #: "poisoned": the bytes are not what the key compiles to; "unverifiable": the entry could not be
+    #: compared (no readable record, no valid spec, no compile here) -- quarantined alike.
+    kind: str = "poisoned"
 
     def describe(self) -> str:
-        return (f"POISONED {self.label} (key {self.key[:16]}, from {self.origin}): {self.problem}; code object "
+        return (f"{self.kind.upper()} {self.label} (key {self.key[:16]}, from {self.origin}): {self.problem}; code object "
                 f"claimed {str(self.claimed_blob)[:16]}, rebuilt {str(self.rebuilt_blob)[:16]}; record claimed "
                 f"{str(self.claimed_record)[:16]}, rebuilt {str(self.rebuilt_record)[:16]}")
 
@@ -92,7 +95,8 @@ def audit_tasks(tasks: Sequence[Any], claimed: Mapping[str, Mapping[str, Any]], 
         origin = origins.get(task.key, "unknown")
         if not res.ok:
             findings.append(Finding(task.key, spec.label(), origin, want_blob, None, want_rec, None,
-                                    f"it does not compile here: {res.error.splitlines()[0] if res.error else '?'}"))
+                                    f"it does not compile here: {res.error.splitlines()[0] if res.error else '?'}",
+                                    "unverifiable"))
             continue
         got_blob = res.record["blob"]["digest"]
         got_rec = record_digest(res.record).hash
@@ -176,11 +180,11 @@ def audit_lock(lock_path: str | os.PathLike, *, store: str | os.PathLike | None 
                 spec = KernelSpec.from_json(rec["spec"])
             except Exception as exc:  # noqa: BLE001 - a record that names no valid spec is a finding
                 findings.append(Finding(key, e.kind, origin, e.blob.hash, None, e.record.hash, None,
-                                        f"its record names no valid kernel spec ({exc})"))
+                                        f"its record names no valid kernel spec ({exc})", "unverifiable"))
                 continue
         if spec is None:
             findings.append(Finding(key, e.kind, origin, e.blob.hash, None, e.record.hash, None,
-                                    "the store holds no readable record for it"))
+                                    "the store holds no readable record for it", "unverifiable"))
             continue
         ingr = ingredients(spec, fp)
         if action_key(ingr) != key:

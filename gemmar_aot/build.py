@@ -343,6 +343,10 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                     for k in audit_report["distrusted_keys"]:
                         records.pop(ids[audit_report["specs"][k]], None)
                         found.pop(k)
+                    if audit_report["distrusted_keys"]:
+                        session.counts["remote_hits"] -= len(audit_report["distrusted_keys"])
+                        if closure is not None:
+                            closure["present"] = False  # what the remote holds is not trusted: replace it
                 remote_hits = len(found)
                 if not (closure and closure["present"]):  # the remote holds this closure: it has them all
                     session.backfill({keys[sid]: rec for sid, rec in records.items()

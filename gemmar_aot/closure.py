@@ -150,6 +150,9 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
     quarantined), and the caller looks up per key what is still missing."""
     import time
 
+    from gemmar_aot.store.errors import StoreError
+    from gemmar_aot.store.record_index import RecordIndexError
+
     t0 = time.perf_counter()
     backend = session.backend
     if backend.down:
@@ -180,8 +183,11 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
                 continue  # evicted: try the next, then per key
             try:
                 lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
-                got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
-                            toolchain_digest, where)
+                try:
+                    got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
+                                toolchain_digest, where)
+                except (StoreError, RecordIndexError, ValueError) as e:  # a lazily read part, a bad record
+                    raise ClosureRefused(f"{where}: {e}") from None
             except ClosureRefused as e:
                 session.quarantine_bytes(where, pack, str(e))
                 raise
@@ -211,7 +217,8 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
     if not take:
         return {}
     recs = index.records(((k, e.record, e.blob.hash) for k, e in take.items()), whole=True)
-    bad = sorted(k for k, r in recs.items() if not isinstance(r, dict))
+    bad = sorted(k for k, r in recs.items() if not isinstance(r, dict)
+                 or (r.get("blob") or {}).get("digest") != take[k].blob.hash)
     if bad or len(recs) != len(take):
         raise ClosureRefused(f"{where}: its record index does not hold the records its lock names (first: "
                              f"{(bad or sorted(set(take) - set(recs)))[0][:16]})")

@@ -149,16 +149,21 @@ def load_signing_key(spec: str | os.PathLike, where: str = "--sign-key") -> Sign
     from cryptography.hazmat.primitives import serialization
 
     text = os.fspath(spec)
+    from_env = where.startswith("$")
     if isinstance(text, str) and "-----BEGIN" in text:
         data, src = text.encode(), f"the key in {where}"
     else:
         path = Path(text).expanduser()
+        # A value from the environment may be a secret that is not a PEM (say, base64 of one): it is
+        # never repeated in a message, whatever it holds.
+        shown = f"the path in {where}" if from_env or "\n" in text or len(text) > 4096 else str(path)
         try:
             data = path.read_bytes()
-        except OSError as exc:
-            raise SignatureError(f"cannot read the signing key {path} ({where}): {exc.strerror or exc}; give "
-                                 f"a PEM private key file (gemmar-aot keygen makes one)") from None
-        src = f"{path} ({where})"
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise SignatureError(f"cannot read the signing key ({shown}, {where}): {why}; give a PEM private "
+                                 f"key, or the path of one (gemmar-aot keygen makes one)") from None
+        src = f"{shown} ({where})" if shown != str(path) else f"{path} ({where})"
     password = os.environ.get(SIGN_KEY_PASSWORD_ENV)
     try:
         key = serialization.load_pem_private_key(data, password=password.encode() if password else None)
@@ -263,11 +268,21 @@ def lock_statement(lock_bytes: bytes, *, audit: Mapping[str, Any] | None = None,
     return statement(name, hashlib.sha256(lock_bytes).hexdigest(), pred)
 
 
-def sign_lock_file(lock_path: str | os.PathLike, signers: Sequence[Signer], **statement_args: Any) -> Path:
-    """Sign the lock at ``lock_path``: its envelope written beside it (atomically). Returns its path."""
+def sign_lock_file(lock_path: str | os.PathLike, signers: Sequence[Signer], *, lock: Lock | None = None,
+                   **statement_args: Any) -> Path:
+    """Sign the lock at ``lock_path``: its envelope written beside it (atomically). Returns its path.
+    ``lock``: the lock the caller wrote there; then what is signed is its canonical bytes, never
+    what the file holds by now (a writer of the store could have swapped it), and a file that is
+    not those bytes is refused."""
     lock_path = Path(lock_path)
     plain = plain_lock_bytes(lock_path.read_bytes(), str(lock_path))
-    env = sign_statement(lock_statement(plain, **statement_args), signers)
+    if lock is not None:
+        mine = lock.to_bytes()
+        if plain != mine:
+            raise SignatureError(f"{lock_path} is not the lock this build wrote (it changed after it was written): "
+                                 f"nothing signed; rebuild")
+        plain = mine
+    env = sign_statement(lock_statement(plain, lock=lock, **statement_args), signers)
     dest = envelope_path(lock_path)
     atomic_write_bytes(dest, env)
     return dest
@@ -372,11 +387,16 @@ def read_envelope(data: bytes, where: str) -> Envelope:
         raise SignatureError(f"{bad}: {len(data)} bytes, more than {MAX_ENVELOPE_BYTES}; {fix}")
     try:
         env = json.loads(data)
+        if not isinstance(env, dict):
+            raise TypeError("the envelope is not a JSON object")
         if env["payloadType"] != PAYLOAD_TYPE:
             raise SignatureError(f"{bad}: payloadType {env['payloadType']!r}, not {PAYLOAD_TYPE!r}; {fix}")
         payload = base64.b64decode(env["payload"], validate=True)
         sigs = tuple((str(s["keyid"]), base64.b64decode(s["sig"], validate=True)) for s in env["signatures"])
         stmt = json.loads(payload)
+        if not isinstance(stmt, dict) or not isinstance(stmt.get("subject"), list) or not all(
+                isinstance(x, dict) and isinstance(x.get("digest"), dict) for x in stmt["subject"]):
+            raise TypeError("the statement is not an in-toto statement object")
         if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
             raise SignatureError(f"{bad}: statement type {stmt.get('_type')!r} / predicate type "
                                  f"{stmt.get('predicateType')!r}; {fix}")
@@ -385,7 +405,7 @@ def read_envelope(data: bytes, where: str) -> Envelope:
             raise SignatureError(f"{bad}: it must name exactly one subject, the lock; {fix}")
     except SignatureError:
         raise
-    except (ValueError, KeyError, TypeError, IndexError, binascii.Error) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, binascii.Error) as exc:
         raise SignatureError(f"{bad} ({type(exc).__name__}: {exc}); {fix}") from None
     if not sigs:
         raise SignatureError(f"{where} carries no signature; {fix}")
@@ -603,6 +623,8 @@ def load_trust(spec: Any) -> TrustSet:
 def trust_from(trusted_keys: Any = None) -> TrustSet | None:
     """``trusted_keys`` if given, else ``$GEMMAR_AOT_TRUSTED_KEYS`` if set, else None (nothing is
     authenticated)."""
+    if isinstance(trusted_keys, str) and os.pathsep in trusted_keys:  # as the variable spells several
+        trusted_keys = [p for p in trusted_keys.split(os.pathsep) if p.strip()]
     if trusted_keys is not None:
         return load_trust(trusted_keys)
     env = os.environ.get(TRUSTED_KEYS_ENV, "").strip()

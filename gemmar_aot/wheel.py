@@ -732,13 +732,16 @@ def _signature(contents: Mapping[str, bytes], pkg: str, lock: Lock | None, lock_
                problems: list[str]) -> dict | None:
     """The wheel's envelope, read (and verified against ``trusted_keys`` when given); a finding goes
     to ``problems``."""
-    from gemmar_aot.signing import describe_signature, load_trust
+    from gemmar_aot.artifact_model import plain_lock_bytes
+    from gemmar_aot.signing import describe_signature, trust_from
 
     if lock is None:
         return None
     name = f"{pkg}/{ENVELOPE_ARCNAME}"
-    trust = load_trust(trusted_keys) if trusted_keys is not None else None
-    out, problem = describe_signature(contents.get(name), dumps_lock(lock), lock_name, name, trust)
+    trust = trust_from(trusted_keys) if trusted_keys is not None else None
+    # the bytes the wheel ships, as a pod reads them (never a re-serialisation of what was parsed)
+    out, problem = describe_signature(contents.get(name), plain_lock_bytes(contents[lock_name], lock_name),
+                                      lock_name, name, trust)
     if problem:
         problems.append(problem)
     return out

@@ -120,3 +120,108 @@ def _full_closure_key(smoke_store: Path) -> str:
     return closure_key(manifest={"name": lock.manifest.name, "sha256": lock.manifest.sha256},
                        profile=lock.toolchain.profile or "default", toolchain_digest=lock.toolchain.digest,
                        keys=lock.kernels(), derive_code=derive_code_digest())
+
+
+def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_index=None) -> None:
+    """Put a closure under ``key`` made from the smoke store, with the lock document and the record
+    index bytes passed through ``edit_lock``/``edit_index``: what a writer of the remote can do.
+    Every digest of the result is consistent."""
+    from lock_docs import read_doc
+
+    from gemmar_aot.artifact_model import Digest, encode_lock_doc
+    from gemmar_aot.closure import INDEX_PATH, LOCK_PATH
+    from gemmar_aot.store.pack import pack_closure
+    from gemmar_aot.store.record_index import index_path
+
+    lock_path = smoke_store / "locks" / "smoke.lock.json"
+    doc = read_doc(lock_path)
+    index = index_path(lock_path).read_bytes()
+    raws = None
+    if edit_lock is not None:
+        doc, index, raws = edit_lock(doc)
+    if edit_index is not None:
+        index = edit_index(index)
+    lock_bytes = encode_lock_doc(doc)
+    st = Store(smoke_store, readonly=True)
+    if raws is None:
+        from gemmar_aot.artifact_model import Lock
+
+        raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in Lock.from_bytes(lock_bytes).kernels().values()}
+    lock_d, index_d = Digest.of(lock_bytes), Digest.of(index)
+    pack = pack_closure(raws, {lock_d.hash: lock_bytes, index_d.hash: index})
+    pack_d = Digest.of(pack)
+    for d, data in ((pack_d, pack), (lock_d, lock_bytes), (index_d, index)):
+        (server.data / "cas" / d.hash).write_bytes(data)
+    ar = reapi.ActionResult(tuple(reapi.OutputFile(p, reapi.Digest(d.hash, d.size)) for p, d in
+                                  ((PACK_PATH, pack_d), (LOCK_PATH, lock_d), (INDEX_PATH, index_d))))
+    (server.data / "ac" / key).write_bytes(reapi.encode_action_result(ar))
+
+
+def test_a_closure_whose_record_index_is_damaged_inside_is_refused_not_fatal(smoke_store, warm_remote, tmp_path):
+    """The pack and every digest are consistent, but one group of the index does not decompress: the
+    refusal comes when the group is read (lazily), and the build still goes on per key."""
+    from index_frames import read_frames
+
+    probe = _build(tmp_path / "probe", warm_remote.url)
+
+    def damage(index: bytes) -> bytes:
+        head, _groups = read_frames_bytes(index)
+        start = len(index) - sum(n for n, _p in head["groups"])
+        data = bytearray(index)
+        data[start + head["groups"][0][0] // 2] ^= 0x20
+        return bytes(data)
+
+    def read_frames_bytes(index: bytes):
+        p = tmp_path / "idx.zst"
+        p.write_bytes(index)
+        return read_frames(p)
+
+    _forge_closure(warm_remote, smoke_store, probe["closure"]["key"], edit_index=damage)
+    s = _build(tmp_path / "b", warm_remote.url)
+    assert s["closure"]["status"] == "refused" and "record index" in s["closure"]["problem"]
+    assert s["compiled"] == 0 and _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
+
+
+def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, warm_remote, tmp_path):
+    """A writer forges the closure: the victim kernel's entry names another kernel's code object,
+    with lock, record and index rewritten to agree. The audit catches it, every remote hit is
+    distrusted, and the right closure replaces the forged one: the next fresh build, unaudited,
+    gets the right lock."""
+    import copy
+
+    from lock_docs import kernel_entry
+
+    from gemmar_aot.artifact_model import Lock, encode_lock_doc, record_digest
+    from gemmar_aot.audit import sample
+    from gemmar_aot.store.record_index import encode_index, lock_rank_groups
+    from test_remote_build import _a_cheap_kernel_with_its_own_blob
+
+    probe = _build(tmp_path / "probe", warm_remote.url)
+    victim, vblob = _a_cheap_kernel_with_its_own_blob(smoke_store)
+    entries = _lock_entries(smoke_store)
+    donor = sorted(k for k, (kd, h) in entries.items() if kd == entries[victim][0] and h != vblob)[0]
+    st = Store(smoke_store, readonly=True)
+
+    def poison(doc):
+        true_rec, _ = st.load(victim)
+        donor_rec, _ = st.load(donor)
+        forged = {**copy.deepcopy(donor_rec), "key": victim, "spec": true_rec["spec"],
+                  "ingredients": true_rec["ingredients"]}
+        k = kernel_entry(doc, victim)
+        k["blob"] = {"hash": donor_rec["blob"]["digest"], "size": donor_rec["blob"]["size"]}
+        k["record"] = record_digest(forged).to_json()
+        lock = Lock.from_bytes(encode_lock_doc(doc))
+        recs = {key: (forged if key == victim else st.load(key)[0], e.blob.hash) for key, e in lock.kernels().items()}
+        index = encode_index(recs, groups=lock_rank_groups(lock))
+        raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
+        return doc, index, raws
+
+    _forge_closure(warm_remote, smoke_store, probe["closure"]["key"], edit_lock=poison)
+    naive = _build(tmp_path / "naive", warm_remote.url, remote_read_only=True)
+    assert naive["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "naive") != _lock_bytes(smoke_store)
+    seed = next(s for s in range(1000) if victim in sample(entries, 3, s)[0])
+    s = _build(tmp_path / "audited", warm_remote.url, audit_remote=3, audit_seed=seed)
+    assert [f["key"] for f in s["audit"]["findings"]] == [victim]
+    assert s["closure"]["uploaded"] and _lock_bytes(tmp_path / "audited") == _lock_bytes(smoke_store)
+    again = _build(tmp_path / "fresh", warm_remote.url)
+    assert again["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)

@@ -264,9 +264,9 @@ def verify(store, as_json, trusted_keys):
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
     """Every lock of the store with its signature (:func:`gemmar_aot.signing.describe_signature`)."""
     from gemmar_aot.artifact_model import LOCK_SUFFIX, plain_lock_bytes
-    from gemmar_aot.signing import describe_signature, envelope_path, load_trust
+    from gemmar_aot.signing import describe_signature, envelope_path, trust_from
 
-    trust = load_trust(trusted_keys) if trusted_keys is not None else None
+    trust = trust_from(trusted_keys) if trusted_keys is not None else None
     out = []
     for lp in sorted((root / "locks").glob("*" + LOCK_SUFFIX)):
         env = envelope_path(lp)

@@ -129,7 +129,8 @@ def audit_cmd(lock: Path, n: int | None, all_: bool, seed: int | None, store: Pa
 
             click.echo(Finding(**f).describe())
         click.echo("every audited entry is what its key compiles to" if r["ok"] else
-                   f"{len(r['findings'])} poisoned entr{'y' if len(r['findings']) == 1 else 'ies'}, quarantined in "
+                   f"{len(r['findings'])} entr{'y' if len(r['findings']) == 1 else 'ies'} not what their keys compile "
+                   f"to (or not comparable), quarantined in "
                    f"{r['store']}: the next build compiles them; find who could write them (the remote cache's "
                    f"access log) before trusting the cache again")
     sys.exit(0 if r["ok"] else 1)

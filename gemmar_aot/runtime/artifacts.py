@@ -56,6 +56,7 @@ from gemmar_aot.artifact_model import (
     RankLaunches,
     TupleKey,
     WindowLayout,
+    lock_file_path,
     plain_lock_bytes,
     read_lock,
 )
@@ -294,6 +295,11 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
         except SignatureError as exc:
             raise ArtifactSignatureError(str(exc)) from None
         lock = Lock.from_bytes(data, str(path))
+        want = lock_file_path("", lock.manifest.name, lock.toolchain.profile).name
+        if verified.envelope.subject[0] != want:
+            raise ArtifactSignatureError(
+                f"the lock {src} is signed as {verified.envelope.subject[0]!r}, but it is the lock of manifest "
+                f"{lock.manifest.name!r} ({want}): the envelope was made for another lock; re-sign it")
         log.debug("lock %s vouched for by %s", path, verified.describe())
     if root is None:
         return lock, verified
@@ -334,6 +340,10 @@ def select_profile(locks: list[tuple[Path, Lock]], where: str) -> list[tuple[Pat
 
 def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
     if isinstance(spec, Artifacts):
+        if arts.trust is not None and not _checked_against(spec, arts.trust):
+            raise ArtifactSignatureError(
+                f"Artifacts given in {origin} were loaded without the trusted keys now set ({arts.trust.source}); "
+                f"load them with load_artifacts(..., trusted_keys=...) or pass their lock paths")
         for by_m in spec.index.values():
             for by_rank in by_m.values():
                 for entry in by_rank.values():
@@ -371,9 +381,14 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
 
 
 def _checked_against(arts: Artifacts, trust: TrustSet) -> bool:
-    """Whether every lock of ``arts`` was verified with keys ``trust`` holds (and does not revoke)."""
+    """Whether every lock of ``arts`` was verified with keys ``trust`` holds (and does not revoke),
+    by a signature that has not expired since."""
+    from datetime import datetime, timezone
+
     ids = {k.keyid for k in trust.keys} - trust.revoked
-    return all(i.signed_by is not None and i.signed_by.keyid in ids for i in arts.locks)
+    now = datetime.now(timezone.utc)
+    return all(i.signed_by is not None and i.signed_by.keyid in ids
+               and (i.signed_by.envelope.expires is None or now < i.signed_by.envelope.expires) for i in arts.locks)
 
 
 def _is_pair(spec: Any) -> bool:
