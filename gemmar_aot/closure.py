@@ -249,7 +249,7 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, *, exa
     """Upload the closure of ``lock`` (its code objects from the local store ``st``) as ``exact`` and
     as ``latest``. Returns what was sent; a failure is counted by the session, never raised."""
     from gemmar_aot.store import reapi
-    from gemmar_aot.store.pack import pack_closure
+    from gemmar_aot.store.pack_encode import pack_closure
 
     backend = session.backend
     if not backend.writable or backend.down:

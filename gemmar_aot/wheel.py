@@ -81,7 +81,7 @@ from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import STORE_FORMAT, dumps_lock, iter_launches, lock_keys, read_lock_file
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
-from gemmar_aot.store.pack import encode_blobs as _encode_blobs
+from gemmar_aot.store.pack_encode import encode_blobs as _encode_blobs
 from gemmar_aot.store.lockfile import parse_lock
 from gemmar_aot.signing import envelope_path, read_envelope
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE

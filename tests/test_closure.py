@@ -130,7 +130,7 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
 
     from gemmar_aot.artifact_model import Digest, encode_lock_doc
     from gemmar_aot.closure import INDEX_PATH, LOCK_PATH
-    from gemmar_aot.store.pack import pack_closure
+    from gemmar_aot.store.pack_encode import pack_closure
     from gemmar_aot.store.record_index import index_path
 
     lock_path = smoke_store / "locks" / "smoke.lock.json"

@@ -59,56 +59,6 @@ def write_pack(blobs: Mapping[str, Sequence[bytes]]) -> bytes:
     return head + bytes(payload)
 
 
-def encode_blobs(raws: Mapping[str, bytes], level: int) -> tuple[dict[str, bytes], dict]:
-    """Canonical blob-file bytes of ``raws`` (digest -> raw) at zstd ``level`` with a dictionary
-    trained on them: {digest: file bytes} (the dictionary included) and the encoding facts.
-    Deterministic for a given libzstd."""
-    import hashlib
-
-    import zstandard
-
-    from . import blobfmt
-    from .maint import train_best_dictionary
-
-    samples = [raws[d] for d in sorted(raws)]
-    dict_raw, report = train_best_dictionary(samples) if samples else (None, {})
-    files: dict[str, bytes] = {}
-    dict_digest = None
-    if dict_raw is not None:
-        dict_digest = hashlib.sha256(dict_raw).hexdigest()
-        files[dict_digest] = blobfmt.encode(dict_raw, blobfmt.compressor(level), None)
-        cctx = blobfmt.compressor(level, zstandard.ZstdCompressionDict(dict_raw))
-    else:
-        cctx = blobfmt.compressor(level)
-    for d in sorted(raws):
-        files[d] = blobfmt.encode(raws[d], cctx, dict_digest)
-    return files, {
-        "zstd_level": level,
-        "dictionary": dict_digest,
-        "dictionary_bytes": 0 if dict_raw is None else len(dict_raw),
-        "dictionary_gain_vs_plain": report.get("gain_vs_plain"),
-        "python_zstandard": zstandard.__version__,
-        "libzstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
-    }
-
-
-def pack_closure(raws: Mapping[str, bytes], extra: Mapping[str, bytes], level: int = 19) -> bytes:
-    """A closure's pack (``gemmar_aot.closure``): the code objects ``raws`` (digest -> raw) with a
-    dictionary trained on them, and ``extra`` (digest -> raw: the lock, its record index) without
-    one; each read back and checked before the pack is returned."""
-    from . import blobfmt
-
-    files, _encoding = encode_blobs(raws, level)
-    plain = blobfmt.compressor(level)
-    for d, data in extra.items():
-        files[d] = blobfmt.encode(data, plain, None)
-    pack = write_pack({d: [data] for d, data in files.items()})
-    reader = PackBackend(".", data=pack, where="<closure pack>")
-    for d, data in (*raws.items(), *extra.items()):
-        reader.load_blob(d, len(data))
-    return pack
-
-
 def read_index(data: bytes, where: str) -> tuple[dict[str, list[tuple[int, int]]], int]:
     """({digest prefix (16 hex): [(offset, length), ...]}, payload start) of pack bytes; raises
     PackFormatError."""
