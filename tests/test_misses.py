@@ -202,3 +202,36 @@ def test_suggest_tokens_against_the_manifest_in_use(tmp_path):
     assert cur["buckets"][0] == 4096 and cur["tokens_above_largest"] == 0 and cur["overhead"] > d["overhead"]
     r = CliRunner().invoke(main, ["suggest", "--tokens", str(hist)])
     assert r.exit_code == 2 and "--budget" in r.output
+
+
+# ---- op.stats() and the Prometheus metrics ----
+
+def test_stats_count_calls_launches_misses_and_startup(smoke_store, smoke_lock):
+    drv = FakeHipDriver([smoke_lock])
+    op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, gather_dtype="fp8",
+                         gather_transport="lsa", artifacts=smoke_store, driver=drv, self_test=False)
+    try:
+        drv.clear()
+        for _ in range(3):
+            op(*_operands(512))
+        with pytest.raises(ArtifactMissingError):
+            op(*_operands(256))
+        s = op.stats()
+        assert s["calls"] == {512: 3} and s["misses"] == {256: 1} and s["padded_rows"] == 0
+        assert s["launches"] == {512: len(drv.launches)}  # what the HIP double saw launched
+        assert s["startup_seconds"] > 0
+        pytest.importorskip("prometheus_client")
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from gemmar_aot.runtime.metrics import register
+
+        reg = CollectorRegistry()
+        register(op, reg)
+        text = generate_latest(reg).decode()
+        assert 'gemmar_aot_calls_total{m="512",rank="0",transport="fused-sdma"} 3.0' in text
+        assert 'gemmar_aot_misses_total{m="256",rank="0",transport="fused-sdma"} 1.0' in text
+        assert f'gemmar_aot_launches_total{{m="512",rank="0",transport="fused-sdma"}} {float(len(drv.launches))}' in text
+        assert 'gemmar_aot_call_m_bucket{le="512.0",rank="0",transport="fused-sdma"} 3.0' in text
+        assert "gemmar_aot_startup_seconds" in text
+    finally:
+        op.close()

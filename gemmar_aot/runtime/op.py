@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from gemmar_aot import rules
@@ -83,7 +84,7 @@ class _Plan:
     """One M, resolved: the GEMM, the tail phases, the self-test sequence, the window views."""
 
     __slots__ = ("m", "slot", "entry", "gemm", "tail", "self_test", "input", "output", "a_slot", "b_slot",
-                 "as_slot", "bs_slot")
+                 "as_slot", "bs_slot", "calls")
 
     def __init__(self, m: int, slot: int, entry: RankEntry, gemm: PreparedLaunch, tail: tuple,
                  self_test: tuple, input, output):
@@ -91,6 +92,7 @@ class _Plan:
         self.gemm, self.tail, self.self_test = gemm, tail, self_test
         self.input, self.output = input, output
         self.a_slot, self.b_slot, self.as_slot, self.bs_slot = gemm.slots
+        self.calls = 0  # served calls at this M (op.stats())
 
 
 def padded_m(m: int, world_size: int, block_m: int = 128) -> int:
@@ -174,8 +176,11 @@ class GemmAllReduceOp:
                  artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
                  jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT,
                  trusted_keys: Any = None, miss_report: Any = None):
+        t_start = time.perf_counter()
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
+        self._miss_counts: dict[int | None, int] = {}
+        self._startup_seconds: float | None = None
         self.mem = self.win = self.dev_comm = None
         self._modules: list[Any] = []
         self._plans: dict[int, _Plan] = {}
@@ -306,6 +311,7 @@ class GemmAllReduceOp:
             except BaseException:
                 self._rollback()
                 raise
+        self._startup_seconds = time.perf_counter() - t_start
 
     def _rollback(self) -> None:
         """Release whatever the constructor acquired; never masks the error being raised."""
@@ -512,6 +518,7 @@ class GemmAllReduceOp:
         if plan is None:
             return self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)
         g = self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale)
+        plan.calls += 1
         driver = self._driver
         stream = driver.current_stream(self.device)
         launch = driver.launch
@@ -584,8 +591,19 @@ class GemmAllReduceOp:
             f"{snippet}",
             m=m, available=avail, nearest=near, manifest_lines=snippet)
 
+    def stats(self) -> dict:
+        """What this op has done: served calls and kernel launches per M, misses per M (None: the op
+        was asked for a tuple none were built for), padded rows (0: no call is padded to another M
+        today), and the seconds construction took up to ready. Counting costs a call one increment."""
+        calls = {m: p.calls for m, p in sorted(self._plans.items())}
+        return {"calls": calls, "launches": {m: c * (1 + len(self._plans[m].tail)) for m, c in calls.items()},
+                "misses": dict(self._miss_counts), "padded_rows": 0, "startup_seconds": self._startup_seconds,
+                "transport": self.transport, "rank": self.rank}
+
     def _report_miss(self, m: int | None, err: Exception) -> None:
-        """Append the miss to the miss report, if one is set (once per process and M; never raises)."""
+        """Count the miss, and append it to the miss report if one is set (once per process and M;
+        never raises)."""
+        self._miss_counts[m] = self._miss_counts.get(m, 0) + 1
         if self._misses is None:
             return
         k = self.key
