@@ -235,3 +235,38 @@ def test_stats_count_calls_launches_misses_and_startup(smoke_store, smoke_lock):
         assert "gemmar_aot_startup_seconds" in text
     finally:
         op.close()
+
+
+# ---- torch ----
+
+def test_the_op_inside_torch_compile_fullgraph_on_cpu_with_the_double(smoke_store, smoke_lock):
+    """The custom ops trace without a graph break (fullgraph=True raises on one), and the compiled
+    function returns what the op itself returns, its launches the same as a direct call's."""
+    from gemmar_aot.runtime.torch_op import as_torch_op
+
+    drv = FakeHipDriver([smoke_lock])
+    op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, artifacts=smoke_store,
+                         driver=drv, self_test=False)
+    try:
+        f = as_torch_op(op)
+        operands = _operands(512)
+        drv.clear()
+        direct = op(*operands).clone()
+        direct_launches = [(x.digest, x.grid, x.block) for x in drv.launches]
+
+        def step(a, b, a_scale, b_scale):
+            return f(a, b, a_scale, b_scale) * 1  # something around it in the same graph
+
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        drv.clear()
+        got = compiled(*operands)
+        assert torch.equal(got, direct) and got.shape == (512, 1024) and got.dtype == torch.bfloat16
+        assert [(x.digest, x.grid, x.block) for x in drv.launches] == direct_launches
+        out = torch.empty(512, 1024, dtype=torch.bfloat16)
+        compiled_out = torch.compile(lambda *t: f(*t, out=out), fullgraph=True, backend="aot_eager")
+        compiled_out(*operands)
+        assert torch.equal(out, direct)
+    finally:
+        op.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        f(*_operands(512))

@@ -735,6 +735,10 @@ class GemmAllReduceOp:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_torch_handle", None) is not None:  # registered by runtime.torch_op
+            from .torch_op import unregister
+
+            unregister(self)
         self._plans.clear()
         self._phases.clear()
         self._pad_in = None
