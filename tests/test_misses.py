@@ -270,3 +270,82 @@ def test_the_op_inside_torch_compile_fullgraph_on_cpu_with_the_double(smoke_stor
         op.close()
     with pytest.raises(RuntimeError, match="was closed"):
         f(*_operands(512))
+
+
+# ---- on_miss="pad" ----
+
+def _fp8_operands(m, n=1024, k=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.rand(m, k, generator=g) * 4 - 2).to(FP8)
+    b = (torch.rand(n, k, generator=g) * 4 - 2).to(FP8)
+    return a, b, torch.rand(k // 128, m, generator=g) + 0.5, torch.rand(n // 128, k // 128, generator=g) + 0.5
+
+
+def test_pad_launches_the_bucket_exactly_as_a_call_at_the_bucket_with_padded_operands(smoke_store, smoke_lock,
+                                                                                      tmp_path):
+    """The fp8/lsa smoke tuple is built for M=512 only: with on_miss="pad" a call at M=256 runs the
+    M=512 kernels with the same grids, blocks and arguments as a call at M=512 whose A and A scale
+    are the caller's zero-extended, but for the two pointers, which are the op's own buffers,
+    holding exactly those bytes. (A call at the bucket is mori's op at the HIP ABI: test_parity.py.)"""
+    drv = FakeHipDriver([smoke_lock])
+    report = tmp_path / "m.jsonl"
+    op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, gather_dtype="fp8",
+                         gather_transport="lsa", artifacts=smoke_store, driver=drv, self_test=False, on_miss="pad",
+                         miss_report=report)
+    try:
+        a, b, a_scale, b_scale = _fp8_operands(256)
+        pad_a, pad_s = op._pad_a.data_ptr(), op._pad_scale.data_ptr()
+        drv.clear()
+        out = op(a, b, a_scale, b_scale)
+        padded = list(drv.launches)
+        assert out.shape == (256, 1024) and out.data_ptr() == op._plans[512].output.data_ptr()
+        a512 = torch.cat([a, torch.zeros(256, 256, dtype=FP8)])
+        s512 = torch.cat([a_scale, torch.zeros(2, 256)], dim=1).contiguous()  # (kb, M): kb * M + row
+        assert torch.equal(op._pad_a[:512].view(torch.uint8), a512.view(torch.uint8))
+        assert torch.equal(op._pad_scale[:2 * 512], s512.reshape(-1))
+        drv.clear()
+        op(a512, b, s512, b_scale)
+        direct = list(drv.launches)
+        assert [(x.kernel, x.digest, x.grid, x.block) for x in padded] == [(x.kernel, x.digest, x.grid, x.block)
+                                                                         for x in direct]
+        for p, d in zip(padded, direct):
+            diff = {(pv, dv) for pv, dv in zip(p.args, d.args) if pv != dv}
+            assert diff <= {(pad_a, a512.data_ptr()), (pad_s, s512.data_ptr())}, p.kernel
+        assert {pv for p, d in zip(padded, direct) for pv, dv in zip(p.args, d.args) if pv != dv} == \
+            {pad_a, pad_s}  # the GEMM reads the op's buffers
+        # a second padded call reuses the buffers; stats and the report say what happened
+        op(*_fp8_operands(256, seed=1))
+        assert (op._pad_a.data_ptr(), op._pad_scale.data_ptr()) == (pad_a, pad_s)
+        s = op.stats()
+        assert s["padded_rows"] == 2 * 256 and s["misses"] == {256: 2} and s["calls"] == {512: 3}
+        (line,) = read_reports([report])[0]
+        assert line["m"] == 256 and line["served"] == 512 and line["error"] is None
+    finally:
+        op.close()
+
+
+def test_pad_above_the_largest_bucket_raises_and_raise_is_unchanged(smoke_store, smoke_lock, monkeypatch):
+    def make(**kw):
+        return GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, artifacts=smoke_store,
+                               driver=FakeHipDriver([smoke_lock]), self_test=False, **kw)
+
+    monkeypatch.setenv("GEMMAR_AOT_ON_MISS", "pad")
+    op = make(gather_dtype="fp8", gather_transport="lsa")
+    try:
+        assert op._on_miss == "pad"
+        with pytest.raises(ValueError, match="exceeds the window's m_max"):
+            op(*_operands(768))
+    finally:
+        op.close()
+    monkeypatch.delenv("GEMMAR_AOT_ON_MISS")
+    op = make(gather_dtype="fp8", gather_transport="lsa")
+    try:
+        assert op._on_miss == "raise" and op._pad_a is None
+        with pytest.raises(ArtifactMissingError):
+            op(*_operands(256))
+    finally:
+        op.close()
+    with pytest.raises(ValueError, match="use 'raise' or 'pad'"):
+        make(on_miss="round")
+    with pytest.raises(ValueError, match="serves blockscale ops"):
+        make(on_miss="pad", quant="mxfp8")

@@ -4,6 +4,10 @@ Same constructor keywords, call signature, validation and results as
 ``mori.ops.gemm_ar.GemmAllReduceOp`` (amd-mori 1.2.4), plus:
 
 ``artifacts``     where the compiled kernels are (see :mod:`.artifacts`);
+``on_miss``       ``"raise"`` (the default, else ``$GEMMAR_AOT_ON_MISS``): a call at an M the
+                  artifacts lack raises; ``"pad"``: it is served at the smallest built M above
+                  its own, its operands zero-extended into buffers sized at construction, and
+                  the first M rows of that output returned (blockscale; see :meth:`_padded_call`);
 ``miss_report``   where each distinct miss of this process is appended as a JSON line
                   (default ``$GEMMAR_AOT_MISS_REPORT``; :mod:`.misses`), for
                   ``gemmar-aot suggest`` to turn into manifest lines;
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Any
 
@@ -68,6 +73,9 @@ from . import misses
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
+
+#: The miss policy when ``on_miss=`` is not given: ``raise`` (the default) or ``pad``.
+ON_MISS_ENV = "GEMMAR_AOT_ON_MISS"
 from .provenance import COMMUNICATORS, check_installed_mori, one_profile
 
 log = logging.getLogger("gemmar_aot.runtime")
@@ -175,12 +183,14 @@ class GemmAllReduceOp:
                  gather_transport: str = "lsa", quant: str = "blockscale", max_shapes: int | None = None,
                  artifacts: Any = None, self_test: bool = True, driver: Driver | None = None,
                  jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT,
-                 trusted_keys: Any = None, miss_report: Any = None):
+                 trusted_keys: Any = None, miss_report: Any = None, on_miss: str | None = None):
         t_start = time.perf_counter()
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
         self._miss_counts: dict[int | None, int] = {}
         self._startup_seconds: float | None = None
+        self._padded_rows = 0
+        self._pad_a = self._pad_scale = None
         self.mem = self.win = self.dev_comm = None
         self._modules: list[Any] = []
         self._plans: dict[int, _Plan] = {}
@@ -206,6 +216,16 @@ class GemmAllReduceOp:
         why = _transport_problem(transport, gather_dtype, gather_transport, sdma_queues)
         if why:
             raise ValueError(why)
+        if on_miss is None:
+            on_miss = os.environ.get(ON_MISS_ENV, "").strip() or "raise"
+        if on_miss not in ("raise", "pad"):
+            raise ValueError(f"on_miss={on_miss!r} (or ${ON_MISS_ENV}): use 'raise' or 'pad'")
+        if on_miss == "pad" and quant != "blockscale":
+            raise ValueError(f"on_miss='pad' serves blockscale ops; {quant}'s A scales are preshuffled for their M, "
+                             f"so another bucket cannot reuse them: build the M values (gemmar-aot suggest)")
+        if on_miss == "pad" and jit_fallback:
+            raise ValueError("on_miss='pad' and jit_fallback=True both serve a missing M: choose one")
+        self._on_miss = on_miss
         if jit_fallback and transport != TRANSPORT:
             raise ValueError(f"jit_fallback=True needs mori's own op, which only runs {TRANSPORT}; "
                              f"transport {transport!r} has no mori class to fall back to")
@@ -304,6 +324,8 @@ class GemmAllReduceOp:
                 shared: dict = {}  # what the M values' launches have in common, derived once
                 for m, e in sorted(entries.items()):
                     self._plans[m] = self._make_plan(e, images, functions, shared)
+                if self._on_miss == "pad":
+                    self._alloc_pad_buffers()
                 if self_test:
                     self.self_test()
                 if self_test_gemm:
@@ -573,6 +595,10 @@ class GemmAllReduceOp:
         if m % (self.world_size * self.block_m):
             raise ValueError(f"M={m} must be a multiple of world_size * block_m = "
                              f"{self.world_size * self.block_m}; use padded_m()/pad_rows()")
+        if self._on_miss == "pad":
+            bucket = next((b for b in sorted(self._plans) if b > m), None)
+            if bucket is not None:
+                return self._padded_call(m, bucket, a_fp8, b_preshuffled, a_scale, b_scale)
         err = self.missing_error(m)
         self._report_miss(m, err)
         if not self._jit_fallback:
@@ -591,18 +617,51 @@ class GemmAllReduceOp:
             f"{snippet}",
             m=m, available=avail, nearest=near, manifest_lines=snippet)
 
+    def _alloc_pad_buffers(self) -> None:
+        """The zero-extended A and A scale of a padded call, for the largest bucket: allocated once."""
+        import torch
+
+        top = max(self._plans)
+        self._pad_a = torch.zeros((top, self.k), dtype=torch.float8_e4m3fn, device=self.device)
+        self._pad_scale = torch.zeros((self.k // 128) * top, dtype=torch.float32, device=self.device)
+
+    def _padded_call(self, m: int, bucket: int, a_fp8, b_preshuffled, a_scale, b_scale):
+        """Serve M with ``bucket``'s kernels (``on_miss="pad"``).
+
+        Why this is mori's result for M: a GEMM row depends only on its own A row and A-scale
+        row, and the all-reduce and the gather are elementwise over rows (the fp8 gather's
+        scales take an absolute maximum, which zero rows never raise). So rows M..bucket-1 of A
+        and of the A scale are zeroed, rows below M copied from the caller's (whose shapes are
+        checked at the caller's M, as mori checks them), and the first M rows of the bucket's
+        output are what mori's op computes for M. Allocates nothing: the buffers are sized for
+        the largest bucket at construction."""
+        a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=m, n=self.n, k=self.k,
+                                        quant=self.quant, device=self.device)
+        kb = self.k // 128
+        pa = self._pad_a[:bucket]
+        pa[:m].copy_(a)
+        pa[m:].zero_()
+        ps = self._pad_scale[:kb * bucket].view(kb, bucket)  # the kernel's order: kb * M + row
+        ps[:, :m].copy_(asc.view(kb, m))
+        ps[:, m:].zero_()
+        self._padded_rows += bucket - m
+        self._report_miss(m, None, served=bucket)
+        out = self(pa, b, self._pad_scale[:kb * bucket], bsc)
+        return out[:m]
+
     def stats(self) -> dict:
         """What this op has done: served calls and kernel launches per M, misses per M (None: the op
-        was asked for a tuple none were built for), padded rows (0: no call is padded to another M
-        today), and the seconds construction took up to ready. Counting costs a call one increment."""
+        was asked for a tuple none were built for, or a call padded to another bucket), rows
+        computed beyond the rows asked for (``on_miss="pad"``), and the seconds construction took
+        up to ready. Counting costs a call one increment."""
         calls = {m: p.calls for m, p in sorted(self._plans.items())}
         return {"calls": calls, "launches": {m: c * (1 + len(self._plans[m].tail)) for m, c in calls.items()},
-                "misses": dict(self._miss_counts), "padded_rows": 0, "startup_seconds": self._startup_seconds,
+                "misses": dict(self._miss_counts), "padded_rows": self._padded_rows, "startup_seconds": self._startup_seconds,
                 "transport": self.transport, "rank": self.rank}
 
-    def _report_miss(self, m: int | None, err: Exception) -> None:
+    def _report_miss(self, m: int | None, err: Exception | None, served: int | None = None) -> None:
         """Count the miss, and append it to the miss report if one is set (once per process and M;
-        never raises)."""
+        never raises). ``served``: the bucket a padded call ran at (then there is no error)."""
         self._miss_counts[m] = self._miss_counts.get(m, 0) + 1
         if self._misses is None:
             return
@@ -612,8 +671,9 @@ class GemmAllReduceOp:
                     "sdma_queues": k.sdma_queues, "m_max": self.m_max}
         profile = next((i.mori.profile for i in self.artifacts.locks if i.mori is not None), None)
         try:
-            self._misses.report(op=type(self).__name__, tuple_id=tuple_id, m=m, served=None,
-                                error=type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""),
+            self._misses.report(op=type(self).__name__, tuple_id=tuple_id, m=m, served=served,
+                                error=None if err is None else
+                                type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""),
                                 rank=self.rank, profile=profile, locks=misses.lock_digests(self.artifacts))
         except Exception:  # noqa: BLE001 - a report never fails the call it reports
             log.exception("gemmar-aot: writing the miss report failed")
@@ -742,6 +802,7 @@ class GemmAllReduceOp:
         self._plans.clear()
         self._phases.clear()
         self._pad_in = None
+        self._pad_a = self._pad_scale = None
         if self._mori_held:
             self._mori_held = False
             COMMUNICATORS.release(self.comm, self._mori)
