@@ -189,7 +189,42 @@ def _scenario_graph_replay(comm, rank, world, artifacts):
             assert torch.equal(out, want[m]), f"rank {rank}: graph replay at M={m} differs from eager"
 
 
+def _scenario_pad_vs_mori(comm, rank, world, artifacts):
+    """on_miss="pad" at M=256 from artifacts whose M=256 kernels are taken away (served at 512)
+    equals mori's JIT op at M=256, eagerly and replayed from a CUDA graph."""
+    import torch
+    from mori.ops.gemm_ar import GemmAllReduceOp as MoriOp
+
+    from gemmar_aot.artifact_model import decode_lock_doc, encode_lock_doc, Lock
+
+    k = 256
+    lock_path = next(Path(artifacts, "locks").glob("*.lock.json"))
+    doc = decode_lock_doc(lock_path.read_bytes())
+    keep = [i for i, t in enumerate(doc["tuples"]) if t["m"] != 256]
+    renum = {old: new for new, old in enumerate(keep)}
+    doc["tuples"] = [doc["tuples"][i] for i in keep]
+    for p in doc["parts"]:
+        p["launches"] = [[renum[x[0]], x[1], x[2]] for x in p["launches"] if x[0] in renum]
+    lock = Lock.from_bytes(encode_lock_doc(doc), "<lock without M=256>")
+    with _make_op(comm, k, (lock, artifacts), on_miss="pad") as ours, \
+            MoriOp(comm, n=N, k=k, m_max=M_MAX) as theirs:
+        assert 256 not in ours.m_values and 512 in ours.m_values
+        ops = _operands(rank, 256, k)
+        a = ours(*ops).clone()
+        torch.cuda.current_stream().synchronize()
+        b = theirs(*ops).clone()
+        torch.cuda.current_stream().synchronize()
+        assert torch.equal(a, b), f"rank {rank}: pad at M=256 differs from mori in {int((a != b).sum())} elements"
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = ours(*ops)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, b), f"rank {rank}: pad replayed from a graph differs from mori"
+
+
 SCENARIOS = {
+    "pad_vs_mori": _scenario_pad_vs_mori,
     "self_test": _scenario_self_test,
     "rel_l2": _scenario_rel_l2,
     "bitwise_vs_mori": _scenario_bitwise_vs_mori,
@@ -255,3 +290,7 @@ def test_bitwise_equal_to_mori_jit_op(gpu_artifacts, tmp_path):
 
 def test_graph_replay_across_m(gpu_artifacts, tmp_path):
     _run("graph_replay", gpu_artifacts, tmp_path)
+
+
+def test_pad_equals_mori_at_the_missing_m(gpu_artifacts, tmp_path):
+    _run("pad_vs_mori", gpu_artifacts, tmp_path)
