@@ -9,6 +9,7 @@
 #   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers,
 #                PROFILE=nightly for another toolchain profile)
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
+#   make gpu-report   on an MI355X node: the GPU tier and the PR's comparison, as JSON + Markdown
 #   make setup-py312   a Python 3.12 build environment beside .venv (.venv312, .toolchain312)
 #                for tests/test_keys_travel.py (PYTHON312=/path/to/python3.12; ~4 GB: PyPI's
 #                torch 2.13.0 for cp312 is the CUDA build). Not part of setup or CI.
@@ -30,7 +31,7 @@ PYTHON312   ?= python3.12
 # pip install runs again when pyproject.toml changes.
 DEPS_STAMP  := $(VENV)/.gemmar-deps.stamp
 
-.PHONY: setup setup-py312 build test lint clean
+.PHONY: setup setup-py312 build test lint clean gpu-report
 
 setup: $(DEPS_STAMP)
 	$(VPY) -m gemmar_aot.toolchain setup --profile $(TOOLCHAIN)
@@ -57,6 +58,11 @@ build: setup
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# On an MI355X node: the GPU tier and the PR's mode comparison -> gpu-report/gpu-report.{json,md}
+# (.github/workflows/gpu.yml runs it on a self-hosted gfx950 runner). Elsewhere it reports the skips.
+gpu-report: setup
+	$(VPY) bench/gpu_report.py --out gpu-report
 
 lint: setup
 	$(VENV)/bin/ruff check gemmar_aot kernels tests bench --select F,E9
