@@ -281,17 +281,22 @@ def _fp8_operands(m, n=1024, k=256, seed=0):
     return a, b, torch.rand(k // 128, m, generator=g) + 0.5, torch.rand(n // 128, k // 128, generator=g) + 0.5
 
 
+@pytest.mark.parametrize("transport, wire", [("fused-sdma", "fp8/lsa"), ("fused-sdma", "fp8/sdma"),
+                                             ("split-sdma", "bf16"), ("split-lsa", "bf16"), ("fused-lsa", "bf16")])
+@pytest.mark.parametrize("rank", [0, 1])
 def test_pad_launches_the_bucket_exactly_as_a_call_at_the_bucket_with_padded_operands(smoke_store, smoke_lock,
-                                                                                      tmp_path):
-    """The fp8/lsa smoke tuple is built for M=512 only: with on_miss="pad" a call at M=256 runs the
-    M=512 kernels with the same grids, blocks and arguments as a call at M=512 whose A and A scale
-    are the caller's zero-extended, but for the two pointers, which are the op's own buffers,
-    holding exactly those bytes. (A call at the bucket is mori's op at the HIP ABI: test_parity.py.)"""
+                                                                                      tmp_path, transport, wire, rank):
+    """Each of these smoke tuples is built for M=512 only: with on_miss="pad" a call at M=256 runs
+    the M=512 kernels with the same grids, blocks and arguments as a call at M=512 whose A and A
+    scale are the caller's zero-extended, but for the two pointers, which are the op's own
+    buffers, holding exactly those bytes. (A call at the bucket is mori's op at the HIP ABI:
+    test_parity.py.)"""
     drv = FakeHipDriver([smoke_lock])
     report = tmp_path / "m.jsonl"
-    op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, gather_dtype="fp8",
-                         gather_transport="lsa", artifacts=smoke_store, driver=drv, self_test=False, on_miss="pad",
-                         miss_report=report)
+    gd, _, gt = wire.partition("/")
+    op = GemmAllReduceOp(FakeCommunicator(rank=rank, nranks=2), n=1024, k=256, m_max=512, gather_dtype=gd,
+                         gather_transport=gt or "lsa", transport=transport, artifacts=smoke_store, driver=drv,
+                         self_test=False, on_miss="pad", miss_report=report)
     try:
         a, b, a_scale, b_scale = _fp8_operands(256)
         pad_a, pad_s = op._pad_a.data_ptr(), op._pad_scale.data_ptr()
@@ -319,7 +324,7 @@ def test_pad_launches_the_bucket_exactly_as_a_call_at_the_bucket_with_padded_ope
         s = op.stats()
         assert s["padded_rows"] == 2 * 256 and s["misses"] == {256: 2} and s["calls"] == {512: 3}
         (line,) = read_reports([report])[0]
-        assert line["m"] == 256 and line["served"] == 512 and line["error"] is None
+        assert line["m"] == 256 and line["served"] == 512 and line["error"] is None and line["rank"] == rank
     finally:
         op.close()
 
