@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _results import commit, emit  # noqa: E402
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 
@@ -105,16 +107,11 @@ def main() -> int:
            **{name: arm(rs) for name, rs in runs.items()},
            "python_speed_ms": {"before": speed_before, "after": speed_after},
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=ROOT).stdout.strip()}
+           "commit": commit()}
     c = out["closure"]
     out["closure_vs_warm_local_wall"] = round(c["wall_s_median"] / out["warm_local"]["wall_s_median"], 2)
     out["closure_bytes_vs_pack"] = round(c["bytes_down"] / max(1, c["closure"]["pack_bytes"]), 3)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.json_out:
-        a.json_out.write_text(text + "\n")
-    return 0
+    return emit(out, a.json_out)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ stream, not measured here.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _results import commit, emit  # noqa: E402
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
 
 
@@ -65,13 +65,8 @@ def main() -> int:
            "pad_extra_us": {k: round(v - best["bucket_4096"], 2) for k, v in best.items() if k != "bucket_4096"},
            "padded_rows_total": stats["padded_rows"], "python_speed_ms": speed,
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=ROOT).stdout.strip()}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.json_out:
-        a.json_out.write_text(text + "\n")
-    return 0
+           "commit": commit()}
+    return emit(out, a.json_out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ process, at its first verified construction; a pod without trusted keys never im
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _results import commit, emit  # noqa: E402
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 IMPORT = ("from cryptography.hazmat.primitives import serialization, hashes\n"
@@ -129,14 +130,9 @@ def main() -> int:
         "python_speed_ms": {"before": speed_before, "after": speed_after},
         "loadavg": {"before": load_before[0], "after": os.getloadavg()[0]},
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                 cwd=ROOT).stdout.strip(),
+        "commit": commit(),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.json_out:
-        a.json_out.write_text(text + "\n")
-    return 0
+    return emit(result, a.json_out)
 
 
 if __name__ == "__main__":
