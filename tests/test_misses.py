@@ -354,3 +354,20 @@ def test_pad_above_the_largest_bucket_raises_and_raise_is_unchanged(smoke_store,
         make(on_miss="round")
     with pytest.raises(ValueError, match="serves blockscale ops"):
         make(on_miss="pad", quant="mxfp8")
+
+
+def test_gemm_only_is_never_padded(smoke_store, smoke_lock):
+    """gemm_only() at an unbuilt M raises even with on_miss="pad": the bucket's GEMM alone is not a
+    GEMM at M, and running the whole call instead would launch the all-reduce unasked."""
+    drv = FakeHipDriver([smoke_lock])
+    op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, transport="split-lsa",
+                         artifacts=smoke_store, driver=drv, self_test=False, on_miss="pad")
+    try:
+        drv.clear()
+        with pytest.raises(ArtifactMissingError):
+            op.gemm_only(*_operands(256))
+        assert drv.launches == []
+        op.gemm_only(*_operands(512))
+        assert len(drv.launches) == 1
+    finally:
+        op.close()

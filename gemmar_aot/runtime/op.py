@@ -68,17 +68,17 @@ from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
 from .gc_pause import gc_paused
-from .kernel import EntryPosition, PreparedLaunch, RecordBinding, check_sequences, prepare_launch, verify_code_object
 from . import misses
+from .kernel import EntryPosition, PreparedLaunch, RecordBinding, check_sequences, prepare_launch, verify_code_object
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
-
-#: The miss policy when ``on_miss=`` is not given: ``raise`` (the default) or ``pad``.
-ON_MISS_ENV = "GEMMAR_AOT_ON_MISS"
 from .provenance import COMMUNICATORS, check_installed_mori, one_profile
 
 log = logging.getLogger("gemmar_aot.runtime")
+
+#: The miss policy when ``on_miss=`` is not given: ``raise`` (the default) or ``pad``.
+ON_MISS_ENV = "GEMMAR_AOT_ON_MISS"
 
 #: The mode a GemmAllReduceOp serves unless told otherwise (mori's own op).
 TRANSPORT = FUSED_SDMA
@@ -191,6 +191,9 @@ class GemmAllReduceOp:
         self._startup_seconds: float | None = None
         self._padded_rows = 0
         self._pad_a = self._pad_scale = None
+        self._buckets: tuple[int, ...] = ()
+        self._reported: set[tuple] = set()  # (M, bucket) already handed to the miss report
+        self._miss_identity: tuple[dict, str | None, list[str]] | None = None
         self.mem = self.win = self.dev_comm = None
         self._modules: list[Any] = []
         self._plans: dict[int, _Plan] = {}
@@ -539,7 +542,10 @@ class GemmAllReduceOp:
         plan = self._plans.get(a_fp8.shape[0])
         if plan is None:
             return self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)
-        g = self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale)
+        return self._launch(plan, self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale))
+
+    def _launch(self, plan: _Plan, g: PreparedLaunch):
+        """Queue ``plan``'s GEMM (its pointers written: ``g``) and its tail; the output view."""
         plan.calls += 1
         driver = self._driver
         stream = driver.current_stream(self.device)
@@ -552,8 +558,11 @@ class GemmAllReduceOp:
     def _pack_gemm(self, plan: _Plan, a_fp8, b_preshuffled, a_scale, b_scale):
         """Check the operands against ``plan``'s M and write their pointers into the GEMM's
         preallocated kernel arguments; returns the GEMM's prepared launch."""
-        a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n, k=self.k,
-                                        quant=self.quant, device=self.device)
+        return self._write_pointers(plan, *check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n,
+                                                          k=self.k, quant=self.quant, device=self.device))
+
+    def _write_pointers(self, plan: _Plan, a, b, asc, bsc) -> PreparedLaunch:
+        """Checked operands' pointers into the GEMM's preallocated kernel arguments."""
         g = plan.gemm
         v = g.values
         v[plan.a_slot] = a.data_ptr()
@@ -575,15 +584,16 @@ class GemmAllReduceOp:
             raise ValueError(f"gemm_only() runs a split mode's unfused GEMM; {self.transport}'s GEMM pushes to "
                              f"the peers and cannot run without its tail")
         plan = self._plans.get(a_fp8.shape[0])
-        if plan is None:
-            self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)  # raises: closed, M rules or a miss
+        if plan is None:  # never padded: the bucket's GEMM alone would leave its input region half ours
+            self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale, pad=False)  # raises: closed, rules, a miss
             raise AssertionError("unreachable")  # pragma: no cover - jit_fallback is fused-sdma only
         g = self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale)
         self._driver.launch(g.function, g.grid, g.block, g.args, self._driver.current_stream(self.device))
         return plan.input
 
-    def _unplanned_call(self, a_fp8, b_preshuffled, a_scale, b_scale):
-        """Why there is no plan for this M: closed, too big, off-granule, or not built."""
+    def _unplanned_call(self, a_fp8, b_preshuffled, a_scale, b_scale, pad: bool = True):
+        """Why there is no plan for this M: closed, too big, off-granule, or not built (then, with
+        ``on_miss="pad"`` and ``pad``, served at a larger bucket)."""
         if self._closed:
             raise RuntimeError("this GemmAllReduceOp has been closed")
         if a_fp8.dim() != 2:
@@ -595,8 +605,8 @@ class GemmAllReduceOp:
         if m % (self.world_size * self.block_m):
             raise ValueError(f"M={m} must be a multiple of world_size * block_m = "
                              f"{self.world_size * self.block_m}; use padded_m()/pad_rows()")
-        if self._on_miss == "pad":
-            bucket = next((b for b in sorted(self._plans) if b > m), None)
+        if pad and self._on_miss == "pad":
+            bucket = next((b for b in self._buckets if b > m), None)
             if bucket is not None:
                 return self._padded_call(m, bucket, a_fp8, b_preshuffled, a_scale, b_scale)
         err = self.missing_error(m)
@@ -621,7 +631,8 @@ class GemmAllReduceOp:
         """The zero-extended A and A scale of a padded call, for the largest bucket: allocated once."""
         import torch
 
-        top = max(self._plans)
+        self._buckets = tuple(sorted(self._plans))
+        top = self._buckets[-1]
         self._pad_a = torch.zeros((top, self.k), dtype=torch.float8_e4m3fn, device=self.device)
         self._pad_scale = torch.zeros((self.k // 128) * top, dtype=torch.float32, device=self.device)
 
@@ -646,8 +657,9 @@ class GemmAllReduceOp:
         ps[:, m:].zero_()
         self._padded_rows += bucket - m
         self._report_miss(m, None, served=bucket)
-        out = self(pa, b, self._pad_scale[:kb * bucket], bsc)
-        return out[:m]
+        plan = self._plans[bucket]
+        # The buffers are the op's own, shaped for the bucket: no second operand check.
+        return self._launch(plan, self._write_pointers(plan, pa, b, self._pad_scale[:kb * bucket], bsc))[:m]
 
     def stats(self) -> dict:
         """What this op has done: served calls and kernel launches per M, misses per M (None: the op
@@ -663,18 +675,23 @@ class GemmAllReduceOp:
         """Count the miss, and append it to the miss report if one is set (once per process and M;
         never raises). ``served``: the bucket a padded call ran at (then there is no error)."""
         self._miss_counts[m] = self._miss_counts.get(m, 0) + 1
-        if self._misses is None:
-            return
-        k = self.key
-        tuple_id = {"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
-                    "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
-                    "sdma_queues": k.sdma_queues, "m_max": self.m_max}
-        profile = next((i.mori.profile for i in self.artifacts.locks if i.mori is not None), None)
+        if self._misses is None or (m, served) in self._reported:
+            return  # a padded call repeats often: after its first report it costs the count alone
+        self._reported.add((m, served))
+        if self._miss_identity is None:  # what every report of this op says: made once
+            k = self.key
+            self._miss_identity = (
+                {"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
+                 "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
+                 "sdma_queues": k.sdma_queues, "m_max": self.m_max},
+                next((i.mori.profile for i in self.artifacts.locks if i.mori is not None), None),
+                misses.lock_digests(self.artifacts))
+        tuple_id, profile, locks = self._miss_identity
         try:
             self._misses.report(op=type(self).__name__, tuple_id=tuple_id, m=m, served=served,
                                 error=None if err is None else
                                 type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""),
-                                rank=self.rank, profile=profile, locks=misses.lock_digests(self.artifacts))
+                                rank=self.rank, profile=profile, locks=locks)
         except Exception:  # noqa: BLE001 - a report never fails the call it reports
             log.exception("gemmar-aot: writing the miss report failed")
 
