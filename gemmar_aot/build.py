@@ -73,19 +73,18 @@ def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, se
             "distrusted": len(distrusted), "distrusted_keys": distrusted, "specs": spec_of}
 
 
-def _closure_keys(manifest, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
+def _closure_keys(manifest, sha: str, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
     """(exact, latest): the action keys of this build's closure entry and of its manifest's newest."""
     from gemmar_aot.closure import closure_key, latest_key
     from gemmar_aot.keys import derive_code_digest
 
-    sha = hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest()
     return (closure_key(manifest={"name": manifest.name, "sha256": sha}, profile=profile,
                         toolchain_digest=toolchain_digest, keys=all_keys, derive_code=derive_code_digest()),
             latest_key(manifest_name=manifest.name, profile=profile, toolchain_digest=toolchain_digest))
 
 
-def _closure_lookup(session, closure_keys: tuple[str, str], manifest, toolchain_digest: str, all_keys: set[str],
-                    missing: list[str]) -> dict:
+def _closure_lookup(session, closure_keys: tuple[str, str], manifest_sha: str, toolchain_digest: str,
+                    all_keys: set[str], missing: list[str]) -> dict:
     """Ask for the closure when anything is missing locally (else only whether the remote holds
     it: then nothing needs backfilling and nothing uploading). The summary's ``closure``."""
     from gemmar_aot.closure import fetch_closure
@@ -95,7 +94,7 @@ def _closure_lookup(session, closure_keys: tuple[str, str], manifest, toolchain_
         present = session.first_request(lambda: session.backend.client.head("ac", exact))
         return {"key": exact, "status": "local", "present": bool(present), "records": {}, "entries": 0}
     got = fetch_closure(session, exact=exact, latest=latest, all_keys=all_keys, need=set(missing),
-                        manifest_sha256=hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest(),
+                        manifest_sha256=manifest_sha,
                         toolchain_digest=toolchain_digest)
     return {"key": exact, **got.summary(), "present": got.status == "hit", "records": got.records}
 
@@ -312,10 +311,11 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
             if session is not None:
                 missing = [keys[ids[s]] for s in selected if ids[s] not in records]
                 if not only and shard is None:  # a build of the whole manifest: it has a closure
-                    closure_keys = _closure_keys(manifest, tc.profile.name, fp["digest"], set(keys.values()))
+                    all_keys = set(keys.values())
+                    sha = hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest()
+                    closure_keys = _closure_keys(manifest, sha, tc.profile.name, fp["digest"], all_keys)
                     with maybe_phase(trace, "remote closure"):
-                        closure = _closure_lookup(session, closure_keys, manifest, fp["digest"], set(keys.values()),
-                                                  missing)
+                        closure = _closure_lookup(session, closure_keys, sha, fp["digest"], all_keys, missing)
                 from_closure = closure["records"] if closure else {}
                 session.counts["remote_hits"] += len(from_closure)  # hits, whichever way they came
                 rest = [k for k in missing if k not in from_closure]
@@ -334,7 +334,6 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
                 from gemmar_aot.audit import note_fetches
 
                 note_fetches(st.stats_dir, session.backend.name, found)
-                audit_report = None
                 if audit_remote and found:
                     audit_report = _audit_remote_hits(
                         found, {keys[ids[s]]: s for s in selected}, ingr, ids, st, session,

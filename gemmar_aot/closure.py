@@ -119,9 +119,8 @@ def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: D
     from pathlib import Path
 
     from gemmar_aot.store.codec import BadBlob, SizeMismatch, check_content
-    from gemmar_aot.store.errors import StoreError
     from gemmar_aot.store.pack import PackBackend
-    from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
+    from gemmar_aot.store.record_index import RecordIndex
 
     try:
         check_content(pack, want.hash, want.size)
@@ -134,9 +133,7 @@ def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: D
         lock = Lock.from_bytes(lock_bytes, f"{where} (its lock)")
         lock.check_parts()
         index = RecordIndex.from_bytes(index_bytes, Path(f"{where} (its record index)"))
-    except (StoreError, RecordIndexError, ValueError) as e:
-        raise ClosureRefused(f"{where}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - the lock reader's errors are GemmarErrors; any is a refusal
+    except Exception as e:  # noqa: BLE001 - a store, index or lock error (GemmarErrors, ValueErrors): a refusal
         raise ClosureRefused(f"{where}: {e}") from None
     return lock, index, reader
 
