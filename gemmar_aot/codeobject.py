@@ -158,10 +158,6 @@ class CodeObject:
         )
 
 
-def _feature(flags: int, mask: int, shift_names: dict[int, str]) -> str:
-    return shift_names.get(flags & mask, f"0x{flags & mask:x}")
-
-
 def parse_code_object(data: bytes) -> CodeObject:
     """Parse ``data`` as an AMDGPU ELF. Raises :class:`CodeObjectError` if it is not one."""
     if len(data) < 64 or data[:4] != b"\x7fELF":
@@ -181,67 +177,104 @@ def parse_code_object(data: bytes) -> CodeObject:
     if e_shoff == 0 or e_shentsize != 64 or e_shoff + e_shnum * 64 > len(data):
         raise CodeObjectError("section header table is missing or truncated")
 
-    table = data[e_shoff : e_shoff + e_shnum * 64]
-    sections = []  # (sh_name, sh_type, sh_offset, sh_size, sh_link)
-    for i, (sh_name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, _es) in enumerate(
-            struct.iter_unpack("<IIQQQQIIQQ", table)):
-        if sh_type != 8 and sh_offset + sh_size > len(data):  # 8 = SHT_NOBITS
+    # The section table in one unpack, read by column (sh_name, sh_type, sh_offset, sh_size, sh_link).
+    table = _repeated(_SECTION, e_shnum).unpack_from(data, e_shoff)
+    names, types, offsets, sizes, links = table[0::10], table[1::10], table[4::10], table[5::10], table[6::10]
+    n = len(data)
+    for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):
+        if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS
             raise CodeObjectError(f"section {i} extends past the end of the file (truncated?)")
-        sections.append((sh_name, sh_type, sh_offset, sh_size, sh_link))
-    if e_shstrndx >= len(sections):
+    if e_shstrndx >= e_shnum:
         raise CodeObjectError("bad section-name string table index")
-    str_off, str_size = sections[e_shstrndx][2:4]
+    str_off, str_end = offsets[e_shstrndx], offsets[e_shstrndx] + sizes[e_shstrndx]
 
     meta: tuple[str, tuple[KernelMetadata, ...]] | None = None  # the last metadata note's
-    comment = ""
     undefined: set[str] = set()
-    for sh_name, sh_type, off, size, link in sections:
-        if sh_type in (SHT_SYMTAB, SHT_DYNSYM) and link < len(sections):
-            s_off, s_size = sections[link][2:4]
-            # entry 0 is the null symbol; st_shndx 0 (SHN_UNDEF) with a name is an undefined symbol
-            for st_name, _info, _other, st_shndx, _v, _s in struct.iter_unpack(
-                    "<IBBHQQ", data[off + 24 : off + 24 + (size - 24) // 24 * 24] if size >= 24 else b""):
-                if st_shndx == 0 and st_name:
-                    end = data.find(b"\0", s_off + st_name, s_off + s_size)
-                    undefined.add(data[s_off + st_name : end].decode("ascii", "replace"))
-        # only the .comment section is looked up by name (a bytes compare first: names are rarely it)
-        if data.startswith(b".comment", str_off + sh_name):
-            end = data.find(b"\0", str_off + sh_name, str_off + str_size)
-            if data[str_off + sh_name : end] == b".comment":
-                comment = " ".join(
-                    s.decode("utf-8", "replace") for s in data[off : off + size].split(b"\0") if s
-                )
-        if sh_type != SHT_NOTE:
-            continue
-        pos, end = off, off + size
-        while pos + 12 <= end:
-            namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
-            pos += 12
-            nname = data[pos : pos + namesz].rstrip(b"\0")
-            pos += (namesz + 3) & ~3
-            desc = data[pos : pos + descsz]
-            pos += (descsz + 3) & ~3
-            if pos > end:
-                raise CodeObjectError("note section is truncated")
-            if nname == b"AMDGPU" and ntype == NT_AMDGPU_METADATA:
-                meta = _note(desc)
+    for i, sh_type in enumerate(types):
+        if sh_type in (SHT_SYMTAB, SHT_DYNSYM) and links[i] < e_shnum:
+            undefined.update(_undefined_symbols(data, offsets[i], sizes[i], offsets[links[i]],
+                                                offsets[links[i]] + sizes[links[i]]))
+        elif sh_type == SHT_NOTE:
+            got = _metadata_note(data, offsets[i], offsets[i] + sizes[i])
+            if got is not None:
+                meta = got
     if meta is None:
         raise CodeObjectError("no NT_AMDGPU_METADATA note (not a code object v3+?)")
+    # .comment is the one section looked up by name: a name is ".comment" when its offset in the
+    # string table starts the bytes ".comment\0" (names may share a tail: every occurrence counts)
+    comment = ""
+    at = data.find(b".comment\0", str_off, str_end)
+    if at >= 0:
+        starts = set()
+        while at >= 0:
+            starts.add(at - str_off)
+            at = data.find(b".comment\0", at + 1, str_end)
+        for i, name in enumerate(names):
+            if name in starts:
+                comment = " ".join(s.decode("utf-8", "replace")
+                                   for s in data[offsets[i]: offsets[i] + sizes[i]].split(b"\0") if s)
     target, kernels = meta
     mach = e_flags & EF_AMDGPU_MACH
     return CodeObject(
         mach=mach,
         arch=MACH_NAMES.get(mach, f"mach-0x{mach:x}"),
         code_object_version=cov,
-        xnack=_feature(e_flags, EF_AMDGPU_FEATURE_XNACK_V4,
-                       {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}),
-        sramecc=_feature(e_flags, EF_AMDGPU_FEATURE_SRAMECC_V4,
-                         {0x000: "unsupported", 0x400: "any", 0x800: "off", 0xC00: "on"}),
+        xnack=_XNACK.get(e_flags & EF_AMDGPU_FEATURE_XNACK_V4),
+        sramecc=_SRAMECC.get(e_flags & EF_AMDGPU_FEATURE_SRAMECC_V4),
         target=target,
         kernels=kernels,
         comment=comment,
         undefined_symbols=tuple(sorted(undefined)),
     )
+
+
+_SECTION = "IIQQQQIIQQ"  # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
+_SYMBOL = "IBBHQQ"  # Elf64_Sym: name, info, other, shndx, value, size
+_XNACK = {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}
+_SRAMECC = {0x000: "unsupported", 0x400: "any", 0x800: "off", 0xC00: "on"}
+_STRUCTS: dict[tuple[str, int], struct.Struct] = {}
+
+
+def _repeated(fmt: str, count: int) -> struct.Struct:
+    """A little-endian Struct of ``count`` consecutive ``fmt`` records (cached: tables repeat sizes)."""
+    st = _STRUCTS.get((fmt, count))
+    if st is None:
+        if len(_STRUCTS) >= 256:
+            _STRUCTS.clear()
+        st = _STRUCTS[(fmt, count)] = struct.Struct("<" + fmt * count)
+    return st
+
+
+def _undefined_symbols(data: bytes, off: int, size: int, str_off: int, str_end: int) -> list[str]:
+    """The names of a symbol table's undefined symbols (st_shndx 0, SHN_UNDEF, with a name).
+    Entry 0 is the null symbol; a trailing partial entry is ignored."""
+    count = (size - 24) // 24 if size >= 24 else 0
+    if count == 0:
+        return []
+    syms = _repeated(_SYMBOL, count).unpack_from(data, off + 24)
+    out = []
+    for st_name, st_shndx in zip(syms[0::6], syms[3::6]):
+        if st_shndx == 0 and st_name:
+            end = data.find(b"\0", str_off + st_name, str_end)
+            out.append(data[str_off + st_name: end].decode("ascii", "replace"))
+    return out
+
+
+def _metadata_note(data: bytes, pos: int, end: int) -> tuple[str, tuple[KernelMetadata, ...]] | None:
+    """The last NT_AMDGPU_METADATA note of the note section ``data[pos:end]``, parsed, or None."""
+    meta = None
+    while pos + 12 <= end:
+        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        pos += 12
+        nname = data[pos: pos + namesz].rstrip(b"\0")
+        pos += (namesz + 3) & ~3
+        desc = data[pos: pos + descsz]
+        pos += (descsz + 3) & ~3
+        if pos > end:
+            raise CodeObjectError("note section is truncated")
+        if nname == b"AMDGPU" and ntype == NT_AMDGPU_METADATA:
+            meta = _note(desc)
+    return meta
 
 
 #: Parsed metadata notes by their bytes. A rank's code objects repeat a few notes (the reference

@@ -14,6 +14,7 @@ Runtime-side module: standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 #: Host-parameter types FlyDSL emits, and their kernarg size.
@@ -65,23 +66,19 @@ class LaunchRecord:
 
     # ---- evaluation ----
 
-    def _eval(self, params: Sequence[int]) -> dict[str, int]:
-        env: dict[str, int] = {}
-        for dst, op, *ops in self.program:
-            env[dst] = _apply(op, [_operand(o, params, env) for o in ops])
-        return env
+    @cached_property
+    def _compiled(self) -> "Program":
+        # a cached_property: the record's fields are frozen, and equality and hashing see them alone
+        return Program(self)
+
+    def compiled(self) -> "Program":
+        """The grid/block program, compiled (once per record object); records with equal
+        fields may share one (:func:`~gemmar_aot.runtime.kernel.prepare_launch` does)."""
+        return self._compiled
 
     def resolve(self, params: Sequence[int]) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, ...]]:
         """(grid, block, explicit kernel-argument values) for these host parameters."""
-        if len(params) != len(self.params):
-            raise LaunchRecordError(f"{self.kernel}: {len(params)} host parameters given, record has {len(self.params)}")
-        env = self._eval(params)
-        val = lambda x: _operand(x, params, env)  # noqa: E731
-
-        grid = tuple(val(x) for x in self.grid)
-        block = tuple(val(x) for x in self.block)
-        kargs = tuple(val(x) for x in self.kernel_args)
-        return grid, block, kargs  # type: ignore[return-value]
+        return self._compiled.run(params)
 
     def host_params(self, values: Sequence[Any]) -> list[int]:
         """Flatten launcher-level values (tensor = (ptr, numel)) into host parameters.
@@ -147,14 +144,6 @@ class LaunchRecord:
         return all(isinstance(x, int) for x in self.grid + self.block)
 
 
-def _operand(x, params: Sequence[int], env: Mapping[str, int]):
-    if isinstance(x, int) or x in _WIDTH:
-        return x  # a literal, or a type name (ops carry their width)
-    if x.startswith("p"):
-        return params[int(x[1:])]
-    return env[x]
-
-
 _WIDTH = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 
 
@@ -164,44 +153,118 @@ def _wrap(v: int, bits: int) -> int:
     return v - (1 << bits) if bits > 1 and v >> (bits - 1) else v
 
 
-def _apply(op: str, a: list) -> int:
-    # Each op carries its result width as the last operand (e.g. ["add", x, y, "i32"]).
-    *xs, ty = a
-    bits = _WIDTH[ty]
-    if op == "add":
-        r = xs[0] + xs[1]
-    elif op == "sub":
-        r = xs[0] - xs[1]
-    elif op == "mul":
-        r = xs[0] * xs[1]
-    elif op == "sdiv":
-        if xs[1] == 0:
-            raise LaunchRecordError("division by zero in a grid program")
-        q = abs(xs[0]) // abs(xs[1])
-        r = q if (xs[0] >= 0) == (xs[1] >= 0) else -q
-    elif op == "srem":
-        if xs[1] == 0:
-            raise LaunchRecordError("division by zero in a grid program")
-        r = xs[0] - xs[1] * int(xs[0] / xs[1])
-    elif op == "and":
-        r = xs[0] & xs[1]
-    elif op == "or":
-        r = xs[0] | xs[1]
-    elif op == "xor":
-        r = xs[0] ^ xs[1]
-    elif op == "select":
-        r = xs[1] if xs[0] & 1 else xs[2]
-    elif op in ("sext", "trunc"):
-        r = xs[0]
-    elif op == "zext":
-        src_bits = _WIDTH[xs[1]]
-        r = xs[0] & ((1 << src_bits) - 1)
-    elif op.startswith("icmp_"):
-        pred = op[5:]
-        x, y = xs[0], xs[1]
-        r = int({"eq": x == y, "ne": x != y, "slt": x < y, "sle": x <= y, "sgt": x > y,
-                 "sge": x >= y}[pred])
-        return r
-    else:
-        raise LaunchRecordError(f"unknown op {op!r} in a grid program")
-    return _wrap(r, bits)
+def _sdiv(x: int, y: int) -> int:
+    """Signed division truncating toward zero (LLVM's ``sdiv``), on exact integers."""
+    if y == 0:
+        raise LaunchRecordError("division by zero in a grid program")
+    q = abs(x) // abs(y)
+    return q if (x >= 0) == (y >= 0) else -q
+
+
+def _srem(x: int, y: int) -> int:
+    """The remainder of :func:`_sdiv` (LLVM's ``srem``: the sign of the dividend)."""
+    return x - y * _sdiv(x, y)
+
+
+#: The two-operand ops, by name: what each computes before its result is wrapped to its width.
+_BINARY = {
+    "add": lambda x, y: x + y,
+    "sub": lambda x, y: x - y,
+    "mul": lambda x, y: x * y,
+    "sdiv": _sdiv,
+    "srem": _srem,
+    "and": lambda x, y: x & y,
+    "or": lambda x, y: x | y,
+    "xor": lambda x, y: x ^ y,
+}
+#: icmp predicates; a comparison's result is 0 or 1, never wrapped.
+_ICMP = {
+    "eq": lambda x, y: int(x == y), "ne": lambda x, y: int(x != y),
+    "slt": lambda x, y: int(x < y), "sle": lambda x, y: int(x <= y),
+    "sgt": lambda x, y: int(x > y), "sge": lambda x, y: int(x >= y),
+}
+
+
+class Program:
+    """A record's grid/block program, compiled once: every operand becomes an index into one
+    value list (the host parameters, then the program's literals, then its results in order),
+    every instruction a function of that list. Checked as it is compiled, so a malformed
+    program is a :class:`LaunchRecordError` at its first resolve, whatever the parameters.
+
+    Evaluating it is what :meth:`LaunchRecord.resolve` does: ops, widths and wrap-around as
+    in the IR (``_BINARY``, ``_ICMP``, ``select``, ``sext``/``trunc``/``zext``)."""
+
+    __slots__ = ("kernel", "nparams", "consts", "steps", "outputs")
+
+    def __init__(self, rec: "LaunchRecord"):
+        n = self.nparams = len(rec.params)
+        self.kernel = rec.kernel
+        where = f"{rec.kernel}: grid program"
+        outputs = (rec.grid, rec.block, rec.kernel_args)
+        literals = sorted({x for i in rec.program for x in i[2:] if _is_literal(x)}
+                          | {x for part in outputs for x in part if _is_literal(x)})
+        at = {x: n + j for j, x in enumerate(literals)}  # literals after the parameters
+        for j in range(n):
+            at[f"p{j}"] = j
+
+        def index(x) -> int:
+            got = at.get(x) if isinstance(x, (int, str)) and not isinstance(x, bool) else None
+            if got is None:
+                raise LaunchRecordError(f"{where}: operand {x!r} is neither a literal, a host parameter "
+                                        f"p0..p{n - 1} nor an earlier result")
+            return got
+
+        steps = []
+        for instr in rec.program:
+            if len(instr) < 3:
+                raise LaunchRecordError(f"{where}: instruction {list(instr)} has no operands")
+            dst, op, *xs, ty = instr
+            bits = _WIDTH.get(ty) if isinstance(ty, str) else None
+            if bits is None:
+                raise LaunchRecordError(f"{where}: {op} names result width {ty!r}, not one of {sorted(_WIDTH)}")
+            if op == "zext":
+                src = _WIDTH.get(xs[1]) if len(xs) == 2 and isinstance(xs[1], str) else None
+                if src is None:
+                    raise LaunchRecordError(f"{where}: zext takes a value and its source width, got {xs}")
+                steps.append((_ZEXT, (index(xs[0]),), (1 << src) - 1, bits))
+            else:
+                icmp = isinstance(op, str) and op.startswith("icmp_")
+                arity = 3 if op == "select" else 1 if op in ("sext", "trunc") else 2
+                fn = (_SELECT if op == "select" else _SAME if arity == 1 else
+                      _ICMP.get(op[5:]) if icmp else _BINARY.get(op))
+                if fn is None:
+                    raise LaunchRecordError(f"unknown op {op!r} in a grid program")
+                if len(xs) != arity:
+                    raise LaunchRecordError(f"{where}: {op} takes {arity} operands, got {len(xs)}")
+                steps.append((fn, tuple(index(x) for x in xs), None, 0 if icmp else bits))
+            if not isinstance(dst, str) or dst in at:
+                raise LaunchRecordError(f"{where}: result {dst!r} is defined twice or names a parameter")
+            at[dst] = n + len(literals) + len(steps) - 1  # results after the literals, in order
+        self.consts = tuple(literals)
+        self.steps = tuple(steps)
+        self.outputs = tuple(tuple(index(x) for x in part) for part in outputs)
+
+    def run(self, params: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(grid, block, explicit kernel-argument values) for these host parameters."""
+        if len(params) != self.nparams:
+            raise LaunchRecordError(f"{self.kernel}: {len(params)} host parameters given, record has {self.nparams}")
+        v = [*params, *self.consts]
+        for fn, args, extra, bits in self.steps:
+            r = fn(*[v[i] for i in args]) if extra is None else v[args[0]] & extra
+            if bits:
+                r &= (1 << bits) - 1
+                if bits > 1 and r >> (bits - 1):
+                    r -= 1 << bits
+            v.append(r)
+        grid, block, kargs = self.outputs
+        return (tuple([v[i] for i in grid]), tuple([v[i] for i in block]),  # type: ignore[return-value]
+                tuple([v[i] for i in kargs]))
+
+
+def _is_literal(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+_ZEXT = object()  # zext: the value masked to its source width (``extra``), then wrapped
+_SELECT = lambda c, x, y: x if c & 1 else y  # noqa: E731
+_SAME = lambda x: x  # noqa: E731 - sext and trunc: the value, wrapped to the result width

@@ -121,3 +121,56 @@ def test_wrong_argument_count_is_an_error():
     rec = _gemm()
     with pytest.raises(LaunchRecordError, match="arguments given"):
         rec.host_params([1, 2, 3])
+
+
+def _program_record(program, out):
+    return LaunchRecord.from_json({"kernel": "k", "params": ["i64", "i64"], "args": [], "kernel_args": [out],
+                                   "kernel_arg_types": ["i64"], "program": program, "grid": [out, 1, 1],
+                                   "block": [64, 1, 1], "stream_param": 0})
+
+
+def _truncating(x, y):  # C's / and %, which LLVM's sdiv and srem are, computed on exact integers
+    q = abs(x) // abs(y) * (1 if (x >= 0) == (y >= 0) else -1)
+    return q, x - y * q
+
+
+@pytest.mark.parametrize("x,y", [(7, 2), (-7, 2), (7, -2), (-7, -2), (2**62 + 3, 56), (-(2**62) - 3, 56),
+                                 (2**63 - 1, 3), (-(2**63), 7), (2**53 + 1, 2)])
+def test_sdiv_and_srem_are_exact_on_64_bit_values(x, y):
+    # 64-bit values are exact: no floating-point step rounds a quotient above 2^53
+    q, r = _truncating(x, y)
+    assert _program_record([["v0", "sdiv", "p0", "p1", "i64"]], "v0").resolve([x, y])[2] == (q,)
+    assert _program_record([["v0", "srem", "p0", "p1", "i64"]], "v0").resolve([x, y])[2] == (r,)
+
+
+def test_results_wrap_to_their_width_and_comparisons_do_not():
+    rec = _program_record([["v0", "add", "p0", "p1", "i32"], ["v1", "icmp_slt", "v0", 0, "i1"],
+                           ["v2", "zext", "v1", "i1", "i64"], ["v3", "trunc", "p0", "i8"],
+                           ["v4", "select", "v1", "v3", "v2", "i64"]], "v4")
+    grid, _block, (v4,) = rec.resolve([2**31 - 1, 1])  # wraps to -2^31: negative, so v4 = trunc(p0) to i8 = -1
+    assert v4 == -1 and grid == (-1, 1, 1)
+    assert rec.resolve([5, 1])[2] == (0,)  # 6 is not negative: v4 = zext(0) = 0
+
+
+@pytest.mark.parametrize("program,out,why", [
+    ([["v0", "add", "p0", "v9", "i64"]], "v0", "operand 'v9'"),
+    ([["v0", "add", "p0", "p2", "i64"]], "v0", "operand 'p2'"),
+    ([["v0", "add", "p0", "p-1", "i64"]], "v0", "operand 'p-1'"),
+    ([["v0", "udiv", "p0", "p1", "i64"]], "v0", "unknown op 'udiv'"),
+    ([["v0", "add", "p0", "p1", "i7"]], "v0", "result width 'i7'"),
+    ([["v0", "add", "p0", "i64"]], "v0", "add takes 2 operands"),
+    ([["v0", "zext", "p0", "i64"]], "v0", "zext takes a value and its source width"),
+    ([["v0", "add", "p0", "p1", "i64"], ["v0", "add", "p0", "p1", "i64"]], "v0", "defined twice"),
+    ([["v0", "add", "p0", "p1", "i64"]], "v1", "operand 'v1'"),
+])
+def test_a_malformed_program_is_refused_at_its_first_resolve_whatever_the_parameters(program, out, why):
+    # the old interpreter failed only on the values that reached a bad operand, with a KeyError or
+    # an IndexError (or read params[-1] for "p-1"); a record is now checked whole, once
+    rec = _program_record(program, out)
+    with pytest.raises(LaunchRecordError, match=why):
+        rec.resolve([1, 1])
+
+
+def test_division_by_zero_is_a_launch_record_error():
+    with pytest.raises(LaunchRecordError, match="division by zero"):
+        _program_record([["v0", "sdiv", "p0", "p1", "i64"]], "v0").resolve([1, 0])

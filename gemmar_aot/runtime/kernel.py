@@ -299,7 +299,11 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     if built is None or built[0] is not kernel:
         resolved = cache.get(resolved_key)
         if resolved is None:
-            resolved = cache[resolved_key] = record.resolve(params)
+            # one compiled program per distinct record: the GEMMs of every M share theirs
+            program = cache.get((rkey, "program"))
+            if program is None:
+                program = cache[(rkey, "program")] = record.compiled()
+            resolved = cache[resolved_key] = program.run(params)
         grid, block, kvals = resolved
         grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)
         why = block_mismatch(kernel, block)
