@@ -329,6 +329,51 @@ def test_pad_launches_the_bucket_exactly_as_a_call_at_the_bucket_with_padded_ope
         op.close()
 
 
+def _preshuffled(exps):
+    """mori's ``preshuffle_a_scale`` (amd-mori 1.2.4 ``_shuffle.py``, as its docstring states it),
+    written here from that statement: ue8m0 bytes ``[M, K/32]`` to K-block major, each 64-row
+    group's row ``ti*16 + r`` moved to ``r*4 + ti``; flat int32."""
+    m, kb = exps.shape
+    out = exps.t().contiguous().view(kb, m // 64, 4, 16).permute(0, 1, 3, 2).contiguous()
+    return out.reshape(-1).view(torch.int32)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_pad_lays_an_mxfp8_a_scale_out_for_the_bucket(smoke_store, smoke_lock, rank):
+    """The smoke mxfp8 tuple built for M=1024 alone serves M=512 padded: its A scale buffer holds
+    what mori's preshuffle makes of the caller's scale bytes zero-extended to 1024 rows, and the
+    launches are a call at 1024 with those operands, but for the two buffer pointers."""
+    drv = FakeHipDriver([smoke_lock])
+    op = GemmAllReduceOp(FakeCommunicator(rank=rank, nranks=2), n=2048, k=256, m_max=1024, quant="mxfp8",
+                         artifacts=smoke_store, driver=drv, self_test=False, on_miss="pad")
+    try:
+        assert op.m_values == (1024,)
+        g = torch.Generator().manual_seed(rank)
+        exps = torch.randint(100, 140, (512, 256 // 32), generator=g, dtype=torch.uint8)
+        a = (torch.rand(512, 256, generator=g) * 4 - 2).to(FP8)
+        b = (torch.rand(2048, 256, generator=g) * 4 - 2).to(FP8)
+        b_scale = torch.randint(100, 140, ((2048 // 32) * (256 // 32),), generator=g, dtype=torch.int32)
+        drv.clear()
+        out = op(a, b, _preshuffled(exps), b_scale)
+        padded = list(drv.launches)
+        assert out.shape == (512, 2048)
+        a1024 = torch.cat([a, torch.zeros(512, 256, dtype=FP8)])
+        s1024 = _preshuffled(torch.cat([exps, torch.zeros(512, 256 // 32, dtype=torch.uint8)]))
+        assert torch.equal(op._pad_a[:1024].view(torch.uint8), a1024.view(torch.uint8))
+        assert torch.equal(op._pad_scale[:s1024.numel()], s1024)
+        drv.clear()
+        op(a1024, b, s1024, b_scale)
+        direct = list(drv.launches)
+        assert [(x.kernel, x.digest, x.grid, x.block) for x in padded] == [(x.kernel, x.digest, x.grid, x.block)
+                                                                         for x in direct]
+        pads = (op._pad_a.data_ptr(), op._pad_scale.data_ptr())
+        assert {(pv, dv) for p, d in zip(padded, direct) for pv, dv in zip(p.args, d.args) if pv != dv} == \
+            {(pads[0], a1024.data_ptr()), (pads[1], s1024.data_ptr())}
+        assert op.stats()["padded_rows"] == 512
+    finally:
+        op.close()
+
+
 def test_pad_above_the_largest_bucket_raises_and_raise_is_unchanged(smoke_store, smoke_lock, monkeypatch):
     def make(**kw):
         return GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, artifacts=smoke_store,
@@ -352,8 +397,6 @@ def test_pad_above_the_largest_bucket_raises_and_raise_is_unchanged(smoke_store,
         op.close()
     with pytest.raises(ValueError, match="use 'raise' or 'pad'"):
         make(on_miss="round")
-    with pytest.raises(ValueError, match="serves blockscale ops"):
-        make(on_miss="pad", quant="mxfp8")
 
 
 def test_gemm_only_is_never_padded(smoke_store, smoke_lock):
@@ -371,3 +414,59 @@ def test_gemm_only_is_never_padded(smoke_store, smoke_lock):
         assert len(drv.launches) == 1
     finally:
         op.close()
+
+
+# ---- the collective-free ops ----
+
+def test_the_collective_free_ops_report_their_misses_and_suggest_builds_them(smoke_store, smoke_lock, tmp_path,
+                                                                             monkeypatch):
+    """Mxfp8GemmOp (a tile not built) and Mxfp8GemvOp (a bucket not built) count and report each
+    miss as the collective op does; suggest turns the report into lines that, parsed, ask for the
+    missing tile's M and the missing bucket."""
+    from lock_docs import keep_tuples
+
+    from gemmar_aot.manifest import parse_manifest
+    from gemmar_aot.runtime import Mxfp8GemmOp, Mxfp8GemvOp
+    from gemmar_aot.suggest import suggest
+
+    report = tmp_path / "misses.jsonl"
+    lock = smoke_lock.to_json()
+    keep_tuples(lock, lambda t: not (t["transport"] == "gemm-only" and t["m"] == 9216))
+    drv = FakeHipDriver([smoke_lock])
+    gemm = Mxfp8GemmOp(n=1024, k=256, artifacts=(lock, smoke_store), driver=drv, device="cpu", miss_report=report)
+    gemv = Mxfp8GemvOp(n=1024, k=256, artifacts=smoke_store, driver=drv, device="cpu", miss_report=report)
+    a = torch.zeros(9216, 256, dtype=FP8)
+    for _ in range(2):
+        with pytest.raises(ArtifactMissingError, match="wide"):
+            gemm(a, torch.zeros(1024, 256, dtype=FP8), torch.zeros(9216 * 256 // 128, dtype=torch.int32),
+                 torch.zeros(32 * 8, dtype=torch.int32))
+        with pytest.raises(ArtifactMissingError, match=r"bucket 4"):
+            gemv(torch.zeros(3, 256, dtype=FP8), torch.zeros(1024, 256, dtype=FP8),
+                 torch.zeros(3, 8, dtype=torch.uint8), torch.zeros(32, 8, dtype=torch.uint8))
+    assert gemm.stats()["misses"] == {9216: 2} and gemv.stats()["misses"] == {4: 2}
+    lines, bad = read_reports([report])
+    assert bad == [] and sorted((d["op"], d["m"], d["tuple"]["transport"]) for d in lines) == [
+        ("Mxfp8GemmOp", 9216, "gemm-only"), ("Mxfp8GemvOp", 4, "gemv")]  # once per process each
+    got = suggest(lines)
+    built = parse_manifest(got["snippet"], "suggested.toml").workloads
+    assert sorted((w.transport, w.m, w.n, w.k, w.quant) for w in built) == [
+        ("gemm-only", 9216, 1024, 256, "mxfp8"), ("gemv", 4, 1024, 256, "mxfp8")]
+    gemm.close()
+    gemv.close()
+
+
+@pytest.mark.parametrize("cls, why", [("Mxfp8GemmOp", "tile"), ("Mxfp8GemvOp", "tuned configuration")])
+def test_the_collective_free_ops_refuse_pad_and_a_pod_wide_pad_leaves_them_strict(smoke_store, smoke_lock,
+                                                                                 monkeypatch, cls, why):
+    import gemmar_aot.runtime as rt
+
+    make = lambda **kw: getattr(rt, cls)(n=1024, k=256, artifacts=smoke_store,  # noqa: E731
+                                          driver=FakeHipDriver([smoke_lock]), device="cpu", **kw)
+    with pytest.raises(ValueError, match=f"on_miss='pad': .*{why}"):
+        make(on_miss="pad")
+    with pytest.raises(ValueError, match="use 'raise' or 'pad'"):
+        make(on_miss="round")
+    monkeypatch.setenv("GEMMAR_AOT_ON_MISS", "pad")  # set for the pod: the collective op pads, these raise
+    op = make()
+    assert op._on_miss == "raise"
+    op.close()

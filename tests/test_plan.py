@@ -84,16 +84,16 @@ def test_smoke_manifest_counts():
     plan = make_plan(load_manifest(MANIFESTS / "smoke.toml"))
     by_kind = plan.distinct_by_kind()
     # Windows at world 2 (N 1024): bf16 blockscale (M 256, 512; K 256 and 512 share it), fp8/lsa,
-    # fp8/sdma and mxfp8 bf16 at M 512; world 4: bf16 at M 512.
+    # fp8/sdma and mxfp8 bf16 at M 512; (N 2048) mxfp8 bf16 at M 1024; world 4: bf16 at M 512.
     # fused GEMMs: one per (M, K, window, rank).
-    assert by_kind["fused-sdma:gemm"] == (4 + 1 + 1 + 1) * 2 + 4
+    assert by_kind["fused-sdma:gemm"] == (4 + 1 + 1 + 1 + 1) * 2 + 4
     assert by_kind["fused-lsa:gemm"] == 2
     # Phases do not depend on K; split-sdma and fused-lsa sit in the first window at M 512, so
     # they share its scatter and gather (fused-lsa's reduce reads its own slice from the recv slot).
-    assert by_kind["sdma-phases:reduce"] == (2 + 1 + 1 + 1) * 2 + 4 + 2
-    assert by_kind["sdma-phases:gather"] == (2 + 1 + 1) * 2 + 4
-    assert by_kind["sdma-phases:scatter"] == (2 + 1 + 1 + 1) * 2 + 4
-    assert by_kind["sdma-phases:drain"] == 2 + 4
+    assert by_kind["sdma-phases:reduce"] == (2 + 1 + 1 + 1 + 1) * 2 + 4 + 2
+    assert by_kind["sdma-phases:gather"] == (2 + 1 + 1 + 1) * 2 + 4
+    assert by_kind["sdma-phases:scatter"] == (2 + 1 + 1 + 1 + 1) * 2 + 4
+    assert by_kind["sdma-phases:drain"] == 2 + 4  # (world, rank, queues) alone: every window's
     assert by_kind["sdma-phases:gather_barrier"] == 2
     assert by_kind["sdma-phases:pull"] == 2
     assert by_kind["sdma-phases:dequantize"] == 2

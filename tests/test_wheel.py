@@ -746,6 +746,7 @@ def test_smoke_wheel_inspect(smoke_wheel, smoke_lock):
                    ("fused-sdma", (512,), 1024, 256, 2, "blockscale", "fp8/lsa"),
                    ("fused-sdma", (512,), 1024, 256, 2, "blockscale", "fp8/sdma"),
                    ("fused-sdma", (512,), 1024, 256, 2, "mxfp8", "bf16"),
+                   ("fused-sdma", (1024,), 2048, 256, 2, "mxfp8", "bf16"),
                    ("fused-sdma", (512,), 1024, 256, 4, "blockscale", "bf16"),
                    ("split-sdma", (512,), 1024, 256, 2, "blockscale", "bf16"),
                    ("split-lsa", (512,), 1024, 256, 2, "blockscale", "bf16"),

@@ -14,6 +14,10 @@ GPU the operands live on; default: torch's current one).
 * **Mxfp8GemvOp** owns one kernel per M bucket (1, 2, 4, 8, 16, 32): M up to 32
   is a runtime argument within its bucket. A bucket that was not built is a miss.
 
+Both count and report their misses (``miss_report=``, ``$GEMMAR_AOT_MISS_REPORT``;
+``op.stats()``) as :class:`~.op.GemmAllReduceOp` does; ``on_miss="pad"`` is refused, since
+neither has a padding that is mori's result (each class's ``_CANNOT_PAD`` says why).
+
 Both verify every code object against its launch record before anything is
 loaded, load each once, and launch without allocating device or argument memory:
 the argument buffer is packed in place per call and the grid evaluated from the
@@ -34,6 +38,7 @@ from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 from gemmar_aot.artifact_model import GEMM_ONLY, GEMV, TupleKey
 from gemmar_aot.launch import LaunchRecord
 
+from . import misses
 from .artifacts import load_artifacts
 from .driver import Driver, KernArgs, arch_base, unload_modules
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
@@ -135,11 +140,32 @@ class _StandaloneOp:
     transport = ""
     _ARGS: tuple = ()
 
-    def _init_state(self) -> None:
+    #: Why ``on_miss="pad"`` has no exact meaning for this op (each subclass says).
+    _CANNOT_PAD = ""
+
+    def _init_state(self, on_miss: str | None, miss_report: Any) -> None:
         self._closed = True
         self._modules: list[Any] = []
         self._launches: dict[Any, _Launch] = {}
         self._driver: Any = None
+        self._on_miss = misses.policy(on_miss, cannot_pad=self._CANNOT_PAD)
+        self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=None)
+
+    def _miss_identity(self) -> tuple[dict, str | None, list[str]]:
+        k = self._key()
+        return ({"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
+                 "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
+                 "sdma_queues": k.sdma_queues, "m_max": None},
+                misses.profile_of(getattr(self, "artifacts", None)), misses.lock_digests(getattr(self, "artifacts", None)))
+
+    def _missing(self, err: ArtifactMissingError, m: int | None) -> ArtifactMissingError:
+        """``err``, counted and reported (the miss report, :meth:`stats`) at ``m``."""
+        self._misses.miss(m, type(err).__name__)
+        return err
+
+    def stats(self) -> dict:
+        """Misses per M (None: the op was asked for (N, K) none were built for)."""
+        return {"misses": dict(self._misses.counts), "transport": self.transport}
 
     def _entries(self, artifacts: Any, select, trusted_keys: Any = None) -> dict[Any, Any]:
         """slot -> the lock entry whose kernel serves it; ``select(m, entry)`` names the slot or None."""
@@ -230,10 +256,12 @@ class _StandaloneOp:
                     log.exception("gemmar-aot: releasing a half-constructed %s failed", type(self).__name__)
                 raise
 
+    def _key(self) -> TupleKey:
+        return TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=1, quant="mxfp8",
+                             gather_dtype="bf16", gather_transport=None, block_m=rules.MXFP8_BLOCK_M, sdma_queues=1)
+
     def _snippet(self, ms: Sequence[int]) -> str:
-        key = TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=1, quant="mxfp8",
-                            gather_dtype="bf16", gather_transport=None, block_m=rules.MXFP8_BLOCK_M, sdma_queues=1)
-        return manifest_snippet(key, ms, None)
+        return manifest_snippet(self._key(), ms, None)
 
     @property
     def driver(self):
@@ -297,9 +325,14 @@ class Mxfp8GemmOp(_StandaloneOp):
     transport = GEMM_ONLY
     _ARGS = _GEMM_ARGS
 
+    _CANNOT_PAD = ("Mxfp8GemmOp takes M at run time, so a miss is a tile (narrow or wide) not built, for "
+                   "every M that selects it; the other tile computes the product with another N tiling, which "
+                   "is not mori's kernel for that M. Build the tile (gemmar-aot suggest)")
+
     def __init__(self, *, n: int, k: int, block_n: int = rules.DEFAULT_BLOCK_N, artifacts: Any = None,
-                 driver: Driver | None = None, device: Any = None, trusted_keys: Any = None):
-        self._init_state()
+                 driver: Driver | None = None, device: Any = None, trusted_keys: Any = None,
+                 miss_report: Any = None, on_miss: str | None = None):
+        self._init_state(on_miss, miss_report)
         why = rules.check_tile(rules.MXFP8_BLOCK_M, block_n) or rules.check_block_n(block_n)
         if why:
             raise ValueError(f"unsupported tile: {why}")
@@ -316,11 +349,11 @@ class Mxfp8GemmOp(_StandaloneOp):
 
         entries = self._entries(artifacts, select, trusted_keys)
         if not entries:
-            raise ArtifactMissingError(
+            raise self._missing(ArtifactMissingError(
                 f"the artifacts hold no Mxfp8GemmOp kernels for N={n} K={k} block_n={block_n} (sources: "
                 f"{self.artifacts.describe_sources()}); nothing is compiled at run time. Add to the manifest "
                 f"and rebuild (an M of 256 builds the narrow tile, a large one the wide tile):\n"
-                f"{self._snippet([256])}", m=None, manifest_lines=self._snippet([256]))
+                f"{self._snippet([256])}", m=None, manifest_lines=self._snippet([256])), None)
 
         def fixed(record: LaunchRecord) -> dict[int, int]:
             a = record.args
@@ -381,7 +414,7 @@ class Mxfp8GemmOp(_StandaloneOp):
                              f"the bf16 input with pad_rows() before quantising, not the fp8 afterwards")
         launch = self._launches.get("narrow" if self.wants_narrow_n(m) else "wide")
         if launch is None:
-            raise self.missing_error(m)
+            raise self._missing(self.missing_error(m), m)
         n, k = self.n, self.k
         a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=m, n=n, k=k, quant="mxfp8",
                                         device=self.device)
@@ -418,9 +451,13 @@ class Mxfp8GemvOp(_StandaloneOp):
     transport = GEMV
     _ARGS = _GEMV_ARGS
 
+    _CANNOT_PAD = ("each Mxfp8GemvOp bucket is compiled with its own tuned configuration (waves, steps, "
+                   "split K), so a larger bucket's kernel sums in another order than mori's kernel for this M. "
+                   "Build the bucket (gemmar-aot suggest)")
+
     def __init__(self, *, n: int, k: int, artifacts: Any = None, driver: Driver | None = None,
-                 device: Any = None, trusted_keys: Any = None):
-        self._init_state()
+                 device: Any = None, trusted_keys: Any = None, miss_report: Any = None, on_miss: str | None = None):
+        self._init_state(on_miss, miss_report)
         if rules.check_mxfp8_gemv(n, k):
             raise ValueError(f"unsupported shape N={n} K={k}: K must be a multiple of {rules.GEMV_STEP_K} and N "
                              f"of {rules.MXFP8_BLOCK}")
@@ -428,10 +465,10 @@ class Mxfp8GemvOp(_StandaloneOp):
         entries = self._entries(artifacts, lambda m, e: m if m in M_BUCKETS else None, trusted_keys)
         if not entries:
             snippet = self._snippet(list(M_BUCKETS))
-            raise ArtifactMissingError(
+            raise self._missing(ArtifactMissingError(
                 f"the artifacts hold no Mxfp8GemvOp kernels for N={n} K={k} (sources: "
                 f"{self.artifacts.describe_sources()}); nothing is compiled at run time. Add to the manifest "
-                f"and rebuild:\n{snippet}", m=None, manifest_lines=snippet)
+                f"and rebuild:\n{snippet}", m=None, manifest_lines=snippet), None)
         self._acquire(entries, driver, device, lambda record: {record.args[6].params[0]: n})
 
     @property
@@ -483,7 +520,7 @@ class Mxfp8GemvOp(_StandaloneOp):
         if launch is None:
             if m < 1:
                 raise ValueError(f"M={m}: x_fp8 must have at least one row")
-            raise self.missing_error(m)
+            raise self._missing(self.missing_error(m), rules.gemv_bucket(m))  # the bucket is what to build
         out = _check_out(out, m, self.n, self.device)
         n, k, kb = self.n, self.k, self.k // rules.MXFP8_BLOCK
         x, w, xs, ws = (t if t.is_contiguous() else t.contiguous() for t in (x_fp8, w_preshuffled, x_scale, w_scale))

@@ -36,6 +36,7 @@ from typing import Any, Iterable
 log = logging.getLogger("gemmar_aot.runtime")
 
 ENV_VAR = "GEMMAR_AOT_MISS_REPORT"
+ON_MISS_ENV = "GEMMAR_AOT_ON_MISS"
 SCHEMA = 1
 
 _reporters: dict[str, "MissReporter"] = {}
@@ -108,6 +109,68 @@ def reporter(miss_report: Any = None) -> MissReporter | None:
         if got is None:
             got = _reporters[key] = MissReporter(Path(key))
         return got
+
+
+def policy(on_miss: str | None, *, cannot_pad: str | None = None) -> str:
+    """The miss policy an op runs: ``on_miss``, else ``$GEMMAR_AOT_ON_MISS``, else ``"raise"``.
+
+    ``cannot_pad``: why this op has no exact padding. Then ``on_miss="pad"`` passed to the op
+    is refused with that reason, and ``pad`` from the environment (set for a whole pod) means
+    ``raise`` for this op, said once at INFO."""
+    explicit = on_miss is not None
+    if on_miss is None:
+        on_miss = os.environ.get(ON_MISS_ENV, "").strip() or "raise"
+    if on_miss not in ("raise", "pad"):
+        raise ValueError(f"on_miss={on_miss!r} (or ${ON_MISS_ENV}): use 'raise' or 'pad'")
+    if on_miss == "pad" and cannot_pad is not None:
+        if explicit:
+            raise ValueError(f"on_miss='pad': {cannot_pad}")
+        if cannot_pad not in _said:
+            _said.add(cannot_pad)
+            log.info("gemmar-aot: $%s=pad does not apply here (%s); a miss raises", ON_MISS_ENV, cannot_pad)
+        return "raise"
+    return on_miss
+
+
+_said: set[str] = set()
+
+
+class OpMisses:
+    """One op's misses: counted per M (``counts``, what ``op.stats()`` shows), and each distinct
+    (M, bucket served) handed once to the process's report, if one is set.
+
+    ``identity()`` gives what every report line of the op says -- (tuple, profile, lock
+    digests) -- and is called once, at the first report: hashing the lock files is left out of
+    construction and of every call after the first."""
+
+    def __init__(self, op: str, miss_report: Any, identity, *, rank: int | None):
+        self.op, self.rank = op, rank
+        self.counts: dict[int | None, int] = {}
+        self._reporter = reporter(miss_report)
+        self._identity = identity
+        self._made: tuple[dict, str | None, list[str]] | None = None
+        self._reported: set[tuple] = set()
+
+    def miss(self, m: int | None, error: str | None, served: int | None = None) -> None:
+        """Count a miss at ``m`` (None: no kernels for the op's tuple at all) and report it once;
+        ``served``: the bucket a padded call ran at (then ``error`` is None). Never raises."""
+        self.counts[m] = self.counts.get(m, 0) + 1
+        if self._reporter is None or (m, served) in self._reported:
+            return  # a padded call repeats often: after its first report it costs the count alone
+        self._reported.add((m, served))
+        try:
+            if self._made is None:
+                self._made = self._identity()
+            tuple_id, profile, locks = self._made
+            self._reporter.report(op=self.op, tuple_id=tuple_id, m=m, served=served, error=error, rank=self.rank,
+                                  profile=profile, locks=locks)
+        except Exception:  # noqa: BLE001 - a report never fails the call it reports
+            log.exception("gemmar-aot: writing the miss report failed")
+
+
+def profile_of(artifacts: Any) -> str | None:
+    """The toolchain profile the artifacts were built with (the first lock that names one)."""
+    return next((i.mori.profile for i in getattr(artifacts, "locks", ()) if i.mori is not None), None)
 
 
 def lock_digests(artifacts: Any) -> list[str]:

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
@@ -78,7 +77,7 @@ from .provenance import COMMUNICATORS, check_installed_mori, one_profile
 log = logging.getLogger("gemmar_aot.runtime")
 
 #: The miss policy when ``on_miss=`` is not given: ``raise`` (the default) or ``pad``.
-ON_MISS_ENV = "GEMMAR_AOT_ON_MISS"
+ON_MISS_ENV = misses.ON_MISS_ENV
 
 #: The mode a GemmAllReduceOp serves unless told otherwise (mori's own op).
 TRANSPORT = FUSED_SDMA
@@ -187,13 +186,10 @@ class GemmAllReduceOp:
         t_start = time.perf_counter()
         # Cleanup state first, so a failure anywhere below can roll back through close().
         self._closed = True
-        self._miss_counts: dict[int | None, int] = {}
         self._startup_seconds: float | None = None
         self._padded_rows = 0
         self._pad_a = self._pad_scale = None
         self._buckets: tuple[int, ...] = ()
-        self._reported: set[tuple] = set()  # (M, bucket) already handed to the miss report
-        self._miss_identity: tuple[dict, str | None, list[str]] | None = None
         self.mem = self.win = self.dev_comm = None
         self._modules: list[Any] = []
         self._plans: dict[int, _Plan] = {}
@@ -219,13 +215,7 @@ class GemmAllReduceOp:
         why = _transport_problem(transport, gather_dtype, gather_transport, sdma_queues)
         if why:
             raise ValueError(why)
-        if on_miss is None:
-            on_miss = os.environ.get(ON_MISS_ENV, "").strip() or "raise"
-        if on_miss not in ("raise", "pad"):
-            raise ValueError(f"on_miss={on_miss!r} (or ${ON_MISS_ENV}): use 'raise' or 'pad'")
-        if on_miss == "pad" and quant != "blockscale":
-            raise ValueError(f"on_miss='pad' serves blockscale ops; {quant}'s A scales are preshuffled for their M, "
-                             f"so another bucket cannot reuse them: build the M values (gemmar-aot suggest)")
+        on_miss = misses.policy(on_miss)
         if on_miss == "pad" and jit_fallback:
             raise ValueError("on_miss='pad' and jit_fallback=True both serve a missing M: choose one")
         self._on_miss = on_miss
@@ -259,7 +249,7 @@ class GemmAllReduceOp:
         self.max_shapes = max_shapes
         self.m_max = m_max_pad
         self._jit_fallback = bool(jit_fallback)
-        self._misses = misses.reporter(miss_report)
+        self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=rank)
         self.transport = transport
 
         # ---- 2. the artifacts: every M held for this op and rank, one shared layout ----
@@ -634,7 +624,9 @@ class GemmAllReduceOp:
         self._buckets = tuple(sorted(self._plans))
         top = self._buckets[-1]
         self._pad_a = torch.zeros((top, self.k), dtype=torch.float8_e4m3fn, device=self.device)
-        self._pad_scale = torch.zeros((self.k // 128) * top, dtype=torch.float32, device=self.device)
+        # M*K/128 elements either way: blockscale's fp32 per 128-wide K block, mxfp8's int32 of four ue8m0 bytes
+        dtype = torch.int32 if self.quant == "mxfp8" else torch.float32
+        self._pad_scale = torch.zeros(top * self.k // 128, dtype=dtype, device=self.device)
 
     def _padded_call(self, m: int, bucket: int, a_fp8, b_preshuffled, a_scale, b_scale):
         """Serve M with ``bucket``'s kernels (``on_miss="pad"``).
@@ -645,21 +637,35 @@ class GemmAllReduceOp:
         and of the A scale are zeroed, rows below M copied from the caller's (whose shapes are
         checked at the caller's M, as mori checks them), and the first M rows of the bucket's
         output are what mori's op computes for M. Allocates nothing: the buffers are sized for
-        the largest bucket at construction."""
+        the largest bucket at construction.
+
+        Both A scales are K-block major, each block's M rows together: blockscale's one fp32
+        per row at ``kb * M + row``; mxfp8's one ue8m0 byte per row at ``kb * M + p(row)``
+        (``preshuffle_a_scale``), where ``p`` permutes rows within each 64-row group -- and M
+        is a multiple of world * 256, so rows below M stay below M. Either way the bucket's
+        scale is the caller's blocks, each followed by zeros (a zero A row's product is zero,
+        whatever its scale)."""
         a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=m, n=self.n, k=self.k,
                                         quant=self.quant, device=self.device)
-        kb = self.k // 128
         pa = self._pad_a[:bucket]
         pa[:m].copy_(a)
         pa[m:].zero_()
-        ps = self._pad_scale[:kb * bucket].view(kb, bucket)  # the kernel's order: kb * M + row
-        ps[:, :m].copy_(asc.view(kb, m))
+        flat = self._pad_scale[:bucket * self.k // 128]
+        if self.quant == "mxfp8":
+            import torch
+
+            blocks = self.k // 32  # one byte per row and 32-wide K block
+            ps, src = flat.view(torch.uint8).view(blocks, bucket), asc.view(torch.uint8).view(blocks, m)
+        else:
+            blocks = self.k // 128
+            ps, src = flat.view(blocks, bucket), asc.view(blocks, m)
+        ps[:, :m].copy_(src)
         ps[:, m:].zero_()
         self._padded_rows += bucket - m
         self._report_miss(m, None, served=bucket)
         plan = self._plans[bucket]
         # The buffers are the op's own, shaped for the bucket: no second operand check.
-        return self._launch(plan, self._write_pointers(plan, pa, b, self._pad_scale[:kb * bucket], bsc))[:m]
+        return self._launch(plan, self._write_pointers(plan, pa, b, flat, bsc))[:m]
 
     def stats(self) -> dict:
         """What this op has done: served calls and kernel launches per M, misses per M (None: the op
@@ -668,32 +674,21 @@ class GemmAllReduceOp:
         up to ready. Counting costs a call one increment."""
         calls = {m: p.calls for m, p in sorted(self._plans.items())}
         return {"calls": calls, "launches": {m: c * (1 + len(self._plans[m].tail)) for m, c in calls.items()},
-                "misses": dict(self._miss_counts), "padded_rows": self._padded_rows, "startup_seconds": self._startup_seconds,
+                "misses": dict(self._misses.counts), "padded_rows": self._padded_rows, "startup_seconds": self._startup_seconds,
                 "transport": self.transport, "rank": self.rank}
 
     def _report_miss(self, m: int | None, err: Exception | None, served: int | None = None) -> None:
         """Count the miss, and append it to the miss report if one is set (once per process and M;
         never raises). ``served``: the bucket a padded call ran at (then there is no error)."""
-        self._miss_counts[m] = self._miss_counts.get(m, 0) + 1
-        if self._misses is None or (m, served) in self._reported:
-            return  # a padded call repeats often: after its first report it costs the count alone
-        self._reported.add((m, served))
-        if self._miss_identity is None:  # what every report of this op says: made once
-            k = self.key
-            self._miss_identity = (
-                {"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
+        self._misses.miss(m, None if err is None else
+                          type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""), served)
+
+    def _miss_identity(self) -> tuple[dict, str | None, list[str]]:
+        k = self.key
+        return ({"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
                  "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
                  "sdma_queues": k.sdma_queues, "m_max": self.m_max},
-                next((i.mori.profile for i in self.artifacts.locks if i.mori is not None), None),
-                misses.lock_digests(self.artifacts))
-        tuple_id, profile, locks = self._miss_identity
-        try:
-            self._misses.report(op=type(self).__name__, tuple_id=tuple_id, m=m, served=served,
-                                error=None if err is None else
-                                type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""),
-                                rank=self.rank, profile=profile, locks=locks)
-        except Exception:  # noqa: BLE001 - a report never fails the call it reports
-            log.exception("gemmar-aot: writing the miss report failed")
+                misses.profile_of(self.artifacts), misses.lock_digests(self.artifacts))
 
     def _fallback_call(self, m, err, a_fp8, b_preshuffled, a_scale, b_scale):
         """jit_fallback=True: serve a missing M with mori's own (JIT-compiling) op. Loud, every time."""
