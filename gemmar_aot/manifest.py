@@ -105,7 +105,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 try:  # Python >= 3.11
     import tomllib
@@ -114,7 +114,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 from . import rules
 from .errors import ManifestError
-from .workload import MODES, Workload, dedup_workloads
+from .workload import MODES, Workload
 
 #: Targets a manifest may name.
 SUPPORTED_ARCHS = ("gfx950",)
@@ -401,8 +401,9 @@ def _check_manifest_table(ck: _Checker, table: Any, default_name: str) -> tuple[
     return name, description, arch
 
 
-def _m_values(ck: _Checker, entry: str, value: Any) -> list[int] | None:
-    """The M values a tuple asks for, unpadded, or None after reporting."""
+def _m_values(ck: _Checker, entry: str, value: Any) -> Sequence[int] | None:
+    """The M values a tuple asks for, unpadded, or None after reporting (a range stays a
+    ``range``: a tuple's values are made one at a time, when they are expanded)."""
     example = "m = 4096, m = [256, 512] or m = { start = 4096, stop = 16384, step = 1024 }"
     if isinstance(value, dict):
         ok = True
@@ -440,7 +441,7 @@ def _m_values(ck: _Checker, entry: str, value: Any) -> list[int] | None:
                 f"{ck.path}: {entry}: m = {_render(value)}: stop {stop} is not start + a multiple of "
                 f"step; the last M is {last}"
             )
-        return list(range(start, stop + 1, step))
+        return range(start, stop + 1, step)
     if isinstance(value, list):
         if not value:
             ck.bad(entry, "m", value, "the M list is empty", f"list at least one M, e.g. {example}")
@@ -561,20 +562,23 @@ def _apply_rules(ck: _Checker, entry: str, f: dict) -> None:
         f[field] = None
 
 
-def _padded(f: dict) -> list[int]:
+def _padded(f: dict) -> Iterator[int]:
+    """The tuple's M values padded, in order, one at a time."""
     transport, m_values = f["transport"], f["m_values"]
     if transport == "gemv":
-        return [rules.gemv_bucket(m) if m <= rules.GEMV_MAX_M else m for m in m_values]
+        return (rules.gemv_bucket(m) if m <= rules.GEMV_MAX_M else m for m in m_values)
     if transport == "gemm-only":
-        return [rules.gemm_only_padded_m(m) for m in m_values]
-    return [rules.padded_m(m, f["world"], f["block_m"]) for m in m_values]
+        return (rules.gemm_only_padded_m(m) for m in m_values)
+    world, block_m = f["world"], f["block_m"]
+    return (rules.padded_m(m, world, block_m) for m in m_values)
 
 
 def _check_m_rules(ck: _Checker, entry: str, f: dict) -> tuple[bool, int | None]:
-    """The M-dependent rules over the tuple's largest padded M: (all hold, the padded m_max)."""
-    padded = _padded(f)
-    largest = max(padded)
-    biggest_req = f["m_values"][padded.index(largest)]
+    """The M-dependent rules over the tuple's largest padded M: (all hold, the padded m_max).
+    Every mode's padding is monotone, so the largest M pads to the largest padded M: one
+    value is padded here, never the tuple's up to 1024."""
+    biggest_req = max(f["m_values"])
+    largest = next(_padded({**f, "m_values": [biggest_req]}))
     n, k, m_max = f["n"], f["k"], f["m_max"]
     if f["transport"] == "gemv" and rules.check_gemv_m(biggest_req):
         ck.bad(entry, "m", biggest_req, rules.check_gemv_m(biggest_req),
@@ -603,8 +607,18 @@ def _check_m_rules(ck: _Checker, entry: str, f: dict) -> tuple[bool, int | None]
     return True, m_max_pad
 
 
-def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> list[Workload]:
-    """One [[tuple]] -> its workloads (M values padded), or [] after reporting every problem."""
+@dataclass(frozen=True)
+class _Draft:
+    """A checked [[tuple]] before its M values are expanded into workloads."""
+
+    fields: dict  # the parsed fields (``m_values`` unpadded)
+    common: dict  # the workload fields every M of the tuple shares
+    m_max: int | None  # padded
+    source: str
+
+
+def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> _Draft | None:
+    """One [[tuple]], checked -> its draft, or None after reporting every problem."""
     entry = f"tuple[{i}]" + (f" (line {line})" if line else "")
     if not isinstance(raw, dict):
         ck.problem(entry, f"{_render(raw)} is {_type_name(raw)}, but each [[tuple]] must be a table; "
@@ -617,15 +631,61 @@ def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> list[Workl
     _apply_rules(ck, entry, f)
     # Every rule that failed has reported itself; with none failed, every field holds a valid value.
     if len(ck.problems) > n_before:
-        return []
+        return None
     ok, m_max_pad = _check_m_rules(ck, entry, f)
     if not ok:
-        return []
-    source = f"{ck.path}:{entry}"
-    common = {key: f[key] for key in ("transport", "n", "k", "world", "quant", "gather_dtype",
-                                      "gather_transport", "block_m", "block_n", "sdma_queues")}
-    return [Workload(m=m_pad, m_max=m_max_pad, m_requested=m_req, source=source, **common)
-            for m_req, m_pad in zip(f["m_values"], _padded(f))]
+        return None
+    common = {key: f[key] for key in _COMMON}
+    return _Draft(f, common, m_max_pad, f"{ck.path}:{entry}")
+
+
+#: The workload fields a tuple's M values share, in :meth:`Workload.identity`'s order around M.
+_COMMON = ("transport", "n", "k", "world", "quant", "gather_dtype", "gather_transport", "block_m", "block_n",
+           "sdma_queues")
+#: Repeated M values warned about one by one; past this, one line counts the rest.
+MAX_REPEAT_WARNINGS = 32
+
+
+def _expand(ck: _Checker, drafts: list[_Draft]) -> list[Workload]:
+    """The distinct workloads of the checked tuples, in manifest order; [] after a refusal.
+
+    Counted as they are made: the first M past :data:`MAX_WORKLOADS` distinct ones stops the
+    expansion and refuses the manifest (a manifest of a million M values is refused after
+    4,097 of them, never all made); a repeat is counted, not made, and warned about (the first
+    :data:`MAX_REPEAT_WARNINGS` one by one)."""
+    first: dict[tuple, tuple[str, int]] = {}  # identity -> (source, m_requested) of its first
+    out: list[Workload] = []
+    repeats = 0
+    for d in drafts:
+        group = tuple(d.common[f] for f in _COMMON) + (d.m_max,)
+        for m_req, m_pad in zip(d.fields["m_values"], _padded(d.fields)):
+            ident = (group, m_pad)
+            seen = first.get(ident)
+            if seen is None:
+                if len(out) == MAX_WORKLOADS:
+                    ck.problem("top level", f"the tuples expand to more than {MAX_WORKLOADS} distinct workloads "
+                               f"(padded M values; {_entry_of(d.source, ck.path)} goes past it), more than the "
+                               f"{MAX_WORKLOADS} one manifest may ask for; split it into several manifests (each "
+                               "gets its own lock file) or use coarser M ranges")
+                    return []
+                first[ident] = (d.source, m_req)
+                out.append(Workload(m=m_pad, m_max=d.m_max, m_requested=m_req, source=d.source, **d.common))
+                continue
+            repeats += 1
+            if repeats > MAX_REPEAT_WARNINGS:
+                continue
+            src, req = seen
+            entry = _entry_of(d.source, ck.path)
+            if src == d.source:
+                ck.warnings.append(f"{ck.path}: {entry}: m = {req} and m = {m_req} both pad to {m_pad}; it is "
+                                   f"built once")
+            else:
+                ck.warnings.append(f"{ck.path}: {entry}: m = {m_req} (padded {m_pad}) repeats "
+                                   f"{_entry_of(src, ck.path)}; it is built once")
+    if repeats > MAX_REPEAT_WARNINGS:
+        ck.warnings.append(f"{ck.path}: and {repeats - MAX_REPEAT_WARNINGS} more M values repeat one above; each "
+                           "is built once")
+    return out
 
 
 def gemm_compiles(workloads) -> dict[str, int]:
@@ -645,12 +705,8 @@ def gemm_compiles(workloads) -> dict[str, int]:
 
 
 def _check_limits(ck: _Checker, workloads: list[Workload]) -> None:
-    """Bound the work the whole manifest asks for, before any of it is planned or compiled."""
-    if len(workloads) > MAX_WORKLOADS:
-        ck.problem("top level", f"the tuples expand to {len(workloads)} distinct workloads (padded M values), "
-                   f"more than the {MAX_WORKLOADS} one manifest may ask for; split it into several "
-                   "manifests (each gets its own lock file) or use coarser M ranges")
-        return
+    """Bound the GEMM compiles the whole manifest asks for, before any of it is planned or
+    compiled (:func:`_expand` has bounded the workloads)."""
     by_mode = gemm_compiles(workloads)
     total = sum(by_mode.values())
     if total > MAX_GEMM_COMPILES:
@@ -665,23 +721,6 @@ def _check_limits(ck: _Checker, workloads: list[Workload]) -> None:
 def _entry_of(source: str, path: str) -> str:
     prefix = path + ":"
     return source[len(prefix):] if source.startswith(prefix) else source
-
-
-def _dedup(ck: _Checker, workloads: list[Workload]) -> list[Workload]:
-    out, repeats = dedup_workloads(workloads)
-    for first, w in repeats:
-        entry = _entry_of(w.source, ck.path)
-        if first.source == w.source:
-            ck.warnings.append(
-                f"{ck.path}: {entry}: m = {first.m_requested} and m = {w.m_requested} both pad to "
-                f"{w.m}; it is built once"
-            )
-        else:
-            ck.warnings.append(
-                f"{ck.path}: {entry}: m = {w.m_requested} (padded {w.m}) repeats "
-                f"{_entry_of(first.source, ck.path)}; it is built once"
-            )
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -727,7 +766,7 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     name, description, arch = _check_manifest_table(ck, data.get("manifest", {}), _default_name(path))
 
     tuples = data.get("tuple")
-    workloads: list[Workload] = []
+    drafts: list[_Draft] = []
     if tuples is None:
         ck.problem("top level", "there is no [[tuple]]: a manifest must list at least one workload; "
                    'add e.g. [[tuple]] with transport = "fused-sdma", m, n, k, world and quant')
@@ -743,12 +782,15 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     else:
         lines = ck.tuple_lines(len(tuples))
         for i, raw in enumerate(tuples):
-            workloads.extend(_check_tuple(ck, i, raw, lines[i]))
+            d = _check_tuple(ck, i, raw, lines[i])
+            if d is not None:
+                drafts.append(d)
 
     if ck.problems:
         raise ManifestError(ck.problems)
-    workloads = _dedup(ck, workloads)
-    _check_limits(ck, workloads)
+    workloads = _expand(ck, drafts)
+    if not ck.problems:
+        _check_limits(ck, workloads)
     if ck.problems:
         raise ManifestError(ck.problems)
     return Manifest(
@@ -789,6 +831,7 @@ __all__ = [
     "gemm_compiles",
     "FORMAT_VERSIONS",
     "MAX_M_VALUES",
+    "MAX_REPEAT_WARNINGS",
     "Manifest",
     "SUPPORTED_ARCHS",
     "load_manifest",

@@ -21,6 +21,7 @@ from gemmar_aot.errors import ManifestError
 from gemmar_aot.manifest import (
     MAX_GEMM_COMPILES,
     MAX_M_VALUES,
+    MAX_REPEAT_WARNINGS,
     MAX_WORKLOADS,
     Manifest,
     gemm_compiles,
@@ -346,7 +347,37 @@ def test_total_workloads_are_bounded():
     cheap = [tup(transport="gemm-only", quant="mxfp8", n=1024, k=256 * (i + 1),
                  m=dict(start=64, stop=64 * 1024, step=64)) for i in range(MAX_WORKLOADS // 1024 + 1)]
     p = one_problem(doc(*cheap))
-    assert f"expand to {len(cheap) * 1024} distinct workloads" in p and f"more than the {MAX_WORKLOADS}" in p
+    assert f"expand to more than {MAX_WORKLOADS} distinct workloads" in p
+    assert f"tuple[{MAX_WORKLOADS // 1024}] (line" in p  # the tuple that goes past it
+
+
+def test_a_million_workloads_are_refused_without_making_them():
+    """~130 KB of TOML asking for a million M values: refused once 4,097 are counted, never all
+    made (the parser made every workload first: ~0.53 GB; now ~4 MB traced)."""
+    import tracemalloc
+
+    text = doc(*[tup(transport="gemm-only", quant="mxfp8", n=1024 + 256 * (i % 40), k=256 + 256 * (i // 40),
+                     m=dict(start=64, stop=64 * 1024, step=64)) for i in range(1000)])
+    assert len(text) > 100_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError) as ei:
+            parse_manifest(text, "big.toml")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    (p,) = ei.value.problems
+    assert f"more than {MAX_WORKLOADS} distinct workloads" in p and "tuple[4] (line" in p
+    assert peak < 16 * 2**20, peak
+
+
+def test_repeats_are_built_once_and_warned_about_up_to_a_bound():
+    """A thousand copies of one tuple: its M values once, the first repeats named, the rest counted."""
+    m = parse_manifest(doc(*[tup(m=[4096, 8192]) for _ in range(1000)]))
+    assert [w.m for w in m.workloads] == [4096, 8192]
+    assert len(m.warnings) == MAX_REPEAT_WARNINGS + 1
+    assert "m = 4096 (padded 4096) repeats tuple[0]" in m.warnings[0]
+    assert f"and {2 * 999 - MAX_REPEAT_WARNINGS} more M values repeat" in m.warnings[-1]
 
 
 def test_gemm_compiles_count_shared_kernels_once():
