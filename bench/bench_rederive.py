@@ -42,7 +42,7 @@ def speed_reference() -> float:
 
 
 def derive_all(store: Path, lock_path: Path) -> tuple[float, int]:
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.compiler.derive import derive
     from gemmar_aot.store import Store
 

@@ -20,7 +20,7 @@ Usage::
     the other ranks) cannot be measured on a machine without a GPU, so they are NOT in
     these numbers. The communicator is host memory (the 700 MiB window is allocated
     lazily and never touched). Also reported: the lock read and validated alone
-    (``artifact_model.read_lock``), the lock read and indexed (``load_artifacts``), and
+    (``model.lock.read_lock``), the lock read and indexed (``load_artifacts``), and
     importing ``gemmar_aot.runtime`` in a fresh interpreter. Wall and process-CPU time are
     both recorded, and the load average before and after: on a busy machine compare the
     minima (CPU time is the less disturbed of the two).
@@ -133,7 +133,7 @@ def _timed(fn, wall: list, cpu: list):
 def bench_startup(store: Path, rank: int, repeat: int) -> dict:
     from unittest import mock
 
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
     from gemmar_aot.runtime.kernel import RecordBinding
     from gemmar_aot.store.record_index import index_path

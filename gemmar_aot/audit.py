@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from gemmar_aot.artifact_model import record_digest
+from gemmar_aot.store.record import record_digest
 
 #: Beside the store's build stats: one JSON line per key fetched from a remote cache.
 FETCHES_FILE = "remote-fetches.jsonl"
@@ -146,7 +146,7 @@ def audit_lock(lock_path: str | os.PathLike, *, store: str | os.PathLike | None 
     """Recompile ``n`` (None: all) of the kernels the lock at ``lock_path`` names, with the toolchain
     it was built with, in a scratch store, and compare each with the lock's digests. A finding is
     quarantined in ``store`` (default: the lock's own store), so the next build compiles it."""
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.compiler.driver import LocalExecutor, Task
     from gemmar_aot.errors import GemmarError
     from gemmar_aot.keys import action_key, ingredients

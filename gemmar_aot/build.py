@@ -20,18 +20,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from gemmar_aot.artifact_model import (
-    Digest,
-    LaunchEntry,
-    Lock,
-    LockTuple,
-    ManifestRef,
-    RankLaunches,
-    ToolchainInfo,
-    lock_file_path,
-    record_digest,
-    write_lock,
-)
+from gemmar_aot.model.lock import Lock, lock_file_path, write_lock
+from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
+from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.launch import LaunchRecord

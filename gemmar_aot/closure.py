@@ -42,7 +42,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from gemmar_aot.artifact_model import LOCK_SCHEMA, Digest, Lock
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.schema import LOCK_SCHEMA
+from gemmar_aot.model.types import Digest
 from gemmar_aot.canonical_json import canonical_json
 
 #: Bump when what a closure entry holds, or how its key is made, changes.

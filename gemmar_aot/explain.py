@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-from gemmar_aot.artifact_model import LaunchEntry, Lock
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.types import LaunchEntry
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.keys import action_key, diff_ingredients, flatten, ingredients
 from gemmar_aot.spec import KernelSpec

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gemmar_aot import rules
-from gemmar_aot.artifact_model import WindowLayout
+from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.manifest import Manifest
 from gemmar_aot.spec import KernelSpec
 from gemmar_aot.workload import Workload, dedup_workloads

@@ -41,7 +41,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from gemmar_aot.artifact_model import Lock, lock_file_path, lock_sibling, plain_lock_bytes
+from gemmar_aot.model.codec import plain_lock_bytes
+from gemmar_aot.model.lock import Lock, lock_file_path, lock_sibling
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.errors import GemmarError
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from gemmar_aot.artifact_model import TupleKey
+from gemmar_aot.model.types import TupleKey
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.errors import GemmarError
 

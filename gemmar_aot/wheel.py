@@ -10,7 +10,7 @@ Layout (``{pkg}`` = ``gemmar_artifacts_<manifest>``, ``{dist}`` = ``{pkg}-{versi
 
     {pkg}/__init__.py                    locate() -> (lock path, store root), relative to __file__
     {pkg}/lock.json.zst                  the build's lock file (canonical bytes) in one zstd frame
-                                         with its checksum (artifact_model.compress_lock)
+                                         with its checksum (model.lock.compress_lock)
     {pkg}/lock.records.zst               the lock's record index (gemmar_aot.store.record_index):
                                          the action-cache records the lock names, each line
                                          verified against the lock at load (absent when the
@@ -74,7 +74,7 @@ from typing import Any
 
 
 from gemmar_aot import __version__
-from gemmar_aot.artifact_model import ENTRY_POINT_GROUP, Lock, compress_lock
+from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, compress_lock
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
@@ -178,7 +178,7 @@ def zip_date_time() -> tuple[int, int, int, int, int, int]:
 
 #: The pack file (every blob, one index) inside the package; a store root holding it opens as a pack.
 PACK_ARCPATH = f"store/{PACK_FILE}"
-#: The lock inside the package: its canonical bytes in one zstd frame (``artifact_model.read_lock``
+#: The lock inside the package: its canonical bytes in one zstd frame (``model.lock.read_lock``
 #: reads either form); deflated JSON was 41% of the reference wheel, this is a third smaller.
 LOCK_ARCNAME = "lock.json.zst"
 #: The lock's record index, beside it (``record_index.index_path(LOCK_ARCNAME)``).
@@ -732,7 +732,7 @@ def _signature(contents: Mapping[str, bytes], pkg: str, lock: Lock | None, lock_
                problems: list[str]) -> dict | None:
     """The wheel's envelope, read (and verified against ``trusted_keys`` when given); a finding goes
     to ``problems``."""
-    from gemmar_aot.artifact_model import plain_lock_bytes
+    from gemmar_aot.model.codec import plain_lock_bytes
     from gemmar_aot.signing import describe_signature, trust_from
 
     if lock is None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 # The modes are defined with the artifact model (a lock names a tuple's mode, and the
 # runtime reads locks without the build side); see TRANSPORTS there for what each does.
-from gemmar_aot.artifact_model import COLLECTIVE_MODES, TRANSPORTS, TupleId, first_of_each
+from gemmar_aot.model.types import COLLECTIVE_MODES, TRANSPORTS, TupleId, first_of_each
 
 #: The modes a manifest can ask for.
 MODES = TRANSPORTS

@@ -35,8 +35,8 @@ def smoke_store(request) -> Path:
 
 @pytest.fixture(scope="session")
 def smoke_lock(smoke_store):
-    """The smoke store's lock (a typed, immutable gemmar_aot.artifact_model.Lock)."""
-    from gemmar_aot.artifact_model import read_lock
+    """The smoke store's lock (a typed, immutable gemmar_aot.model.lock.Lock)."""
+    from gemmar_aot.model.lock import read_lock
 
     return read_lock(smoke_store / "locks" / "smoke.lock.json")
 
@@ -44,7 +44,7 @@ def smoke_lock(smoke_store):
 def smoke_kernels(out: Path):
     """(spec, record, verified code bytes) for every distinct kernel the smoke lock names."""
     from gemmar_aot.spec import KernelSpec
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.store import Store
 
     store = Store(out, readonly=True)

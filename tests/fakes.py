@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from gemmar_aot.artifact_model import Lock
+from gemmar_aot.model.lock import Lock
 from note_oracle import NoteCodeObject, NoteKernel, read_note
 
 GFX950 = "gfx950:sramecc+:xnack-"

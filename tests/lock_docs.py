@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemmar_aot.artifact_model import decode_lock_doc, encode_lock_doc
+from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
 
 
 def read_doc(path: Path) -> dict:

@@ -9,18 +9,9 @@ from __future__ import annotations
 import hashlib
 
 from gemmar_aot import rules
-from gemmar_aot.artifact_model import (
-    CallLayout,
-    Digest,
-    LaunchEntry,
-    Lock,
-    LockTuple,
-    ManifestRef,
-    RankLaunches,
-    ToolchainInfo,
-    TupleId,
-    WindowLayout,
-)
+from gemmar_aot.model.layout import CallLayout, WindowLayout
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, RankLaunches, ToolchainInfo, TupleId
 from gemmar_aot.launch import LaunchRecord
 
 PHASE_RECORD = {

@@ -13,18 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.artifact_model import (
-    _Reader,
-    LOCK_SCHEMA,
-    Digest,
-    Lock,
-    LockFileError,
-    decode_lock_doc,
-    encode_lock_doc,
-    read_lock,
-    record_digest,
-    write_lock,
-)
+from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
+from gemmar_aot.model.lock import Lock, _Reader, read_lock, write_lock
+from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError
+from gemmar_aot.model.types import Digest
+from gemmar_aot.store.record import record_digest
 from synth_lock import entry, synthetic_lock
 
 REPO = Path(__file__).resolve().parent.parent
@@ -307,7 +300,8 @@ def test_a_zstd_compressed_lock_reads_back_and_a_flipped_byte_is_refused(lock, t
     """An artifact wheel's lock.json.zst goes through the one reader; damage is a clear error."""
     import zstandard
 
-    from gemmar_aot.artifact_model import LOCK_ZSTD_MAGIC, compress_lock
+    from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC
+    from gemmar_aot.model.lock import compress_lock
 
     data = compress_lock(lock)
     assert data[:4] == LOCK_ZSTD_MAGIC and compress_lock(lock) == data  # deterministic
@@ -331,7 +325,7 @@ def test_a_zstd_compressed_lock_reads_back_and_a_flipped_byte_is_refused(lock, t
 
 
 def test_the_model_is_standard_library_only():
-    code = ("import sys; import gemmar_aot.artifact_model; "
+    code = ("import sys; import gemmar_aot.model.lock; "
             "mods = {m.split('.')[0] for m in sys.modules}; "
             "ours = sorted(m for m in sys.modules if m.startswith('gemmar_aot')); "
             "bad = sorted(m for m in mods - set(sys.stdlib_module_names) - {'gemmar_aot'} if not m.startswith('_')); "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gemmar_aot.build import run_build
-from gemmar_aot.artifact_model import read_lock
+from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store import Store, maint
 
 pytestmark = pytest.mark.compile

@@ -112,7 +112,7 @@ def test_a_manifest_one_tuple_away_takes_the_latest_closure_and_looks_up_only_th
 
 
 def _full_closure_key(smoke_store: Path) -> str:
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.closure import closure_key
     from gemmar_aot.keys import derive_code_digest
 
@@ -128,7 +128,8 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     Every digest of the result is consistent."""
     from lock_docs import read_doc
 
-    from gemmar_aot.artifact_model import Digest, encode_lock_doc
+    from gemmar_aot.model.codec import encode_lock_doc
+    from gemmar_aot.model.types import Digest
     from gemmar_aot.closure import INDEX_PATH, LOCK_PATH
     from gemmar_aot.store.pack_encode import pack_closure
     from gemmar_aot.store.record_index import index_path
@@ -144,7 +145,7 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     lock_bytes = encode_lock_doc(doc)
     st = Store(smoke_store, readonly=True)
     if raws is None:
-        from gemmar_aot.artifact_model import Lock
+        from gemmar_aot.model.lock import Lock
 
         raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in Lock.from_bytes(lock_bytes).kernels().values()}
     lock_d, index_d = Digest.of(lock_bytes), Digest.of(index)
@@ -191,7 +192,9 @@ def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, war
 
     from lock_docs import kernel_entry
 
-    from gemmar_aot.artifact_model import Lock, encode_lock_doc, record_digest
+    from gemmar_aot.model.codec import encode_lock_doc
+    from gemmar_aot.model.lock import Lock
+    from gemmar_aot.store.record import record_digest
     from gemmar_aot.audit import sample
     from gemmar_aot.store.record_index import encode_index, lock_rank_groups
     from test_remote_build import _a_cheap_kernel_with_its_own_blob

@@ -87,3 +87,49 @@ def test_cli_command_modules_do_not_import_the_cli_package():
     for name in ("gemmar_aot.cli.build", "gemmar_aot.cli.store", "gemmar_aot.cli.runtime", "gemmar_aot.cli.wheel"):
         assert "gemmar_aot.cli" not in graph[name], name
     assert "gemmar_aot.store.maint" not in graph["gemmar_aot.store.cas"]
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others (lazy imports included)."""
+    seen, todo = set(), [start]
+    while todo:
+        for d in graph.get(todo.pop(), ()):
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+#: What the build side is, for the layer rules below: the modules that plan, compile, store and
+#: package kernels (the runtime's own import rule, ``tests/test_runtime.py``, checks what a pod loads).
+BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.plan", "gemmar_aot.manifest", "gemmar_aot.compiler",
+              "gemmar_aot.store", "gemmar_aot.wheel", "gemmar_aot.keys", "gemmar_aot.closure", "gemmar_aot.audit",
+              "gemmar_aot.remote_cache", "gemmar_aot.cli")
+
+
+def _under(mod: str, prefixes) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in prefixes)
+
+
+def test_the_model_layer_imports_nothing_of_the_build_store_compiler_or_package():
+    """gemmar_aot.model is what the build and the runtime share: it imports, at any depth, the
+    standard-library-only modules it builds on and nothing of the sides that use it."""
+    graph = _module_graph()
+    model = [m for m in graph if _under(m, ("gemmar_aot.model",))]
+    assert len(model) >= 7, model  # the package and its six modules
+    for m in model:
+        bad = sorted(d for d in _reaches(graph, m) if _under(d, BUILD_SIDE) or _under(d, ("gemmar_aot.runtime",)))
+        assert bad == [], f"{m} reaches {bad}"
+
+
+def test_the_runtime_imports_no_build_side_module():
+    graph = _module_graph()
+    for m in (m for m in graph if _under(m, ("gemmar_aot.runtime",))):
+        # the runtime reads lock files and stores: the store's reading half is shared by design
+        bad = sorted(d for d in graph[m] if _under(d, BUILD_SIDE) and not _under(d, ("gemmar_aot.store",)))
+        assert bad == [], f"{m} imports {bad}"
+
+
+def test_the_layer_rule_sees_a_violation():
+    graph = {"gemmar_aot.model.lock": {"gemmar_aot.model.types"}, "gemmar_aot.model.types": {"gemmar_aot.store.cas"}}
+    assert _reaches(graph, "gemmar_aot.model.lock") == {"gemmar_aot.model.types", "gemmar_aot.store.cas"}

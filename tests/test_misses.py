@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner
 
 from fakes import FakeCommunicator, FakeHipDriver
-from gemmar_aot.artifact_model import read_lock
+from gemmar_aot.model.lock import read_lock
 from gemmar_aot.cli import main
 from gemmar_aot.runtime import ArtifactMissingError, GemmAllReduceOp
 from gemmar_aot.runtime.misses import ENV_VAR, read_reports

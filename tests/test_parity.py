@@ -286,7 +286,7 @@ def _swap_a_b(rec: dict) -> dict:
 
 
 def test_broken_lock_swapped_pointers_is_refused_by_the_runtime(parity, run_candidate):
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import ArtifactMismatchError
 
     lock = read_lock(parity.lock)
@@ -300,7 +300,7 @@ def test_broken_lock_swapped_pointers_is_refused_by_the_runtime(parity, run_cand
 
 def test_broken_build_swapped_pointers_fails_parity(parity, run_candidate, tmp_path):
     """Lock and store agree on the swapped record (the build wrote it): only mori's op can tell."""
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
 
     lock = read_lock(parity.lock)
     bad = tamper.rewrite_store(parity.store, tmp_path / "store", lock,
@@ -315,7 +315,7 @@ def test_broken_build_swapped_pointers_fails_parity(parity, run_candidate, tmp_p
 
 def test_broken_lock_another_ranks_phase_kernel_is_refused_by_the_runtime(parity, run_candidate):
     """Rank 1's reduce where rank 0's belongs: same symbol, same arguments, different code."""
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import ArtifactMismatchError
 
     lock = read_lock(parity.lock)
@@ -333,7 +333,7 @@ def test_broken_lock_another_ranks_phase_kernel_is_refused_by_the_runtime(parity
 
 def test_broken_build_another_ranks_phase_kernel_fails_parity(parity, run_candidate, tmp_path):
     """The build labelled rank 1's reduce as rank 0's, in the record and the lock alike."""
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
 
     lock = read_lock(parity.lock)
     r1_reduce = _keys(lock, W2, "reduce", rank=1)
@@ -357,7 +357,7 @@ def test_broken_build_another_ranks_phase_kernel_fails_parity(parity, run_candid
 
 def test_broken_build_wrong_block_is_refused_by_the_runtime(parity, run_candidate, tmp_path):
     """A GEMM record launching 256 threads where the code object was compiled for exactly 512."""
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import ArtifactMismatchError
 
     def half_block(rec: dict) -> dict:

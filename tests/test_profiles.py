@@ -187,7 +187,7 @@ _CONSTRUCT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from fakes import FakeCommunicator, FakeHipDriver
     from gemmar_aot.runtime import GemmAllReduceOp, ArtifactMismatchError
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     lock = read_lock({lock!r})
     try:
         op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, artifacts={store!r},
@@ -316,7 +316,7 @@ def test_one_op_never_mixes_profiles(smoke_store, smoke_lock, monkeypatch):
 def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_lock, tmp_path, monkeypatch):
     from gemmar_aot.runtime import ArtifactNotFoundError, load_artifacts
     from gemmar_aot.runtime import provenance
-    from gemmar_aot.artifact_model import write_lock
+    from gemmar_aot.model.lock import write_lock
 
     monkeypatch.setattr(provenance, "installed_mori", lambda: None)
     if smoke_lock.toolchain.profile is None:
@@ -357,7 +357,7 @@ _SERVER = textwrap.dedent("""
     from mori.ops.gemm_ar import GemmAllReduceOp, preshuffle_b   # what the server does
     from fakes import FakeCommunicator, FakeHipDriver
     from gemmar_aot.runtime import ArtifactMissingError
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     import torch
     out = {{"module": GemmAllReduceOp.__module__, "cls": [c.__module__ for c in GemmAllReduceOp.__mro__],
             "preshuffle_b": preshuffle_b(1)[0]}}
@@ -397,7 +397,7 @@ def _server(tmp_path: Path, smoke_store: Path, env_value: str | None):
                           capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
     assert inst.returncode == 0, inst.stderr
     # The smoke store without the bf16 fused-sdma M=256 tuple at K=256, so a strict miss can be shown.
-    from gemmar_aot.artifact_model import read_lock, write_lock
+    from gemmar_aot.model.lock import read_lock, write_lock
 
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
@@ -452,7 +452,7 @@ def two_profile_store(smoke_store, tmp_path_factory):
 
 @pytest.mark.compile
 def test_smoke_manifest_builds_with_both_profiles_into_one_store(two_profile_store):
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
 
     summary, store = two_profile_store
     assert summary["failed"] == 0 and summary["toolchain_profile"] == "nightly"

@@ -16,8 +16,9 @@ import zstandard
 
 from fakes import FakeCommunicator, FakeHipDriver
 from index_frames import find_line, read_frames, write_frames
-from gemmar_aot.artifact_model import (RECORD_READ_MEMBERS, Digest, read_lock, record_digest,
-                                      record_digest_of_halves, write_lock)
+from gemmar_aot.model.lock import read_lock, write_lock
+from gemmar_aot.model.types import Digest
+from gemmar_aot.store.record import RECORD_READ_MEMBERS, record_digest, record_digest_of_halves
 from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store

@@ -102,7 +102,7 @@ def test_credentials_come_from_netrc_or_env_and_never_show(tmp_path, monkeypatch
 
 
 def _record(key: str, code: bytes) -> dict:
-    from gemmar_aot.artifact_model import Digest
+    from gemmar_aot.model.types import Digest
 
     d = Digest.of(code)
     return {"schema": 1, "key": key, "blob": {"digest": d.hash, "size": d.size}, "metadata": {"kernel": "k"}}
@@ -132,7 +132,7 @@ def test_backend_stores_an_action_result_bazel_can_read_and_reads_it_back(nginx)
 
 
 def reapi_digest(code):
-    from gemmar_aot.artifact_model import Digest
+    from gemmar_aot.model.types import Digest
 
     return Digest.of(code)
 

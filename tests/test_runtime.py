@@ -38,7 +38,7 @@ from gemmar_aot.runtime import (
     supports,
     window_bytes_for,
 )
-from gemmar_aot.artifact_model import read_lock
+from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store import CorruptArtifactError, Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_import_rule_holds_through_construction_and_calls(smoke_store):
         import torch
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import GemmAllReduceOp
-        from gemmar_aot.artifact_model import read_lock
+        from gemmar_aot.model.lock import read_lock
         lock = read_lock({str(smoke_store / 'locks' / 'smoke.lock.json')!r})
         op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, artifacts={str(smoke_store)!r},
                              driver=FakeHipDriver([lock]), self_test=False)

@@ -28,7 +28,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from fakes import FakeCommunicator, FakeHipDriver
 from lock_docs import kernel_entry, rank_launches, read_doc, write_doc
-from gemmar_aot.artifact_model import read_lock, record_digest
+from gemmar_aot.model.lock import read_lock
+from gemmar_aot.store.record import record_digest
 from gemmar_aot.cli import main
 from gemmar_aot.runtime import ArtifactSignatureError, GemmAllReduceOp, load_artifacts
 from gemmar_aot.signing import (

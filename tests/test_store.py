@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemmar_aot.artifact_model import LaunchEntry, Lock, LockTuple, RankLaunches, TupleId, record_digest
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.types import LaunchEntry, LockTuple, RankLaunches, TupleId
+from gemmar_aot.store.record import record_digest
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import (
     Digest,

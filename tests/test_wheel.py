@@ -38,16 +38,8 @@ from click.testing import CliRunner
 
 from index_frames import find_line, read_frames, write_frames
 
-from gemmar_aot.artifact_model import (
-    Digest,
-    LaunchEntry,
-    Lock,
-    LockTuple,
-    ManifestRef,
-    RankLaunches,
-    ToolchainInfo,
-    TupleId,
-)
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, RankLaunches, ToolchainInfo, TupleId
 from gemmar_aot.cli import main
 from gemmar_aot.store import CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend
@@ -366,7 +358,8 @@ def test_a_damaged_dictionary_in_the_wheel_is_refused_naming_the_pack(synth, tmp
 def test_a_damaged_compressed_lock_is_refused_at_load_naming_the_path(synth, tmp_path):
     """One flipped byte in the installed lock.json.zst: the runtime's lock reader refuses it
     (the frame's checksum), naming the file and the fix; inspect reports it too."""
-    from gemmar_aot.artifact_model import LockFileError, read_lock
+    from gemmar_aot.model.lock import read_lock
+    from gemmar_aot.model.schema import LockFileError
     from gemmar_aot.runtime import load_artifacts
 
     lock, root = synth
@@ -490,7 +483,7 @@ def test_a_wheel_per_toolchain_profile(tmp_path, tiny_manifest, monkeypatch):
     so; the default profile's wheel of the same manifest, from the same store, is another wheel."""
     import importlib
 
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import load_artifacts
     from gemmar_aot.store import dumps_lock
 
@@ -611,7 +604,7 @@ LOAD_EVERY_KERNEL = """
     import torch
     from fakes import FakeCommunicator, FakeHipDriver
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
-    from gemmar_aot.artifact_model import read_lock
+    from gemmar_aot.model.lock import read_lock
 
     FP8 = torch.float8_e4m3fn
 
@@ -916,7 +909,8 @@ def test_an_installed_wheel_without_its_record_index_is_refused_never_served_unc
     be found. Removed, and the lock edited where only the record check looks (two pointer
     arguments of rank 0's first GEMM swapped: same kinds and sizes, the code object's note
     agrees): the op is refused, naming the record the lock names and the fix."""
-    from gemmar_aot.artifact_model import Lock, compress_lock, decode_lock_doc, encode_lock_doc
+    from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
+    from gemmar_aot.model.lock import Lock, compress_lock
 
     env = FreshEnv(tmp_path / "venv")
     env.pip_install(smoke_wheel["wheel"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gemmar_aot.artifact_model import COLLECTIVE_MODES, FUSED_SDMA
+from gemmar_aot.model.types import COLLECTIVE_MODES, FUSED_SDMA
 
 
 

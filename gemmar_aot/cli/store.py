@@ -263,7 +263,8 @@ def verify(store, as_json, trusted_keys):
 
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
     """Every lock of the store with its signature (:func:`gemmar_aot.signing.describe_signature`)."""
-    from gemmar_aot.artifact_model import LOCK_SUFFIX, plain_lock_bytes
+    from gemmar_aot.model.codec import plain_lock_bytes
+    from gemmar_aot.model.lock import LOCK_SUFFIX
     from gemmar_aot.signing import describe_signature, envelope_path, trust_from
 
     trust = trust_from(trusted_keys) if trusted_keys is not None else None

@@ -4,7 +4,7 @@ Where the runtime looks, first match wins:
 
 1. ``artifacts=`` given to the op (or to :func:`load_artifacts`): a lock-file path,
    a store directory holding ``locks/*.lock.json``, a ``(lock, store_root)`` pair
-   (the lock may be a path, a :class:`~gemmar_aot.artifact_model.Lock` or its JSON data), a lock alone
+   (the lock may be a path, a :class:`~gemmar_aot.model.lock.Lock` or its JSON data), a lock alone
    (its blobs are looked up in the default store: ``$GEMMAR_AOT_STORE`` or
    ``artifacts/``), an :class:`Artifacts`, or a list of any of these;
 2. ``$GEMMAR_AOT_ARTIFACTS``: lock paths and/or store directories, separated by
@@ -35,7 +35,7 @@ For the bf16 wire the gather transport is irrelevant (only an fp8 gather has a
 transport), so bf16 tuples are indexed with ``gather_transport=None`` and match
 whatever the caller passes.
 
-Locks are read by :mod:`gemmar_aot.artifact_model` (validated on read). Runtime module:
+Locks are read by :mod:`gemmar_aot.model` (validated on read). Runtime module:
 standard library plus ``gemmar_aot.store`` (zstandard).
 """
 
@@ -47,19 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gemmar_aot.artifact_model import (
-    ENTRY_POINT_GROUP,
-    LOCK_SUFFIX,
-    LaunchEntry,
-    Lock,
-    LockTuple,
-    RankLaunches,
-    TupleKey,
-    WindowLayout,
-    lock_file_path,
-    plain_lock_bytes,
-    read_lock,
-)
+from gemmar_aot.model.codec import plain_lock_bytes
+from gemmar_aot.model.layout import WindowLayout
+from gemmar_aot.model.lock import ENTRY_POINT_GROUP, LOCK_SUFFIX, Lock, lock_file_path, read_lock
+from gemmar_aot.model.types import LaunchEntry, LockTuple, RankLaunches, TupleKey
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
 
@@ -156,7 +147,7 @@ class Artifacts:
     def add_lock(self, lock: Lock, source: Source, signed_by: Verified | None = None) -> None:
         """Index every tuple of ``lock``; raises ArtifactConflictError on a conflicting duplicate."""
         if not isinstance(lock, Lock):
-            raise TypeError(f"add_lock takes a Lock (gemmar_aot.artifact_model), got {type(lock).__name__}")
+            raise TypeError(f"add_lock takes a Lock (gemmar_aot.model.lock), got {type(lock).__name__}")
         if self.trust is not None and signed_by is None:
             raise ArtifactSignatureError(
                 f"the lock {source} cannot be authenticated: trusted keys are set ({self.trust.source}) and it "

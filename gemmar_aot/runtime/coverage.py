@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gemmar_aot import rules
-from gemmar_aot.artifact_model import FUSED_SDMA, TupleKey
+from gemmar_aot.model.types import FUSED_SDMA, TupleKey
 
 from .artifacts import Artifacts, load_artifacts
 from .errors import ArtifactError

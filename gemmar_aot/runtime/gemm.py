@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from gemmar_aot import rules
 from gemmar_aot.codeobject import CodeObjectError, parse_code_object
-from gemmar_aot.artifact_model import GEMM_ONLY, GEMV, TupleKey
+from gemmar_aot.model.types import GEMM_ONLY, GEMV, TupleKey
 from gemmar_aot.launch import LaunchRecord
 
 from . import misses

@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from gemmar_aot.artifact_model import record_digest
+from gemmar_aot.store.record import record_digest
 from gemmar_aot.codeobject import CodeObject, KernelMetadata
 from gemmar_aot.launch_sequence import sequence_problems
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
@@ -415,7 +415,7 @@ class RecordBinding:
     """Checks lock entries against the action-cache records they name, reading each record once.
 
     For every entry: the record under the entry's action key must be the one the lock
-    names (``artifact_model.record_digest``), hold the same code object and launch
+    names (``store.record.record_digest``), hold the same code object and launch
     record, and its spec must describe the kernel the lock launches where the entry sits
     (:func:`binding_problems`). A lock and a store that disagree are refused with a
     message naming both. So is a lock whose record cannot be found or read: the check never

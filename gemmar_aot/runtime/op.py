@@ -60,7 +60,8 @@ import time
 from typing import Any
 
 from gemmar_aot import rules
-from gemmar_aot.artifact_model import FUSED_SDMA, LaunchEntry, WindowLayout
+from gemmar_aot.model.layout import WindowLayout
+from gemmar_aot.model.types import FUSED_SDMA, LaunchEntry
 from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts

@@ -65,7 +65,7 @@ class MoriIdentity:
 
     @classmethod
     def from_toolchain(cls, info: Any) -> "MoriIdentity | None":
-        """From a parsed lock's :class:`~gemmar_aot.artifact_model.ToolchainInfo`."""
+        """From a parsed lock's :class:`~gemmar_aot.model.types.ToolchainInfo`."""
         if info is None:
             return None
         return cls.from_lock({"ingredients": info.ingredients, "profile": info.profile})

@@ -46,7 +46,7 @@ import abc
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gemmar_aot.artifact_model import Digest
+from gemmar_aot.model.types import Digest
 
 #: Version of the record envelope (schema/key/blob); the rest of a record is the caller's.
 RECORD_SCHEMA = 1
@@ -91,7 +91,7 @@ def check_record(rec: Any, key: str) -> dict:
 
 
 def record_blob(rec: Mapping[str, Any]) -> Digest:
-    """The digest of the blob a (checked) record names (not :func:`gemmar_aot.artifact_model.record_digest`,
+    """The digest of the blob a (checked) record names (not :func:`gemmar_aot.store.record.record_digest`,
     the digest of the record itself)."""
     return blob_ref(rec["blob"])
 

@@ -198,7 +198,7 @@ class Store:
 
     def read_record_named(self, key: str, want: Digest) -> dict | None:
         """The local record under ``key`` (without its timings) when it is the one the digest
-        ``want`` names (a lock's record digest, ``artifact_model.record_digest``); None otherwise --
+        ``want`` names (a lock's record digest, ``store.record.record_digest``); None otherwise --
         then :meth:`read_record_file` and ``record_digest`` say what is there."""
         return self.local.get_record_named(key, want)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from gemmar_aot.artifact_model import LockFileError  # noqa: F401 - a lock is malformed or of another schema
+from gemmar_aot.model.schema import LockFileError  # noqa: F401 - a lock is malformed or of another schema
 from gemmar_aot.errors import GemmarError
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import blobfmt
-from gemmar_aot.artifact_model import RECORD_VOLATILE_FIELDS, record_digest
+from gemmar_aot.store.record import RECORD_VOLATILE_FIELDS, record_digest
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
@@ -479,7 +479,7 @@ class DirectoryBackend(CacheBackend):
         return rec
 
     def get_record_named(self, key: str, want: Digest) -> dict | None:
-        """The record under ``key`` if it is the one ``want`` (:func:`~gemmar_aot.artifact_model.record_digest`)
+        """The record under ``key`` if it is the one ``want`` (:func:`~gemmar_aot.store.record.record_digest`)
         names, without its volatile fields; None otherwise (absent, unreadable or another record):
         then :meth:`get_record` and ``record_digest`` say which. Quarantines nothing
         (:meth:`get_record` does, on the fallback)."""

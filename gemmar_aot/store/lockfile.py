@@ -1,13 +1,14 @@
-"""Lock files, as the store's callers name them: a thin layer over :mod:`gemmar_aot.artifact_model`.
+"""Lock files, as the store's callers name them: a thin layer over :mod:`gemmar_aot.model`.
 
 The model is the only reader and writer of lock JSON; these names let store code (gc's
-keep set, export) and the CLI ask a typed :class:`~gemmar_aot.artifact_model.Lock` what it
+keep set, export) and the CLI ask a typed :class:`~gemmar_aot.model.lock.Lock` what it
 references.
 """
 
 from __future__ import annotations
 
-from gemmar_aot.artifact_model import LOCK_SCHEMA, Lock, LockFileError, read_lock, write_lock
+from gemmar_aot.model.lock import Lock, read_lock, write_lock
+from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError
 
 __all__ = ["LOCK_SCHEMA", "Lock", "LockFileError", "dumps_lock", "iter_launches", "lock_blobs", "lock_keys",
            "parse_lock", "read_lock_file", "write_lock_file"]

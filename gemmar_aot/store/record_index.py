@@ -1,7 +1,7 @@
 """A lock's record index: every action-cache record a lock was made from, in one file.
 
 The runtime binds each lock entry to the record it was made from (the lock names each
-record's digest, :func:`gemmar_aot.artifact_model.record_digest`; see
+record's digest, :func:`gemmar_aot.store.record.record_digest`; see
 ``gemmar_aot.runtime.kernel.RecordBinding``). Reading those records one file at a time
 costs a rank 53 file opens, zstd frames and JSON texts at startup. The build therefore
 writes, next to each lock file, the records that lock names in one file::
@@ -20,7 +20,7 @@ newlines; PREFIXES is the group's key prefixes, concatenated in line order. The 
 the lines by rank (:func:`lock_rank_groups`), so a rank getting ready decompresses and splits
 its own ~1/world of the file and nothing else. Each line is one record, by action key, sorted
 within its group: the key's first P hex digits (P >= 8, enough to tell the lock's keys
-apart), then the record's two halves as :func:`~gemmar_aot.artifact_model.record_digest`
+apart), then the record's two halves as :func:`~gemmar_aot.store.record.record_digest`
 hashes them (``record_halves``): the members the runtime reads, ``\x1f`` (a byte canonical
 JSON never holds raw), the other members. The first half is abridged by the record's own
 action key and blob digest, which the lock already holds: ``"key":""`` and
@@ -55,8 +55,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.artifact_model import (Digest, lock_sibling, record_digest, record_digest_of_halves,
-                                     record_halves)
+from gemmar_aot.model.lock import lock_sibling
+from gemmar_aot.model.types import Digest
+from gemmar_aot.store.record import record_digest, record_digest_of_halves, record_halves
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json
 
@@ -371,7 +372,7 @@ class RecordIndex:
                 whole: bool = False) -> dict[str, dict | Digest | None]:
         """For each (action key, record digest the lock names, blob digest the lock names): the
         record when its restored line is that record -- its
-        :data:`~gemmar_aot.artifact_model.RECORD_READ_MEMBERS` only, unless ``whole`` -- else
+        :data:`~gemmar_aot.store.record.RECORD_READ_MEMBERS` only, unless ``whole`` -- else
         the digest the line has, or None when the index has no line for the key (it was written
         for another lock).
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gemmar_aot.artifact_model import Digest
+from gemmar_aot.model.types import Digest
 from gemmar_aot.canonical_json import canonical_json_bytes
 
 from . import reapi

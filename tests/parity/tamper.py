@@ -18,7 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from gemmar_aot.artifact_model import LaunchEntry, Lock, record_digest
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.types import LaunchEntry
+from gemmar_aot.store.record import record_digest
 from gemmar_aot.launch import LaunchRecord
 
 EntryEdit = Callable[[LaunchEntry], LaunchEntry]

@@ -1,0 +1,285 @@
+"""The lock: :class:`Lock` (the whole file), its one reader (:func:`read_lock`,
+:meth:`Lock.from_bytes`) and its one writer (:func:`write_lock`), and where a lock's files live."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.canonical_json import canonical_json_bytes
+from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, ToolchainInfo
+from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError, _REBUILD, _TOP
+from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
+from gemmar_aot.model.validate import _DocReader, _show, _type_name
+
+#: Entry-point group through which installed artifact packages announce their lock and store.
+ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
+#: ``<store>/locks/<manifest name>`` + this is a lock file.
+LOCK_SUFFIX = ".lock.json"
+#: The names a lock file goes by: in a store (LOCK_SUFFIX), in an artifact wheel (``lock.json.zst``)
+#: and in older wheels (``lock.json``).
+LOCK_NAME_SUFFIXES = (LOCK_SUFFIX, ".json.zst", ".json")
+
+
+def lock_sibling(lock_path: str | os.PathLike, suffix: str) -> Path:
+    """A file that belongs to the lock at ``lock_path`` and lives beside it: the lock's name with
+    its lock suffix replaced by ``suffix`` (``locks/M.lock.json`` -> ``locks/M<suffix>``,
+    ``pkg/lock.json.zst`` -> ``pkg/lock<suffix>``). The record index and the signature envelope."""
+    p = Path(lock_path)
+    for s in LOCK_NAME_SUFFIXES:
+        if p.name.endswith(s) and len(p.name) > len(s):
+            return p.with_name(p.name[: -len(s)] + suffix)
+    return p.with_name(p.name + suffix)
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A lock file: for every tuple and rank of a manifest, the kernels to launch, in order."""
+
+    manifest: ManifestRef
+    arch: str  # the target arch, e.g. "gfx950"
+    code_object_version: int
+    toolchain: ToolchainInfo
+    env: Mapping[str, str | None]  # code-changing environment values the build read
+    tuples: tuple[LockTuple, ...]
+
+    def __hash__(self) -> int:
+        return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples))
+
+    # ---- queries ----
+
+    def iter_launches(self) -> Iterator[tuple[str, LaunchEntry]]:
+        """(JSON-ish path, entry) of every launch of every tuple and rank, in order."""
+        for i, t in enumerate(self.tuples):
+            for j, r in enumerate(t.ranks):
+                for role in ("launches", "self_test"):
+                    for n, e in enumerate(getattr(r, role)):
+                        yield f"$.tuples[{i}].ranks[{j}].{role}[{n}]", e
+
+    def kernels(self) -> dict[str, LaunchEntry]:
+        """Action key -> entry, for every distinct kernel the lock launches (sorted by key)."""
+        out: dict[str, LaunchEntry] = {}
+        for _w, e in self.iter_launches():
+            out.setdefault(e.key, e)
+        return dict(sorted(out.items()))
+
+    def action_keys(self) -> set[str]:
+        return {e.key for _w, e in self.iter_launches()}
+
+    def blobs(self) -> dict[str, Digest]:
+        """Blob hash -> Digest of every code object the lock names."""
+        return {e.blob.hash: e.blob for _w, e in self.iter_launches()}
+
+    def blob_digests(self) -> set[str]:
+        return set(self.blobs())
+
+    def check_parts(self) -> "Lock":
+        """Check every rank's part now (a lock read from bytes checks a part when it is first
+        used). Raises LockFileError naming the first bad one; returns the lock."""
+        for t in self.tuples:
+            for r in t.ranks:
+                r.launch_keys()
+        return self
+
+    # ---- (de)serialisation ----
+
+    def to_json(self) -> dict:
+        """The lock as JSON data (schema :data:`LOCK_SCHEMA`). Raises LockFileError when two
+        launches with one action key disagree (one key is one kernel)."""
+        kernels: dict[str, LaunchEntry] = {}
+        for where, e in self.iter_launches():
+            old = kernels.setdefault(e.key, e)
+            if old is not e and old != e:
+                raise LockFileError(f"cannot write the lock: action key {e.key} names two different "
+                                    f"kernels (at {where}); one key must be one kernel")
+        records: dict[bytes, int] = {}
+        launch_records, table = [], {}
+        for key in sorted(kernels):
+            e = kernels[key]
+            rj = e.launch.to_json()
+            del rj["kernel"]  # the entry's symbol
+            rb = canonical_json_bytes(rj)
+            idx = records.get(rb)
+            if idx is None:
+                idx = records[rb] = len(launch_records)
+                launch_records.append(rj)
+            table[key] = {"kind": e.kind, "blob": e.blob.to_json(), "symbol": e.symbol, "record": e.record.to_json(),
+                          "launch": idx}
+        parts: dict[int, dict] = {}  # rank -> its part
+        for ti, t in enumerate(self.tuples):
+            for r in t.ranks:
+                part = parts.setdefault(r.rank, {"rank": r.rank, "kernels": {}, "launches": []})
+                seqs = r.launch_keys()
+                part["launches"].append([ti, *map(list, seqs)])
+                for key in (*seqs[0], *seqs[1]):
+                    part["kernels"][key] = table[key]
+        return {
+            "schema": LOCK_SCHEMA,
+            "manifest": {"name": self.manifest.name, "arch": self.manifest.arch, "sha256": self.manifest.sha256},
+            "arch": self.arch,
+            "code_object_version": self.code_object_version,
+            "toolchain": {"digest": self.toolchain.digest, "profile": self.toolchain.profile,
+                          "ingredients": _plain(self.toolchain.ingredients)},
+            "env": dict(self.env),
+            "launch_records": launch_records,
+            "tuples": [{
+                **t.id.to_json(),
+                "source": t.source,
+                "layout": None if t.layout is None else t.layout.to_json(),
+                "ranks": [r.rank for r in t.ranks],
+            } for t in self.tuples],
+            "parts": [parts[r] for r in sorted(parts)],
+        }
+
+    def to_bytes(self) -> bytes:
+        """The canonical bytes of this lock: the same lock always gives the same bytes."""
+        try:
+            return encode_lock_doc(self.to_json())
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, LockFileError):
+                raise
+            raise LockFileError(f"cannot write the lock: a value is not JSON ({exc})") from None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "<lock>") -> "Lock":
+        """Validate a lock document (:meth:`to_json`'s form: every part inline) and build the
+        lock, every part checked now. Raises LockFileError naming ``where``."""
+        return _Reader(where).lock(data).check_parts()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str, where: str = "<lock>") -> "Lock":
+        """Parse and validate a lock's bytes (:func:`encode_lock_doc`), or those bytes in one zstd
+        frame (an artifact wheel's ``lock.json.zst``; recognised by the frame's magic number).
+        The head is checked now, each rank's part when it is first used (:meth:`check_parts`)."""
+        if isinstance(data, str):
+            data = data.encode()
+        data = bytes(data)
+        if data[:4] == LOCK_ZSTD_MAGIC:
+            data = _decompress_lock(data, where)
+        lines = data.split(b"\n")
+        try:
+            head = json.loads(lines[0])
+        except (ValueError, UnicodeDecodeError) as exc:
+            # not a head line: a lock of an older schema (indented JSON) is refused by its schema
+            try:
+                old = json.loads(data)
+            except (ValueError, UnicodeDecodeError):
+                raise LockFileError(f"{where} is not valid JSON Lines ({exc}); {_REBUILD}") from None
+            return _Reader(where).lock(old, lines=[])
+        return _Reader(where).lock(head, lines=lines[1:])
+
+
+def compress_lock(lock: "Lock", level: int = 19) -> bytes:
+    """``lock``'s canonical bytes in one zstd frame with its content size and checksum: what
+    :meth:`Lock.from_bytes` (hence :func:`read_lock`) reads back. Deterministic for a given libzstd."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(
+        lock.to_bytes())
+
+
+def read_lock(path: str | os.PathLike) -> Lock:
+    """Read and validate a lock file (plain JSON, or zstd-compressed JSON as an artifact wheel
+    ships it). Raises LockFileError naming the path."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LockFileError(f"no lock file at {path}; run the build that writes it "
+                            f"(gemmar-aot build MANIFEST)") from None
+    except IsADirectoryError:
+        raise LockFileError(f"{path} is a directory, not a lock file") from None
+    return Lock.from_bytes(data, str(path))
+
+
+def write_lock(path: str | os.PathLike, lock: Lock) -> Path:
+    """Write ``lock`` to ``path`` atomically (fsync of file and directory), canonically, after checking
+    that the bytes read back as a valid lock (raises LockFileError and writes nothing otherwise).
+    Returns the path."""
+    if not isinstance(lock, Lock):
+        raise TypeError(f"write_lock takes a Lock, got {type(lock).__name__}")
+    path = Path(path)
+    data = lock.to_bytes()
+    Lock.from_bytes(data, f"{path} (not written)")  # never publish a lock the reader would refuse
+    atomic_write_bytes(path, data)
+    return path
+
+
+def lock_file_path(store_root: str | os.PathLike, manifest_name: str, profile: str | None = None) -> Path:
+    """Where the build of ``manifest_name`` into ``store_root`` writes its lock file:
+    ``locks/<manifest>.lock.json``, or ``locks/<manifest>.<profile>.lock.json`` for a toolchain
+    profile other than the default, so one store holds several profiles' locks side by side."""
+    suffix = "" if profile in (None, "default") else f".{profile}"
+    return Path(store_root) / "locks" / f"{manifest_name}{suffix}{LOCK_SUFFIX}"
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+class _Reader(_DocReader):
+    """The document reader, and the :class:`Lock` it reads (the one reader's last step)."""
+
+    # ---- the lock ----
+
+    def lock(self, v: Any, lines: list[bytes] | None = None) -> Lock:
+        """The lock of head ``v``: with ``lines`` (the file's lines after the head) the parts are
+        digests naming them; without, the parts are inline (:meth:`Lock.to_json`'s form)."""
+        if type(v) is not dict:
+            raise LockFileError(f"{self.where}: a lock file holds a JSON object, this holds {_type_name(v)}; "
+                                f"{_REBUILD}")
+        schema = v.get("schema")
+        if type(schema) is not int:
+            raise LockFileError(f"{self.where}: $.schema is {_show(schema)}, not an integer lock schema: it is not a "
+                                f"gemmar-aot lock file (this gemmar-aot reads lock schema {LOCK_SCHEMA})")
+        if schema > LOCK_SCHEMA:
+            raise LockFileError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
+                                f"reads lock schema {LOCK_SCHEMA}: upgrade gemmar-aot")
+        if 1 <= schema < LOCK_SCHEMA:
+            raise LockFileError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
+                                f"reads lock schema {LOCK_SCHEMA} and does not convert old locks: rebuild it "
+                                f"with `gemmar-aot build MANIFEST` (the store's kernels are reused, nothing is "
+                                f"recompiled)")
+        if schema != LOCK_SCHEMA:
+            raise LockFileError(f"{self.where}: unknown lock schema {schema} (this gemmar-aot reads lock schema "
+                                f"{LOCK_SCHEMA}); {_REBUILD}")
+        self.obj(v, "$", _TOP)
+        m = self.obj(v["manifest"], "$.manifest", ("name", "arch", "sha256"))
+        manifest = ManifestRef(self.str(m["name"], "$.manifest.name"), self.str(m["arch"], "$.manifest.arch"),
+                               self.hex64(m["sha256"], "$.manifest.sha256"))
+        tc = self.obj(v["toolchain"], "$.toolchain", ("digest", "profile", "ingredients"))
+        ingr = tc["ingredients"]
+        if type(ingr) is not dict:
+            raise self.fail("$.toolchain.ingredients", f"is {_type_name(ingr)}, expected an object")
+        for k, sec in ingr.items():
+            if type(sec) is not dict:
+                raise self.fail(f"$.toolchain.ingredients.{k}", f"is {_type_name(sec)}, expected an object")
+            self.json_value(sec, f"$.toolchain.ingredients.{k}")
+        toolchain = ToolchainInfo(self.hex64(tc["digest"], "$.toolchain.digest"), ingr,
+                                  self.opt_str(tc["profile"], "$.toolchain.profile"))
+        env = v["env"]
+        if type(env) is not dict:
+            raise self.fail("$.env", f"is {_type_name(env)}, expected an object")
+        for k, x in env.items():
+            if x is not None and type(x) is not str:
+                raise self.fail(f"$.env.{k}", f"is {_type_name(x)} ({_show(x)}), expected a string or null")
+        records = [self.launch_record(r, f"$.launch_records[{i}]")
+                   for i, r in enumerate(self.list(v["launch_records"], "$.launch_records"))]
+        parts = self.parts(v["parts"], lines, records)
+        tuples = tuple(self.tuple(t, f"$.tuples[{i}]", i, parts)
+                       for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
+        for part in parts.values():
+            if not part.tuples:
+                raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple lists rank "
+                                                          f"{part.rank}")
+        return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
+                    code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
+                    toolchain=toolchain, env=dict(env), tuples=tuples)

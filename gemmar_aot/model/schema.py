@@ -1,0 +1,44 @@
+"""The lock document's schema: its version (:data:`LOCK_SCHEMA`), the members of each of its
+objects, and :class:`LockFileError`, which every refusal of a lock file raises."""
+
+from __future__ import annotations
+
+
+from gemmar_aot.errors import GemmarError
+from gemmar_aot.launch import PARAM_SIZES
+from gemmar_aot.model.layout import _WINDOW_FIELDS, _WINDOW_STR_FIELDS, _WINDOW_TUPLE_FIELDS
+from gemmar_aot.model.types import _TUPLE_ID_FIELDS
+
+#: Version of the lock-file schema this gemmar-aot reads and writes.
+#: 2: typed model; kernels named once by action key, launch records de-duplicated, blobs and
+#: records as Digest(hash, size), the window layout split into shared and per-M values.
+#: 3: JSON Lines, a head and one part per rank, so a rank reads its own kernels only.
+LOCK_SCHEMA = 3
+_REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
+
+
+class LockFileError(GemmarError, ValueError):
+    """A lock file (or a lock being written) is malformed, or of a schema this version does not read."""
+
+
+# ---------------------------------------------------------------------------
+# Validation
+#
+# Every check has a fast path made of C-level operations (a key-set comparison, a
+# set of element types) and, only when that fails, a slow path that finds the first
+# offending value and names it. Reading the reference lock is dominated by json.loads.
+# ---------------------------------------------------------------------------
+
+_TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "tuples",
+        "parts")
+_PART_KEYS = ("rank", "kernels", "launches")
+_PART_REF_KEYS = ("rank", "hash", "size")
+_TUPLE_KEYS = (*_TUPLE_ID_FIELDS, "source", "layout", "ranks")
+_KERNEL_KEYS = ("kind", "blob", "symbol", "record", "launch")
+_RECORD_KEYS = ("params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block", "stream_param")
+_ARG_KEYS = ("name", "kind", "params", "dtype")
+_DIGEST_KEYS = ("hash", "size")
+_ARG_KINDS = ("tensor", "i32", "i64", "stream")
+_PARAM_TYPES = tuple(PARAM_SIZES)
+_WINDOW_KEYS = (*_WINDOW_FIELDS, "call")
+_WINDOW_INT_FIELDS = tuple(f for f in _WINDOW_FIELDS if f not in _WINDOW_STR_FIELDS + _WINDOW_TUPLE_FIELDS)

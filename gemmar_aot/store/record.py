@@ -1,0 +1,47 @@
+"""The action-cache record's digest: what a lock names each record by, over the record's two
+halves (the members the runtime reads, and the rest), so a reader may parse one half only."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.model.types import Digest
+
+#: Record fields that differ between two compiles of one key (timings): a record's digest leaves
+#: them out, so the same manifest and toolchain give the same lock in any store.
+RECORD_VOLATILE_FIELDS = ("compile_seconds",)
+
+
+#: The members of an action-cache record the runtime reads when it binds a lock entry to its
+#: record (the envelope, the launch record, the spec); the rest -- the ``ingredients`` and the
+#: kernel ``metadata``, most of a record's bytes -- it never reads. :func:`record_digest`
+#: hashes the two apart, so a reader can check a record whole and parse only what it reads.
+RECORD_READ_MEMBERS = ("blob", "key", "launch", "schema", "spec")
+
+
+def record_halves(record: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    """The canonical JSON (``canonical_json``) of a record's :data:`RECORD_READ_MEMBERS` and of
+    its other members but :data:`RECORD_VOLATILE_FIELDS`: what :func:`record_digest` hashes."""
+    read = {k: record[k] for k in RECORD_READ_MEMBERS if k in record}
+    rest = {k: v for k, v in record.items() if k not in RECORD_READ_MEMBERS and k not in RECORD_VOLATILE_FIELDS}
+    return canonical_json(read).encode(), canonical_json(rest).encode()
+
+
+def record_digest_of_halves(read: bytes, rest: bytes) -> Digest:
+    """The record digest of a record whose halves (:func:`record_halves`) are these bytes: the
+    Digest of ``{"read": sha256(read), "rest": sha256(rest)}`` in canonical JSON."""
+    return Digest.of(b'{"read":"' + hashlib.sha256(read).hexdigest().encode() + b'","rest":"'
+                     + hashlib.sha256(rest).hexdigest().encode() + b'"}')
+
+
+def record_digest(record: Mapping[str, Any]) -> Digest:
+    """The digest a lock names for an action-cache record (timings left out, so the same
+    manifest and toolchain give the same lock in any store).
+
+    It commits to every byte of the record, as a hash of the whole would, in two halves
+    (:func:`record_halves`): the members the runtime reads, and the rest. A record index
+    line carries both halves' bytes; the runtime hashes both (C speed) but parses only the
+    first (:mod:`gemmar_aot.store.record_index`)."""
+    return record_digest_of_halves(*record_halves(record))
