@@ -54,13 +54,13 @@ import torch
 t_torch = time.perf_counter()
 from fakes import FakeCommunicator, FakeHipDriver
 from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
-from gemmar_aot.store import read_lock_file
+from gemmar_aot.model.lock import read_lock
 t_import = time.perf_counter()
 
 arts = load_artifacts()  # installed entry points only
 t_discover = time.perf_counter()
 src = arts.sources[0]
-drv = FakeHipDriver([read_lock_file(src.lock_path)])
+drv = FakeHipDriver([read_lock(src.lock_path).check_parts()])
 t_oracle = time.perf_counter()
 op = GemmAllReduceOp(FakeCommunicator(int(sys.argv[1]), 8, lazy=True), n=7168, k=2048, m_max=16384, driver=drv, self_test=False)
 t_ready = time.perf_counter()
@@ -100,11 +100,12 @@ def fresh_env(path: Path) -> tuple[Path, Path]:
 
 
 def bench_size(store: Path, work: Path) -> dict:
-    from gemmar_aot.store import Store, read_lock_file
+    from gemmar_aot.store import Store
+    from gemmar_aot.model.lock import read_lock
     from gemmar_aot.wheel import lock_sizes, wheel_from_lock
 
     lock_path = store / "locks" / LOCK_NAME
-    lock = read_lock_file(lock_path)
+    lock = read_lock(lock_path).check_parts()
     t0 = time.perf_counter()
     s = wheel_from_lock(lock_path, store, MANIFEST, work / "dist")
     write_s = time.perf_counter() - t0

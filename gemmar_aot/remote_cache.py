@@ -255,7 +255,7 @@ def remote_stats(store, backend) -> dict:
     Bazel's HTTP protocol has no listing, so coverage is measured from our side: one
     HEAD ``/ac/<key>`` per local record (in parallel). Never writes to the remote.
     """
-    from gemmar_aot.store import lock_keys, read_lock_file
+    from gemmar_aot.model.lock import read_lock
 
     t0 = time.perf_counter()
     out: dict = {"url": backend.name}
@@ -271,7 +271,7 @@ def remote_stats(store, backend) -> dict:
     if store.lock_dir.is_dir():
         for p in sorted(store.lock_dir.glob("*.lock.json")):
             try:
-                locks[p.name] = sorted(lock_keys(read_lock_file(p)))
+                locks[p.name] = sorted(read_lock(p).check_parts().action_keys())
             except Exception as e:  # noqa: BLE001 - a bad lock is reported, not fatal
                 locks[p.name] = str(e)
     wanted = sorted(set(local).union(*(v for v in locks.values() if isinstance(v, list))))

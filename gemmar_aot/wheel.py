@@ -74,15 +74,14 @@ from typing import Any
 
 
 from gemmar_aot import __version__
-from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, compress_lock
+from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, compress_lock, read_lock
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as _canonical_json
 from gemmar_aot.errors import GemmarError
-from gemmar_aot.store import STORE_FORMAT, dumps_lock, iter_launches, lock_keys, read_lock_file
+from gemmar_aot.store import STORE_FORMAT
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PACK_FILE, PREFIX_HEX, PackBackend, write_pack
 from gemmar_aot.store.pack_encode import encode_blobs as _encode_blobs
-from gemmar_aot.store.lockfile import parse_lock
 from gemmar_aot.signing import envelope_path, read_envelope
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 from gemmar_aot.store.record_index import (RecordIndex, RecordIndexError, RecordMissingError, build_index_from_store,
@@ -192,7 +191,7 @@ OLD_LOCK_ARCNAME = "lock.json"
 def lock_sizes(lock: Lock) -> dict[str, int | None]:
     """digest -> raw size as the lock names it. Raises on disagreement."""
     sizes: dict[str, int | None] = {}
-    for where, e in iter_launches(lock):
+    for where, e in lock.iter_launches():
         d, s = e.blob.hash, e.blob.size
         old = sizes.get(d)
         if old is not None and old != s:
@@ -371,8 +370,8 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
     if isinstance(lock, Mapping):
         lock = Lock.from_json(lock, "<lock>")
     elif not isinstance(lock, Lock):
-        lock = read_lock_file(lock)
-    lock_bytes = dumps_lock(lock)
+        lock = read_lock(lock).check_parts()
+    lock_bytes = lock.to_bytes()
     if envelope is None and lock_path is not None and envelope_path(lock_path).is_file():
         envelope = envelope_path(lock_path).read_bytes()
     signature = None
@@ -423,7 +422,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
         "lock": {"sha256": hashlib.sha256(lock_bytes).hexdigest(), "bytes": len(lock_bytes),
                  "file": LOCK_ARCNAME, "file_bytes": len(lock_file)},
         "coverage": coverage(lock),
-        "kernels": len(lock_keys(lock)),
+        "kernels": len(lock.action_keys()),
         "code_objects": len(raws),
         "raw_bytes": sum(len(r) for r in raws.values()),
         "blob_bytes": encoding["blob_bytes"],
@@ -649,10 +648,10 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
             problems.append(f"{lock_name} is missing")
         else:
             try:
-                lock = parse_lock(lock_file, lock_name)
+                lock = Lock.from_bytes(lock_file, lock_name).check_parts()
             except GemmarError as e:
                 problems.append(str(e))
-            if lock is not None and hashlib.sha256(dumps_lock(lock)).hexdigest() != (info.get("lock") or {}).get(
+            if lock is not None and hashlib.sha256(lock.to_bytes()).hexdigest() != (info.get("lock") or {}).get(
                     "sha256"):
                 problems.append(f"{lock_name} does not have the sha256 BUILD_INFO.json records")
         man = info.get("manifest") or {}
@@ -692,7 +691,7 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
                 for prefix in pack.prefixes():
                     if prefix not in named:
                         problems.append(f"{pack_name}: an entry ({prefix}...) for a blob the lock does not name")
-            kernels, code_objects = len(lock_keys(lock)), len(sizes)
+            kernels, code_objects = len(lock.action_keys()), len(sizes)
             cov = coverage(lock)
             problems.extend(_index_problems(lock, lock_name, info, contents, pkg))
         signature = _signature(contents, pkg, lock, lock_name, trusted_keys, problems)

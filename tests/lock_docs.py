@@ -5,9 +5,20 @@ the one it set up."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
+from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
+
+
+def decode_lock_doc(data: bytes) -> dict:
+    """The document of a lock file's bytes (plain or zstd), parts inline: what ``encode_lock_doc``
+    encoded. Unchecked, for tests that look inside or edit it; ``Lock.from_bytes`` is the one
+    reader of a lock, and checks it."""
+    if data[:4] == LOCK_ZSTD_MAGIC:
+        data = _decompress_lock(data, "<lock>")
+    head, *parts = (json.loads(line) for line in data.split(b"\n") if line)
+    return {**head, "parts": parts}
 
 
 def read_doc(path: Path) -> dict:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
+from gemmar_aot.model.codec import encode_lock_doc
+from lock_docs import decode_lock_doc
 from gemmar_aot.model.lock import Lock, _Reader, read_lock, write_lock
 from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError
 from gemmar_aot.model.types import Digest

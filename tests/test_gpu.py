@@ -195,7 +195,8 @@ def _scenario_pad_vs_mori(comm, rank, world, artifacts):
     import torch
     from mori.ops.gemm_ar import GemmAllReduceOp as MoriOp
 
-    from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
+    from gemmar_aot.model.codec import encode_lock_doc
+    from lock_docs import decode_lock_doc
     from gemmar_aot.model.lock import Lock
 
     k = 256

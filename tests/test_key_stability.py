@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tree_copy
-from gemmar_aot.model.codec import decode_lock_doc
+from lock_docs import decode_lock_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "manifests/dsv4-pro-wo_b.toml"

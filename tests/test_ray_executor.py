@@ -321,7 +321,8 @@ def _ray_build(cluster, manifest: Path, store: Path, *extra: str, timeout: float
 @pytest.mark.compile
 def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_path):
     from gemmar_aot.build import run_build
-    from gemmar_aot.store import Store, maint, read_lock_file
+    from gemmar_aot.store import Store, maint
+    from gemmar_aot.model.lock import read_lock
 
     m = _manifest(tmp_path, "ray-same", "256")
     rc, out, err = _ray_build(cluster, m, tmp_path / "ray")
@@ -337,8 +338,8 @@ def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_p
     local = run_build(m, store=tmp_path / "local", jobs=1, progress=False)
     assert local["failed"] == 0 and local["executor"] == {"name": "local"}
     # Same keys, same blobs (sha256 of every code object), same launch records.
-    assert (read_lock_file(tmp_path / "ray" / "locks" / "ray-same.lock.json")
-            == read_lock_file(tmp_path / "local" / "locks" / "ray-same.lock.json"))
+    assert (read_lock(tmp_path / "ray" / "locks" / "ray-same.lock.json").check_parts()
+            == read_lock(tmp_path / "local" / "locks" / "ray-same.lock.json").check_parts())
     assert maint.verify(Store(tmp_path / "ray")) == []
     # A second Ray build finds everything in the store and starts nothing on the cluster.
     rc, out, err = _ray_build(cluster, m, tmp_path / "ray")

@@ -41,11 +41,11 @@ def _lock_bytes(store: Path, name: str = "smoke") -> bytes:
 
 def _lock_entries(store: Path, name: str = "smoke") -> dict[str, tuple[str, str]]:
     """key -> (kind, blob hash) of every kernel the lock names."""
-    from gemmar_aot.store import lock_keys, read_lock_file
+    from gemmar_aot.model.lock import read_lock
 
     st = Store(store, readonly=True)
     out = {}
-    for key in lock_keys(read_lock_file(store / "locks" / f"{name}.lock.json")):
+    for key in read_lock(store / "locks" / f"{name}.lock.json").check_parts().action_keys():
         rec = st.get_record(key)
         out[key] = (rec["spec"]["kind"], rec["blob"]["digest"])
     return out

@@ -324,8 +324,8 @@ def test_import_rule_holds_for_every_class(smoke_store):
         import torch
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import GemmAllReduceOp, Mxfp8GemmOp, Mxfp8GemvOp
-        from gemmar_aot.store import read_lock_file
-        lock = read_lock_file({str(smoke_store / 'locks' / 'smoke.lock.json')!r})
+        from gemmar_aot.model.lock import read_lock
+        lock = read_lock({str(smoke_store / 'locks' / 'smoke.lock.json')!r}).check_parts()
         fp8 = torch.float8_e4m3fn
         for transport in ("split-sdma", "split-lsa", "fused-lsa"):
             op = GemmAllReduceOp(FakeCommunicator(), n=1024, k=256, m_max=512, artifacts={str(smoke_store)!r},

@@ -434,11 +434,11 @@ def test_a_signed_wheel_carries_its_envelope_inspect_shows_the_signer_and_the_po
         import os, sys
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import ArtifactSignatureError, GemmAllReduceOp
-        from gemmar_aot.store import read_lock_file
+        from gemmar_aot.model.lock import read_lock
         os.environ["GEMMAR_AOT_TRUSTED_KEYS"] = sys.argv[2]
         try:
             op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512,
-                                 driver=FakeHipDriver([read_lock_file(sys.argv[1])]), self_test=False)
+                                 driver=FakeHipDriver([read_lock(sys.argv[1]).check_parts()]), self_test=False)
         except ArtifactSignatureError as e:
             print("REFUSED", e)
             sys.exit(3)

@@ -22,22 +22,9 @@ from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry, LockTuple, RankLaunches, TupleId
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.errors import GemmarError
-from gemmar_aot.store import (
-    Digest,
-    LOCK_SCHEMA,
-    STORE_FORMAT,
-    BlobNotFoundError,
-    CorruptArtifactError,
-    LockFileError,
-    Store,
-    StoreFormatError,
-    default_store_root,
-    dumps_lock,
-    lock_blobs,
-    lock_keys,
-    read_lock_file,
-    write_lock_file,
-)
+from gemmar_aot.store import Digest, STORE_FORMAT, BlobNotFoundError, CorruptArtifactError, LockFileError, Store, StoreFormatError, default_store_root
+from gemmar_aot.model.lock import read_lock, write_lock
+from gemmar_aot.model.schema import LOCK_SCHEMA
 from gemmar_aot.store import blobfmt, maint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,7 +215,7 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
     lock_file = root / "locks" / "smoke.lock.json"  # the build keeps its lock files here
     from synth_lock import synthetic_lock
 
-    write_lock_file(lock_file, synthetic_lock())
+    write_lock(lock_file, synthetic_lock())
     report = maint.gc(store, keep_blobs=set(), stale_s=0)
     assert report["removed_temp_files"] == len(temps)
     assert report["removed_claim_files"] == 1 and lock_file.exists()  # the per-key build claim only
@@ -556,7 +543,7 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     manifest_lock = root / "locks" / "smoke.lock.json"
     from synth_lock import synthetic_lock
 
-    write_lock_file(manifest_lock, synthetic_lock())
+    write_lock(manifest_lock, synthetic_lock())
     (root / "STORE_FORMAT").write_text("2\n")
     ro = Store(root, readonly=True)
     assert ro.format == 2 and ro.load(key_of("m")) == (rec, code_object(5))
@@ -613,15 +600,15 @@ def test_lock_file_is_deterministic_and_validated(tmp_path):
     lock = synthetic_lock()
     doc = lock.to_json()
     reordered = json.loads(json.dumps(doc, sort_keys=True), object_pairs_hook=lambda kv: dict(reversed(kv)))
-    assert dumps_lock(Lock.from_json(reordered)) == dumps_lock(lock)
-    assert dumps_lock(lock).endswith(b"\n")
-    write_lock_file(tmp_path / "x.lock.json", lock)
-    write_lock_file(tmp_path / "y.lock.json", Lock.from_json(reordered))
+    assert Lock.from_json(reordered).to_bytes() == lock.to_bytes()
+    assert lock.to_bytes().endswith(b"\n")
+    write_lock(tmp_path / "x.lock.json", lock)
+    write_lock(tmp_path / "y.lock.json", Lock.from_json(reordered))
     assert (tmp_path / "x.lock.json").read_bytes() == (tmp_path / "y.lock.json").read_bytes()
-    assert read_lock_file(tmp_path / "x.lock.json") == lock
+    assert read_lock(tmp_path / "x.lock.json").check_parts() == lock
     assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
-    assert lock_blobs(lock) == {e.blob.hash for _w, e in lock.iter_launches()} and len(lock_blobs(lock)) > 1
-    assert lock_keys(lock) == {e.key for _w, e in lock.iter_launches()}
+    assert lock.blob_digests() == {e.blob.hash for _w, e in lock.iter_launches()} and len(lock.blob_digests()) > 1
+    assert lock.action_keys() == {e.key for _w, e in lock.iter_launches()}
 
 
 def test_lock_file_refusals(tmp_path):
@@ -631,17 +618,17 @@ def test_lock_file_refusals(tmp_path):
     p = tmp_path / "l.json"
     p.write_text(json.dumps({"schema": LOCK_SCHEMA + 1}))
     with pytest.raises(LockFileError, match="newer"):
-        read_lock_file(p)
+        read_lock(p).check_parts()
     p.write_text(json.dumps({"launches": []}))
     with pytest.raises(LockFileError, match="schema"):
-        read_lock_file(p)
+        read_lock(p).check_parts()
     doc = synthetic_lock().to_json()
     next(iter(doc["parts"][0]["kernels"].values()))["blob"]["hash"] = "nothex"
     write_doc(p, doc)
     with pytest.raises(LockFileError, match="expected a sha256"):
-        read_lock_file(p)
+        read_lock(p).check_parts()
     with pytest.raises(LockFileError, match="no lock file"):
-        read_lock_file(tmp_path / "absent.json")
+        read_lock(tmp_path / "absent.json").check_parts()
 
 
 # ---- runtime hygiene and root selection ----

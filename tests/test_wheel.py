@@ -263,9 +263,7 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
 
 
 def read_lock_bytes(lock) -> bytes:
-    from gemmar_aot.store import dumps_lock
-
-    return dumps_lock(lock)
+    return lock.to_bytes()
 
 
 def test_same_lock_same_bytes_whatever_the_store(synth, tmp_path, monkeypatch):
@@ -485,7 +483,6 @@ def test_a_wheel_per_toolchain_profile(tmp_path, tiny_manifest, monkeypatch):
 
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import load_artifacts
-    from gemmar_aot.store import dumps_lock
 
     monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", raising=False)
     manifest = tiny_manifest
@@ -509,7 +506,7 @@ def test_a_wheel_per_toolchain_profile(tmp_path, tiny_manifest, monkeypatch):
     members = _members(Path(n["wheel"]))
     packed = Lock.from_bytes(members[f"{n['package']}/lock.json.zst"])
     assert packed.toolchain.profile == "nightly"
-    assert dumps_lock(packed) == dumps_lock(read_lock(Path(n["build"]["lock_file"])))
+    assert packed.to_bytes() == read_lock(Path(n["build"]["lock_file"])).to_bytes()
     site_dir = tmp_path / "site"
     with zipfile.ZipFile(n["wheel"]) as zf:
         zf.extractall(site_dir)
@@ -774,8 +771,9 @@ def test_tampered_blob_is_refused_at_load_naming_it(smoke_wheel, smoke_lock, smo
         import sys
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import GemmAllReduceOp
-        from gemmar_aot.store import CorruptArtifactError, read_lock_file
-        drv = FakeHipDriver([read_lock_file(sys.argv[1])])
+        from gemmar_aot.store import CorruptArtifactError
+        from gemmar_aot.model.lock import read_lock
+        drv = FakeHipDriver([read_lock(sys.argv[1]).check_parts()])
         try:
             GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, driver=drv, self_test=False)
         except CorruptArtifactError as e:
@@ -874,13 +872,13 @@ def test_installed_wheel_binds_its_lock_through_the_record_index(smoke_wheel, sm
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
         from gemmar_aot.runtime.kernel import RecordBinding
-        from gemmar_aot.store import read_lock_file
+        from gemmar_aot.model.lock import read_lock
         checked = []
         orig = RecordBinding.check
         RecordBinding.check = lambda self, *a, **k: checked.append(orig(self, *a, **k) is None)
         try:
             op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512,
-                                 driver=FakeHipDriver([read_lock_file(sys.argv[1])]), self_test=False)
+                                 driver=FakeHipDriver([read_lock(sys.argv[1]).check_parts()]), self_test=False)
         except ArtifactMismatchError as e:
             print("REFUSED", e)
             sys.exit(3)
@@ -909,7 +907,8 @@ def test_an_installed_wheel_without_its_record_index_is_refused_never_served_unc
     be found. Removed, and the lock edited where only the record check looks (two pointer
     arguments of rank 0's first GEMM swapped: same kinds and sizes, the code object's note
     agrees): the op is refused, naming the record the lock names and the fix."""
-    from gemmar_aot.model.codec import decode_lock_doc, encode_lock_doc
+    from gemmar_aot.model.codec import encode_lock_doc
+    from lock_docs import decode_lock_doc
     from gemmar_aot.model.lock import Lock, compress_lock
 
     env = FreshEnv(tmp_path / "venv")
@@ -928,11 +927,11 @@ def test_an_installed_wheel_without_its_record_index_is_refused_never_served_unc
     probe = """
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
-        from gemmar_aot.store import read_lock_file
+        from gemmar_aot.model.lock import read_lock
         import sys
         try:
             GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512,
-                            driver=FakeHipDriver([read_lock_file(sys.argv[1])]), self_test=False)
+                            driver=FakeHipDriver([read_lock(sys.argv[1]).check_parts()]), self_test=False)
         except ArtifactMismatchError as e:
             print("REFUSED", e)
             sys.exit(3)

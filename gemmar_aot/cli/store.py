@@ -59,10 +59,10 @@ def _summary(rec: dict) -> dict:
               help="Only what this lock file references.")
 def ls_cmd(store, as_json, kind, rank, m, n, k, lock):
     """List the store's kernels."""
-    from gemmar_aot.store import lock_keys, read_lock_file
+    from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
-    keys = lock_keys(read_lock_file(lock)) if lock else None
+    keys = read_lock(lock).check_parts().action_keys() if lock else None
 
     def keep(rec: dict) -> bool:
         s = _summary(rec)
@@ -288,19 +288,19 @@ def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
 def gc(store, as_json, keep, max_bytes, max_age_days, all_locks):
     """Remove entries no given lock file references (or cap size / age)."""
     from gemmar_aot.errors import GemmarError
-    from gemmar_aot.store import lock_blobs, lock_keys, read_lock_file
+    from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
-    locks = [read_lock_file(p) for p in keep]
+    locks = [read_lock(p).check_parts() for p in keep]
     if all_locks:
-        locks += [read_lock_file(p) for p in sorted((st.root / "locks").glob("*.lock.json"))]
+        locks += [read_lock(p).check_parts() for p in sorted((st.root / "locks").glob("*.lock.json"))]
     if not locks and max_bytes is None and max_age_days is None:
         raise GemmarError("gc needs something to keep or a cap: --keep LOCK, --all-locks, "
                           "--max-bytes or --max-age-days")
     keep_blobs, keep_keys = set(), set()
     for lk in locks:
-        keep_blobs |= lock_blobs(lk)
-        keep_keys |= lock_keys(lk)
+        keep_blobs |= lk.blob_digests()
+        keep_keys |= lk.action_keys()
     res = maint.gc(st, keep_blobs=keep_blobs, keep_keys=keep_keys if locks else None,
                 max_bytes=max_bytes, max_age_days=max_age_days)
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
@@ -315,10 +315,10 @@ def export_cmd(lock, dest, store, as_json):
     """Copy what LOCK needs (records, blobs, the lock itself) into DEST, a portable store."""
     import shutil
 
-    from gemmar_aot.store import read_lock_file
+    from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
-    res = maint.export(st, read_lock_file(lock), dest)
+    res = maint.export(st, read_lock(lock).check_parts(), dest)
     (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
     from gemmar_aot.signing import envelope_path
@@ -360,7 +360,7 @@ def explain(what, store, as_json):
     """
     from gemmar_aot import explain as ex
     from gemmar_aot.errors import GemmarError
-    from gemmar_aot.store import read_lock_file
+    from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
     is_lock = [Path(w).is_file() for w in what]
@@ -373,7 +373,7 @@ def explain(what, store, as_json):
     elif len(what) == 1:
         from gemmar_aot.toolchain import load_toolchain
 
-        data = ex.check_lock(read_lock_file(what[0]), st, load_toolchain().fingerprint)
+        data = ex.check_lock(read_lock(what[0]).check_parts(), st, load_toolchain().fingerprint)
 
         def text(d):
             for c in d["toolchain_changed"]:
@@ -385,7 +385,7 @@ def explain(what, store, as_json):
             if d["up_to_date"]:
                 click.echo("up to date: a build would compile nothing")
     elif len(what) == 2 and all(is_lock):
-        data = ex.diff_locks(read_lock_file(what[0]), read_lock_file(what[1]), st)
+        data = ex.diff_locks(read_lock(what[0]).check_parts(), read_lock(what[1]).check_parts(), st)
 
         def text(d):
             for c in d["toolchain_changed"]:

@@ -3,7 +3,6 @@ then one line per part), plain or in one zstd frame (an artifact wheel's ``lock.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from gemmar_aot.canonical_json import canonical_json_line
@@ -57,12 +56,3 @@ def encode_lock_doc(doc: Mapping[str, Any]) -> bytes:
     head = {**doc, "parts": [{"rank": p.get("rank") if isinstance(p, Mapping) else None, **Digest.of(b).to_json()}
                              for p, b in zip(doc["parts"], parts)]}
     return b"\n".join([canonical_json_line(head), *parts, b""])
-
-
-def decode_lock_doc(data: bytes) -> dict:
-    """The document of a lock file's bytes (plain or zstd), parts inline: what :func:`encode_lock_doc`
-    encoded. Unchecked, for tools and tests that look inside; :meth:`Lock.from_bytes` reads a lock."""
-    if data[:4] == LOCK_ZSTD_MAGIC:
-        data = _decompress_lock(data, "<lock>")
-    head, *parts = (json.loads(line) for line in data.split(b"\n") if line)
-    return {**head, "parts": parts}

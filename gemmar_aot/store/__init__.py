@@ -17,7 +17,8 @@ Layout under the store root::
 Modules: ``backend`` (the seam: CacheBackend, Digest, the record envelope), ``codec`` (the
 one decode-and-verify path), ``local`` (the directory backend), ``pack`` (a wheel's
 one-file blob pack), ``cas`` (Store: backends layered, claims), ``maint`` (ls, stats,
-verify, gc, export/import, dictionaries; on Store's public interface), ``lockfile``.
+verify, gc, export/import, dictionaries; on Store's public interface), ``record`` (the record
+digest a lock names each record by). Lock files are the model's (:mod:`gemmar_aot.model`).
 
 Runtime-safe: imports only the standard library and ``zstandard`` (``filelock`` lazily,
 when claiming a key to build it).
@@ -32,7 +33,6 @@ from .errors import (
     StoreError,
     StoreFormatError,
 )
-from .lockfile import LOCK_SCHEMA, dumps_lock, iter_launches, lock_blobs, lock_keys, read_lock_file, write_lock_file
 from .root import ENV_VAR, default_store_root
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "DEFAULT_LEVEL",
     "Digest",
     "ENV_VAR",
-    "LOCK_SCHEMA",
     "LockFileError",
     "RECORD_SCHEMA",
     "STORE_FORMAT",
@@ -51,11 +50,5 @@ __all__ = [
     "StoreError",
     "StoreFormatError",
     "default_store_root",
-    "dumps_lock",
-    "iter_launches",
-    "lock_blobs",
-    "lock_keys",
-    "read_lock_file",
     "read_store_format",
-    "write_lock_file",
 ]

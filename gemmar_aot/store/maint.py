@@ -26,7 +26,6 @@ from .cas import Store
 from .codec import BadBlob
 from .errors import CorruptArtifactError, StoreError, StoreFormatError
 from .local import BLOB_SUFFIX, CLAIM_SUFFIX, DICT_POINTERS, FORMAT_FILE, RECORD_SUFFIX
-from .lockfile import lock_blobs, lock_keys
 
 #: Temp files and lock files older than this are debris (a writer that was killed).
 STALE_S = 3600.0
@@ -440,11 +439,11 @@ def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -
         if dict_ref:
             take(dict_ref)
 
-    for d in sorted(lock_blobs(lock)):
+    for d in sorted(lock.blob_digests()):
         take(d)
     records: dict[str, dict] = {}
     missing_records: list[str] = []
-    for key in sorted(lock_keys(lock)):
+    for key in sorted(lock.action_keys()):
         rec = store.get_record(key)
         if rec is not None and rec["blob"]["digest"] in payload:
             records[key] = rec
