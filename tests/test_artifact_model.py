@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import random
@@ -14,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from gemmar_aot.model.codec import encode_lock_doc
-from lock_docs import decode_lock_doc
 from gemmar_aot.model.lock import Lock, _Reader, read_lock, write_lock
 from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError
-from gemmar_aot.model.types import Digest
+from gemmar_aot.model.types import _TUPLE_ID_KINDS, Digest, TupleId
 from gemmar_aot.store.record import record_digest
+from lock_docs import decode_lock_doc
 from synth_lock import entry, synthetic_lock
 
 REPO = Path(__file__).resolve().parent.parent
@@ -474,3 +475,18 @@ def test_write_refuses_a_lock_the_reader_would_refuse(lock, tmp_path):
                                             r"tuple's n is 2048"):
         write_lock(tmp_path / "bad.lock.json", bad)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(TupleId)])
+def test_every_tuple_id_field_is_checked_by_both_readers_from_one_table(doc, field):
+    """TupleId's fields, each set to a value of the wrong kind (and each int and string to an out
+    of range one): both readers refuse it, and the value-by-value one names the field's path --
+    the field table (``_TUPLE_ID_KINDS``) covers every field, with no field spelled by hand."""
+    kind = _TUPLE_ID_KINDS[field]
+    for bad in ([], 0 if kind != "str" else "", 2.5 if kind != "str" else 7):
+        d = copy.deepcopy(doc)
+        d["tuples"][0][field] = bad
+        for reader in (_Reader("l"), _SlowReader("l")):
+            with pytest.raises(LockFileError) as ei:
+                reader.lock(d)
+        assert f"$.tuples[0].{field}" in str(ei.value), (field, bad, str(ei.value))

@@ -145,8 +145,18 @@ class TupleId:
 
 
 _TUPLE_ID_FIELDS = tuple(f.name for f in fields(TupleId))
-_TUPLE_ID_INTS = ("m", "n", "k", "world", "block_m", "block_n", "sdma_queues")
-_TUPLE_ID_STRS = ("transport", "quant", "gather_dtype", "gather_transport")
+#: How a lock stores each TupleId field, from its annotation: ``int`` a positive integer, ``str`` a
+#: non-empty string, ``int | None`` either null or a positive integer. The one table both of the
+#: lock reader's checks (in bulk, and value by value) are driven by: a field added to TupleId is
+#: checked by both, the same way, with no other edit (a kind not listed here is refused at import).
+_TUPLE_ID_KINDS = {f.name: f.type for f in fields(TupleId)}
+if not set(_TUPLE_ID_KINDS.values()) <= {"int", "str", "int | None"}:  # pragma: no cover - a new field's kind
+    raise TypeError(f"TupleId has a field kind the lock reader cannot check: {_TUPLE_ID_KINDS}")
+_TUPLE_ID_INTS = tuple(f for f, kind in _TUPLE_ID_KINDS.items() if kind == "int")
+_TUPLE_ID_STRS = tuple(f for f, kind in _TUPLE_ID_KINDS.items() if kind == "str")
+_TUPLE_ID_OPT_INTS = tuple(f for f, kind in _TUPLE_ID_KINDS.items() if kind == "int | None")
+#: The string fields whose values are a closed set.
+_TUPLE_ID_CHOICES = {"transport": TRANSPORTS}
 
 
 def first_of_each(items: Sequence[Any], identity) -> tuple[list, list[tuple[Any, Any]]]:

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 from gemmar_aot.launch import LaunchRecord, LaunchRecordError
 from gemmar_aot.model.layout import CallLayout, WindowLayout, _CALL_FIELDS, _WINDOW_STR_FIELDS, _WINDOW_TUPLE_FIELDS
 from gemmar_aot.model.types import (
-    Digest, LaunchEntry, LockTuple, RankLaunches, TRANSPORTS, TupleId, _TUPLE_ID_FIELDS, _TUPLE_ID_INTS,
-    _TUPLE_ID_STRS, is_hex64
+    Digest, LaunchEntry, LockTuple, RankLaunches, TupleId, _TUPLE_ID_CHOICES, _TUPLE_ID_FIELDS, _TUPLE_ID_INTS,
+    _TUPLE_ID_KINDS, _TUPLE_ID_OPT_INTS, _TUPLE_ID_STRS, is_hex64
 )
 from gemmar_aot.model.schema import (
     LOCK_SCHEMA, LockFileError, _ARG_KEYS, _ARG_KINDS, _DIGEST_KEYS, _KERNEL_KEYS, _PARAM_TYPES, _PART_KEYS,
@@ -388,10 +388,10 @@ class _DocReader:
                 return None
             ints = [v[f] for f in _TUPLE_ID_INTS]
             strs = [v[f] for f in _TUPLE_ID_STRS]
-            m_max = v["m_max"]
+            opts = [v[f] for f in _TUPLE_ID_OPT_INTS if v[f] is not None]
             if (_types(ints) != _INT or min(ints) < 1 or _types(strs) != _STR or not all(strs)
-                    or v["transport"] not in TRANSPORTS or type(v["source"]) is not str
-                    or not (m_max is None or (type(m_max) is int and m_max >= 1))):
+                    or any(v[f] not in choices for f, choices in _TUPLE_ID_CHOICES.items())
+                    or type(v["source"]) is not str or opts and (_types(opts) != _INT or min(opts) < 1)):
                 return None
             tid = _validated(TupleId, **{f: v[f] for f in _TUPLE_ID_FIELDS})
             lay = v["layout"]
@@ -435,15 +435,9 @@ class _DocReader:
     def tuple_slow(self, v: Any, path: str, ti: int, parts: dict[int, _LockPart]) -> LockTuple:
         """One value at a time: finds the first bad one and names it."""
         self.obj(v, path, _TUPLE_KEYS)
-        s, i = self.str, self.int
-        tid = TupleId(
-            transport=s(v["transport"], f"{path}.transport", TRANSPORTS), m=i(v["m"], f"{path}.m", 1),
-            n=i(v["n"], f"{path}.n", 1), k=i(v["k"], f"{path}.k", 1), world=i(v["world"], f"{path}.world", 1),
-            quant=s(v["quant"], f"{path}.quant"), gather_dtype=s(v["gather_dtype"], f"{path}.gather_dtype"),
-            gather_transport=s(v["gather_transport"], f"{path}.gather_transport"),
-            block_m=i(v["block_m"], f"{path}.block_m", 1), block_n=i(v["block_n"], f"{path}.block_n", 1),
-            sdma_queues=i(v["sdma_queues"], f"{path}.sdma_queues", 1),
-            m_max=self.opt_int(v["m_max"], f"{path}.m_max", 1))
+        check = {"int": lambda x, p, f: self.int(x, p, 1), "int | None": lambda x, p, f: self.opt_int(x, p, 1),
+                 "str": lambda x, p, f: self.str(x, p, _TUPLE_ID_CHOICES.get(f, ()))}
+        tid = TupleId(**{f: check[kind](v[f], f"{path}.{f}", f) for f, kind in _TUPLE_ID_KINDS.items()})
         layout = None if v["layout"] is None else self.window(v["layout"], f"{path}.layout")
         if tid.collective and layout is None:
             raise self.fail(f"{path}.layout", f"is null, but a {tid.transport} tuple has a window")
@@ -459,7 +453,7 @@ class _DocReader:
         ranks, seen = [], set()
         for j, r in enumerate(self.list(v["ranks"], f"{path}.ranks")):
             rp = f"{path}.ranks[{j}]"
-            rank = i(r, rp)
+            rank = self.int(r, rp)
             if rank >= tid.world or rank in seen or rank not in parts:
                 raise self.fail(rp, f"is {rank}: " + (f"the world has {tid.world} ranks" if rank >= tid.world else
                                                       "a repeated rank" if rank in seen else
