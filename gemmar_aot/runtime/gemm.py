@@ -34,7 +34,6 @@ import logging
 from typing import Any, Sequence
 
 from gemmar_aot import rules
-from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 from gemmar_aot.model.types import GEMM_ONLY, GEMV, TupleKey
 from gemmar_aot.launch import LaunchRecord
 
@@ -42,8 +41,7 @@ from . import misses
 from .artifacts import load_artifacts
 from .driver import Driver, KernArgs, arch_base, unload_modules
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
-from .kernel import (EntryPosition, RecordBinding, check_sequences, _dependencies, _operand_deps, _to_signed, kernarg_struct,
-                     verify_code_object)
+from .kernel import EntryPosition, dependencies, kernarg_struct, operand_deps, to_signed, verify_entries
 from .manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import _FNUZ_REASON, check_operands
@@ -104,11 +102,11 @@ class _Launch:
         varying = {p for params in self.slots for p in params} - set(fixed)
         #: (argument index, host parameter) for every argument a call changes
         self.writes = tuple((i, p) for p in sorted(varying) for i in source.get(p, ()))
-        self.values = [_to_signed(self.params[int(x[1:])], t)
+        self.values = [to_signed(self.params[int(x[1:])], t)
                        for x, t in zip(record.kernel_args, record.kernel_arg_types)]
-        deps = _dependencies(record)
+        deps = dependencies(record)
         stream = record.stream_param
-        self.grid_params = tuple(sorted(set().union(*(_operand_deps(x, deps) for x in record.grid + record.block))
+        self.grid_params = tuple(sorted(set().union(*(operand_deps(x, deps) for x in record.grid + record.block))
                                         - {stream}))
         self.grids: dict = {}
 
@@ -194,33 +192,22 @@ class _StandaloneOp:
         built = [(e.lock.mori, e.where) for e in entries.values()]
         one_profile(built)  # one toolchain profile per op
         check_installed_mori(built)  # and the pod's mori is the artifacts' (no communicator to share here)
-        images = {}
-        check_sequences(entries.values())
-        binding = RecordBinding()
-        binding.use_indexes(self.artifacts, entries.values())
-        for slot, e in entries.items():
-            le = e.launches[0]
-            digest, size = le.blob.hash, le.blob.size
-            where = f"{e.where} {le.kind} (blob {digest[:12]})"
-            record = le.launch
+        for e in entries.values():
+            record = e.launches[0].launch
             kinds = tuple((a.kind, a.dtype) for a in record.args)
             if tuple(k for k, _ in kinds) != tuple(k for k, _ in self._ARGS) or any(
                     d and w and d != w for (_, d), (_, w) in zip(kinds, self._ARGS)):
-                raise ArtifactMismatchError(f"{where}: the launcher takes {kinds}, this op passes {self._ARGS}")
-            i = e.tuple.id  # no window, no rank: the record is checked for its kind, K and quant
-            binding.check(self.artifacts.store(e.lock.source), le,
-                          EntryPosition(transport=i.transport, kind=le.kind, rank=e.rank, world=i.world, m=e.m,
-                                        slot=-1, m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
-                                        gather_transport=i.gather_transport, block_m=i.block_m),
-                          lock_where=f"{e.where} M={e.m} {le.kind}")
-            if digest not in images:
-                store = self.artifacts.store(e.lock.source)
-                data = store.load_blob(digest, size)
-                try:
-                    code = parse_code_object(data)
-                except CodeObjectError as exc:
-                    raise ArtifactMismatchError(f"{where}: not a loadable code object: {exc}") from None
-                images[digest] = (data, verify_code_object(code, record, arch=e.lock.arch, where=where), e)
+                raise ArtifactMismatchError(f"{e.where} {e.launches[0].kind} (blob {e.launches[0].blob.hash[:12]}): "
+                                            f"the launcher takes {kinds}, this op passes {self._ARGS}")
+
+        def position(e, kind: str) -> EntryPosition:  # no window, no rank: checked for its kind, K and quant
+            i = e.tuple.id
+            return EntryPosition(transport=i.transport, kind=kind, rank=e.rank, world=i.world, m=e.m, slot=-1,
+                                 m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
+                                 gather_transport=i.gather_transport, block_m=i.block_m)
+
+        images = verify_entries(self.artifacts, list(entries.values()), launches=lambda e: e.launches[:1],
+                                position=position)
         if driver is None:
             from .hip import HipDriver
 
@@ -228,7 +215,7 @@ class _StandaloneOp:
         self._driver = driver
         self.device = resolve_device(device)
         dev_arch = arch_base(driver.device_arch(self.device))
-        for _data, _kern, e in images.values():
+        for e in entries.values():
             if e.lock.arch != dev_arch:
                 raise ArtifactMismatchError(f"the artifacts were compiled for {e.lock.arch or '?'} ({e.where}) but "
                                             f"{self.device} is {dev_arch}; build the manifest for this GPU's arch")
@@ -237,7 +224,7 @@ class _StandaloneOp:
         with device_context(self.device):
             try:
                 functions = {}
-                for digest, (data, kern, _e) in images.items():
+                for digest, (data, kern) in images.items():
                     module = driver.load_module(data)
                     self._modules.append(module)
                     functions[digest] = driver.get_function(module, kern.name)

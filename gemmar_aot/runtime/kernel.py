@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from gemmar_aot.store.record import record_digest
-from gemmar_aot.codeobject import CodeObject, KernelMetadata
+from gemmar_aot.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
 from gemmar_aot.launch_sequence import sequence_problems
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 from gemmar_aot.store.backend import BadRecord, check_record
@@ -151,14 +151,14 @@ def kernarg_struct(kernel: KernelMetadata, types: Sequence[str]) -> struct.Struc
     return s
 
 
-def _to_signed(value: int, t: str) -> int:
+def to_signed(value: int, t: str) -> int:
     """A value as the struct code for ``t`` takes it (i64 handles may come unsigned)."""
     if t == "i64" and value >= 1 << 63:
         return value - (1 << 64)
     return int(value)
 
 
-def _dependencies(record: LaunchRecord) -> dict[str, set[int]]:
+def dependencies(record: LaunchRecord) -> dict[str, set[int]]:
     """For each program value ``v<N>``, the host parameters it is computed from."""
     deps: dict[str, set[int]] = {}
     for dst, _op, *ops in record.program:
@@ -172,7 +172,8 @@ def _dependencies(record: LaunchRecord) -> dict[str, set[int]]:
     return deps
 
 
-def _operand_deps(x: Any, deps: dict[str, set[int]]) -> set[int]:
+def operand_deps(x: Any, deps: dict[str, set[int]]) -> set[int]:
+    """The host parameters operand ``x`` of a record's program depends on (``deps``: :func:`dependencies`)."""
     if isinstance(x, int):
         return set()
     if x.startswith("p"):
@@ -209,18 +210,18 @@ def _launch_shape(record: LaunchRecord, per_call: tuple[int, ...], where: str) -
     call (as ``slot_of``: per-call parameter -> argument index) after checking that grid, block and
     every other argument depend on fixed parameters only. Raises LaunchRecordError."""
     stream = record.stream_param
-    deps = _dependencies(record)
+    deps = dependencies(record)
     varying = set(per_call) | {stream}
     for what, xs in (("grid", record.grid), ("block", record.block)):
         for x in xs:
-            if _operand_deps(x, deps) & varying:
+            if operand_deps(x, deps) & varying:
                 raise LaunchRecordError(f"{where}: the {what} of {record.kernel} depends on per-call "
                                         f"parameters; the runtime resolves it once per M")
     slot_of: dict[int, int] = {}
     for i, x in enumerate(record.kernel_args):
         if isinstance(x, str) and x.startswith("p") and int(x[1:]) in per_call:
             slot_of[int(x[1:])] = i
-        elif _operand_deps(x, deps) & varying:
+        elif operand_deps(x, deps) & varying:
             raise LaunchRecordError(f"{where}: argument {i} of {record.kernel} is computed from per-call "
                                     f"parameters; the runtime packs only plain parameters per call")
     unused = [p for p in per_call if p not in slot_of]
@@ -311,7 +312,7 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
             raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- "
                                         f"rebuild it (gemmar-aot build)")
         per_call_args = set(slot_of.values())
-        values = [0 if i in per_call_args else _to_signed(v, t)
+        values = [0 if i in per_call_args else to_signed(v, t)
                   for i, (v, t) in enumerate(zip(kvals, record.kernel_arg_types))]
         st = _struct_for(kernel, record.kernel_arg_types, cache)
         args = KernArgs(kernel.kernarg_size)
@@ -576,3 +577,47 @@ def _launch_identity(rec: Any) -> tuple:
     """A launch record without its kernel symbol (the lock stores records once, symbol-free)."""
     return (rec.params, rec.args, rec.kernel_args, rec.kernel_arg_types, rec.program, rec.grid, rec.block,
             rec.stream_param)
+
+
+def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position) -> dict[str, tuple[bytes, Any]]:
+    """What every op verifies before it loads anything, in one place: for each lock entry (a
+    ``RankEntry``) the mode's launch sequence (:func:`check_sequences`), then for each of its
+    launch entries ``launches(e)``: the action-cache record it names, from the lock's record
+    index or else the store, bound to the entry where it sits (``position(e, kind)``, an
+    :class:`EntryPosition`; :class:`RecordBinding`); the blob read and verified by digest; and
+    its code object parsed and checked against the launch record (:func:`verify_code_object`).
+
+    Returns blob digest -> (verified bytes, kernel metadata), each blob read and parsed once.
+    Raises ArtifactMismatchError (or the store's errors for a missing or damaged blob)."""
+    check_sequences(entries)
+    binding = RecordBinding()
+    binding.use_indexes(artifacts, entries)
+    images: dict[str, tuple[bytes, Any]] = {}
+    codes: dict[str, CodeObject] = {}
+    verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
+    checked: dict = {}  # what verify_code_object found, by what it depends on
+    for e in entries:
+        store = artifacts.store(e.lock.source)
+        placed: set[str] = set()  # keys checked at this entry: a self-test repeats launches at their position
+        for le in launches(e):
+            # every position: one key may sit at several (M, role), and each must be its record's
+            if le.key not in placed:
+                placed.add(le.key)
+                binding.check(store, le, position(e, le.kind), lock_where=f"{e.where} M={e.m} {le.kind}")
+            if le.key in verified:
+                continue
+            verified.add(le.key)
+            digest = le.blob.hash
+            code = codes.get(digest)
+            if code is None:
+                data = store.load_blob(digest, le.blob.size)
+                try:
+                    code = codes[digest] = parse_code_object(data)
+                except CodeObjectError as exc:
+                    raise ArtifactMismatchError(f"{store.describe_blob(digest)}: not a loadable code object: "
+                                                f"{exc}") from None
+                images[digest] = (data, None)
+            kern = verify_code_object(code, le.launch, arch=e.lock.arch, cache=checked,
+                                      where=f"{e.where} M={e.m} {le.kind} (blob {digest[:12]})")
+            images[digest] = (images[digest][0], kern)
+    return images

@@ -62,14 +62,13 @@ from typing import Any
 from gemmar_aot import rules
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.types import FUSED_SDMA, LaunchEntry
-from gemmar_aot.codeobject import CodeObjectError, parse_code_object
 
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
 from .gc_pause import gc_paused
 from . import misses
-from .kernel import EntryPosition, PreparedLaunch, RecordBinding, check_sequences, prepare_launch, verify_code_object
+from .kernel import EntryPosition, PreparedLaunch, prepare_launch, verify_entries
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
@@ -395,39 +394,8 @@ class GemmAllReduceOp:
 
     def _load_code_objects(self, entries: dict[int, RankEntry]) -> dict[str, tuple[bytes, Any]]:
         """digest -> (verified bytes, kernel metadata), each blob read once; nothing acquired yet."""
-        images: dict[str, tuple[bytes, Any]] = {}
-        codes: dict[str, Any] = {}
-        verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
-        checked: dict = {}  # what verify_code_object found, by what it depends on
-        check_sequences(entries.values())
-        binding = RecordBinding()
-        binding.use_indexes(self.artifacts, entries.values())
-        for m, e in sorted(entries.items()):
-            store = self.artifacts.store(e.lock.source)
-            e_where = e.where
-            placed: set[str] = set()  # keys checked at this M: a self-test repeats launches at their position
-            for le in (*e.launches, *e.self_test):
-                # every position: one key may sit at several (M, role), and each must be its record's
-                if le.key not in placed:
-                    placed.add(le.key)
-                    binding.check(store, le, self._position(e, le.kind), lock_where=f"{e_where} M={m} {le.kind}")
-                if le.key in verified:
-                    continue
-                verified.add(le.key)
-                digest = le.blob.hash
-                where = f"{e_where} M={m} {le.kind} (blob {digest[:12]})"
-                code = codes.get(digest)
-                if code is None:
-                    data = store.load_blob(digest, le.blob.size)
-                    try:
-                        code = codes[digest] = parse_code_object(data)
-                    except CodeObjectError as exc:
-                        raise ArtifactMismatchError(f"{store.describe_blob(digest)}: not a loadable code object: "
-                                                    f"{exc}") from None
-                    images[digest] = (data, None)
-                kern = verify_code_object(code, le.launch, arch=e.lock.arch, where=where, cache=checked)
-                images[digest] = (images[digest][0], kern)
-        return images
+        return verify_entries(self.artifacts, [e for _m, e in sorted(entries.items())],
+                              launches=lambda e: (*e.launches, *e.self_test), position=self._position)
 
     def _position(self, e: RankEntry, kind: str) -> EntryPosition:
         """Where a lock entry sits, for checking it against its record."""
