@@ -16,6 +16,7 @@ import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -217,268 +218,385 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     processes, started as soon as the first store miss is seen so their start-up overlaps
     the rest of the key look-ups. ``trace_path``: write a Chrome-trace/Perfetto JSON timeline.
     """
-    from gemmar_aot.compiler.driver import (COSTS_FILE, CostModel, LocalExecutor, Task, compile_all,
-                                            terminate_as_interrupt)
-    from gemmar_aot.compiler.trace import BuildTrace, maybe_phase
-    from gemmar_aot.manifest import load_manifest
-    from gemmar_aot.plan import make_plan
-    from gemmar_aot.remote_cache import FETCH_LEVEL
-    from gemmar_aot.store import Store, default_store_root, maint
-    from gemmar_aot.toolchain import PROFILE_ENV, load_toolchain
+    return _BuildRun(manifest_path, _BuildOptions(
+        store=store, jobs=jobs, debug_locations=debug_locations, only=only, shard=shard, remote=remote,
+        remote_read_only=remote_read_only, remote_required=remote_required, progress=progress,
+        toolchain_root=toolchain_root, trace_path=trace_path, executor=executor,
+        toolchain_profile=toolchain_profile, signers=tuple(signers), sign_expires=sign_expires,
+        audit_remote=audit_remote, audit_seed=audit_seed)).run()
 
-    t_start = time.perf_counter()
-    started = datetime.now(timezone.utc)
-    trace = BuildTrace() if trace_path is not None else None
-    with maybe_phase(trace, "manifest"):
-        manifest = load_manifest(manifest_path)
-    with maybe_phase(trace, "plan"):
-        plan = make_plan(manifest)
-    with maybe_phase(trace, "toolchain"):
-        tc = load_toolchain(toolchain_root, toolchain_profile)
-    fp = tc.fingerprint
-    root = default_store_root(str(store) if store is not None else None)
-    st = Store(root)
-    session = None
-    if remote:
-        from gemmar_aot.remote_cache import RemoteSession
-        from gemmar_aot.store.errors import StoreError
-        from gemmar_aot.store.remote import HttpBackend
 
+@dataclass(frozen=True)
+class _BuildOptions:
+    """:func:`run_build`'s keywords, as one value."""
+
+    store: Path | None
+    jobs: int | None
+    debug_locations: bool
+    only: tuple[str, ...]
+    shard: tuple[int, int] | None
+    remote: str | None
+    remote_read_only: bool
+    remote_required: bool
+    progress: bool
+    toolchain_root: str | None
+    trace_path: str | os.PathLike | None
+    executor: Any
+    toolchain_profile: str | None
+    signers: tuple
+    sign_expires: float | None
+    audit_remote: int
+    audit_seed: int | None
+
+    @property
+    def whole(self) -> bool:
+        """Whether the build covers the whole manifest (no --only, no --shard): then it writes a lock
+        and has a closure."""
+        return not self.only and self.shard is None
+
+
+class _BuildRun:
+    """One :func:`run_build`, in its phases, in order: ``prepare`` (manifest, plan, toolchain,
+    store, remote session, executor), ``compute_keys``, ``look_up_locally`` (re-deriving stale
+    records), ``look_up_remote`` (the closure, then key by key, the audit, the backfill),
+    ``compile``, ``tally``, ``optimize``, ``write_lock``, ``finish_remote`` (the closure upload),
+    ``sign``, ``summary``. The state they hand on is this object's attributes."""
+
+    def __init__(self, manifest_path: Path, o: _BuildOptions):
+        self.manifest_path, self.o = manifest_path, o
+        self.t_start = time.perf_counter()
+        self.started = datetime.now(timezone.utc)
+        self.session = self.local = self.early = self.early_info = None
+        self.closure = self.closure_keys = self.audit_report = None
+        self.lock = self.index = self.lock_file = None
+        self.records: dict[str, dict] = {}
+        self.rederived: list[str] = []
+        self.remote_hits = 0
+        self.results: list = []
+        self.todo: list = []
+        self.compile_wall = 0.0
+
+    def run(self) -> dict:
+        from gemmar_aot.compiler.driver import terminate_as_interrupt
+        from gemmar_aot.toolchain import PROFILE_ENV
+
+        self.prepare()
         try:
-            backend = HttpBackend(remote, writable=not remote_read_only)
-        except ValueError as e:  # a malformed URL, credentials in it, a bad timeout or netrc
-            raise StoreError(f"--remote / $GEMMAR_AOT_REMOTE: {e}") from None
-        session = RemoteSession(st, backend, required=remote_required)
-        if only or shard is not None:  # else the closure look-up is the first request (build: _closure_lookup)
-            with maybe_phase(trace, "remote probe"):
-                session.probe()
-    costs_path = st.stats_dir / COSTS_FILE
-    costs = CostModel.load(costs_path)
-    local = None
-    if executor is None:
-        local = LocalExecutor(jobs, toolchain_root=toolchain_root, debug_locations=debug_locations,
-                              costs=costs, trace=trace)
-    try:
-        # The (spawned) local workers load the same profile: they inherit it from the environment.
-        with terminate_as_interrupt(), _env(PROFILE_ENV, tc.profile.name):
-            # spec_id is sha256 over canonical JSON (~50 us): computed once per spec here rather
-            # than at each of the ~13 uses per spec below (0.2-0.3 s of a 424-spec warm build).
-            ids = {s: s.spec_id for s in plan.specs}
-            keys: dict[str, str] = {}
-            ingr: dict[str, dict] = {}
-            with maybe_phase(trace, "keys", specs=len(plan.specs)):
-                for s in plan.specs:
-                    ingr[ids[s]] = ingredients(s, fp)
-                    keys[ids[s]] = action_key(ingr[ids[s]])
+            # The (spawned) local workers load the same profile: they inherit it from the environment.
+            with terminate_as_interrupt(), _env(PROFILE_ENV, self.tc.profile.name):
+                self.compute_keys()
+                self.look_up_locally()
+                if self.session is not None:
+                    self.look_up_remote()
+                self.compile()
+        finally:
+            if self.local is not None:
+                self.local.close()
+            self.early_info = self.early.join() if self.early is not None else None
+        self.tally()
+        self.optimize()
+        self.write_lock()
+        self.finish_remote()
+        self.sign()
+        return self.summary()
 
-            selected = [s for s in plan.specs if not only or s.kind in only]
-            if shard is not None:
-                from gemmar_aot.shard import select
+    def prepare(self) -> None:
+        from gemmar_aot.compiler.driver import COSTS_FILE, CostModel, LocalExecutor
+        from gemmar_aot.compiler.trace import BuildTrace
+        from gemmar_aot.manifest import load_manifest
+        from gemmar_aot.plan import make_plan
+        from gemmar_aot.store import Store, default_store_root
+        from gemmar_aot.toolchain import load_toolchain
 
-                selected = select(selected, *shard)
-            records: dict[str, dict] = {}
-            rederived = []
-            rewriter = None
-            with maybe_phase(trace, "store look-ups", specs=len(selected)):
-                for s in selected:
-                    rec = st.get_record(keys[ids[s]], verify=True)
-                    if rec is not None and not is_current(rec):
-                        if rewriter is None:
-                            # Written as the remote's entries are (remote_cache.py): zstd level 3, no
-                            # fsync. A torn or lost record is derived again by the next build, and
-                            # ``gemmar-aot optimize`` (run by every build that compiles) re-encodes it.
-                            rewriter = Store(root, level=FETCH_LEVEL, durable=False, touch=False)
-                        rec = _rederive(st, rewriter, keys[ids[s]], rec)
-                        if rec is not None:
-                            rederived.append(ids[s])
+        o = self.o
+        self.trace = BuildTrace() if o.trace_path is not None else None
+        with self.phase("manifest"):
+            self.manifest = load_manifest(self.manifest_path)
+        with self.phase("plan"):
+            self.plan = make_plan(self.manifest)
+        with self.phase("toolchain"):
+            self.tc = load_toolchain(o.toolchain_root, o.toolchain_profile)
+        self.fp = self.tc.fingerprint
+        self.root = default_store_root(str(o.store) if o.store is not None else None)
+        self.st = Store(self.root)
+        if o.remote:
+            from gemmar_aot.remote_cache import RemoteSession
+            from gemmar_aot.store.errors import StoreError
+            from gemmar_aot.store.remote import HttpBackend
+
+            try:
+                backend = HttpBackend(o.remote, writable=not o.remote_read_only)
+            except ValueError as e:  # a malformed URL, credentials in it, a bad timeout or netrc
+                raise StoreError(f"--remote / $GEMMAR_AOT_REMOTE: {e}") from None
+            self.session = RemoteSession(self.st, backend, required=o.remote_required)
+            if not o.whole:  # else the closure look-up is the first request (_closure_lookup)
+                with self.phase("remote probe"):
+                    self.session.probe()
+        self.costs_path = self.st.stats_dir / COSTS_FILE
+        self.costs = CostModel.load(self.costs_path)
+        if o.executor is None:
+            self.local = LocalExecutor(o.jobs, toolchain_root=o.toolchain_root, debug_locations=o.debug_locations,
+                                       costs=self.costs, trace=self.trace)
+
+    def phase(self, name: str, **args):
+        from gemmar_aot.compiler.trace import maybe_phase
+
+        return maybe_phase(self.trace, name, **args)
+
+    def compute_keys(self) -> None:
+        # spec_id is sha256 over canonical JSON (~50 us): computed once per spec here rather than
+        # at each of the ~13 uses per spec below (0.2-0.3 s of a 424-spec warm build).
+        specs = self.plan.specs
+        self.ids = ids = {s: s.spec_id for s in specs}
+        self.keys: dict[str, str] = {}
+        self.ingr: dict[str, dict] = {}
+        with self.phase("keys", specs=len(specs)):
+            for s in specs:
+                self.ingr[ids[s]] = ingredients(s, self.fp)
+                self.keys[ids[s]] = action_key(self.ingr[ids[s]])
+        selected = [s for s in specs if not self.o.only or s.kind in self.o.only]
+        if self.o.shard is not None:
+            from gemmar_aot.shard import select
+
+            selected = select(selected, *self.o.shard)
+        self.selected = selected
+
+    def look_up_locally(self) -> None:
+        from gemmar_aot.remote_cache import FETCH_LEVEL
+        from gemmar_aot.store import Store
+
+        ids, keys, rewriter = self.ids, self.keys, None
+        with self.phase("store look-ups", specs=len(self.selected)):
+            for s in self.selected:
+                rec = self.st.get_record(keys[ids[s]], verify=True)
+                if rec is not None and not is_current(rec):
+                    if rewriter is None:
+                        # Written as the remote's entries are (remote_cache.py): zstd level 3, no
+                        # fsync. A torn or lost record is derived again by the next build, and
+                        # ``gemmar-aot optimize`` (run by every build that compiles) re-encodes it.
+                        rewriter = Store(self.root, level=FETCH_LEVEL, durable=False, touch=False)
+                    rec = _rederive(self.st, rewriter, keys[ids[s]], rec)
                     if rec is not None:
-                        records[ids[s]] = rec
-                    elif local is not None and session is None:
-                        local.start()  # at the first miss: workers import while the look-ups go on
-            local_hits = len(records)
-            remote_hits = 0
-            audit_report = None
-            closure = closure_keys = None
-            if session is not None:
-                missing = [keys[ids[s]] for s in selected if ids[s] not in records]
-                if not only and shard is None:  # a build of the whole manifest: it has a closure
-                    all_keys = set(keys.values())
-                    sha = hashlib.sha256(Path(manifest.path).read_bytes()).hexdigest()
-                    closure_keys = _closure_keys(manifest, sha, tc.profile.name, fp["digest"], all_keys)
-                    with maybe_phase(trace, "remote closure"):
-                        closure = _closure_lookup(session, closure_keys, sha, fp["digest"], all_keys, missing)
-                from_closure = closure["records"] if closure else {}
-                session.counts["remote_hits"] += len(from_closure)  # hits, whichever way they came
-                rest = [k for k in missing if k not in from_closure]
-                before = dict(session.backend.stats)
-                with maybe_phase(trace, "remote look-ups", specs=len(rest)):
-                    found = session.lookup(rest)
-                if closure is not None:
-                    after = session.backend.stats
-                    closure.update(per_key_lookups=len(rest),
-                                   per_key_requests=after["requests"] - before["requests"],
-                                   per_key_bytes=after["bytes_down"] - before["bytes_down"])
-                found.update(from_closure)
-                for s in selected:
-                    if keys[ids[s]] in found:
-                        records[ids[s]] = found[keys[ids[s]]]
-                from gemmar_aot.audit import note_fetches
+                        self.rederived.append(ids[s])
+                if rec is not None:
+                    self.records[ids[s]] = rec
+                elif self.local is not None and self.session is None:
+                    self.local.start()  # at the first miss: workers import while the look-ups go on
+        self.local_hits = len(self.records)
 
-                note_fetches(st.stats_dir, session.backend.name, found)
-                if audit_remote and found:
-                    audit_report = _audit_remote_hits(
-                        found, {keys[ids[s]]: s for s in selected}, ingr, ids, st, session,
-                        n=audit_remote, seed=audit_seed, jobs=local.jobs if local is not None else jobs,
-                        toolchain_root=toolchain_root, costs=costs, progress=progress, trace=trace)
-                    for k in audit_report["distrusted_keys"]:
-                        records.pop(ids[audit_report["specs"][k]], None)
-                        found.pop(k)
-                    if audit_report["distrusted_keys"]:
-                        session.counts["remote_hits"] -= len(audit_report["distrusted_keys"])
-                        if closure is not None:
-                            closure["present"] = False  # what the remote holds is not trusted: replace it
-                remote_hits = len(found)
-                if not (closure and closure["present"]):  # the remote holds this closure: it has them all
-                    session.backfill({keys[sid]: rec for sid, rec in records.items()
-                                      if keys[sid] not in found})
-                for sid in rederived:  # the remote's entry predates this derive code: refresh it
-                    session.upload(keys[sid], records[sid])
-            todo = [Task(s, keys[ids[s]], ingr[ids[s]]) for s in selected if ids[s] not in records]
-            if todo and local is not None:
-                local.start()
-            hits = len(records)
+    def look_up_remote(self) -> None:
+        """What the local store lacked, from the remote: the manifest's closure first (a whole
+        build), then key by key; the audit of what came; the backfill of what the remote lacks."""
+        from gemmar_aot.audit import note_fetches
 
-            def uploaded(spec, res) -> None:
-                if res.ok and session is not None:
-                    session.upload(keys[spec.spec_id], res.record)
+        ids, keys, session, selected = self.ids, self.keys, self.session, self.selected
+        missing = [keys[ids[s]] for s in selected if ids[s] not in self.records]
+        if self.o.whole:  # a build of the whole manifest: it has a closure
+            all_keys = set(keys.values())
+            sha = hashlib.sha256(Path(self.manifest.path).read_bytes()).hexdigest()
+            self.closure_keys = _closure_keys(self.manifest, sha, self.tc.profile.name, self.fp["digest"], all_keys)
+            with self.phase("remote closure"):
+                self.closure = _closure_lookup(session, self.closure_keys, sha, self.fp["digest"], all_keys, missing)
+        from_closure = self.closure["records"] if self.closure else {}
+        session.counts["remote_hits"] += len(from_closure)  # hits, whichever way they came
+        rest = [k for k in missing if k not in from_closure]
+        before = dict(session.backend.stats)
+        with self.phase("remote look-ups", specs=len(rest)):
+            found = session.lookup(rest)
+        if self.closure is not None:
+            after = session.backend.stats
+            self.closure.update(per_key_lookups=len(rest), per_key_requests=after["requests"] - before["requests"],
+                                per_key_bytes=after["bytes_down"] - before["bytes_down"])
+        found.update(from_closure)
+        for s in selected:
+            if keys[ids[s]] in found:
+                self.records[ids[s]] = found[keys[ids[s]]]
+        note_fetches(self.st.stats_dir, session.backend.name, found)
+        if self.o.audit_remote and found:
+            self.audit(found)
+        self.remote_hits = len(found)
+        if not (self.closure and self.closure["present"]):  # the remote holds this closure: it has them all
+            session.backfill({keys[sid]: rec for sid, rec in self.records.items() if keys[sid] not in found})
+        for sid in self.rederived:  # the remote's entry predates this derive code: refresh it
+            session.upload(keys[sid], self.records[sid])
 
-            t0 = time.perf_counter()
-            early = _EarlyOptimize(st, trace)
-            with maybe_phase(trace, "compile (waiting on workers)", kernels=len(todo)):
-                results = compile_all(todo, str(root), executor=executor or local, costs=costs,
-                                      progress=progress, on_result=uploaded,
-                                      on_tail=early.start) if todo else []
-            compile_wall = time.perf_counter() - t0
-    finally:
-        if local is not None:
-            local.close()
-        early_info = early.join() if "early" in locals() else None
+    def audit(self, found: dict) -> None:
+        """Recompile a sample of the remote hits ``found``; one finding distrusts them all (each
+        is dropped from ``found`` and the records, to be compiled here)."""
+        o, ids, keys = self.o, self.ids, self.keys
+        report = self.audit_report = _audit_remote_hits(
+            found, {keys[ids[s]]: s for s in self.selected}, self.ingr, ids, self.st, self.session,
+            n=o.audit_remote, seed=o.audit_seed, jobs=self.local.jobs if self.local is not None else o.jobs,
+            toolchain_root=o.toolchain_root, costs=self.costs, progress=o.progress, trace=self.trace)
+        for k in report["distrusted_keys"]:
+            self.records.pop(ids[report["specs"][k]], None)
+            found.pop(k)
+        if report["distrusted_keys"]:
+            self.session.counts["remote_hits"] -= len(report["distrusted_keys"])
+            if self.closure is not None:
+                self.closure["present"] = False  # what the remote holds is not trusted: replace it
 
-    by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "bytes": 0})
-    failures = []
-    waited = 0
-    for spec, res in results:
-        if res.ok:
-            records[spec.spec_id] = res.record
-            if res.hit:
-                waited += 1
-                continue
-            k = by_kind[f"{spec.recipe}:{spec.kind}"]
-            k["count"] += 1
-            k["seconds"] += res.seconds
-            k["bytes"] += res.record["blob"]["size"]
-        else:
-            failures.append({"spec_id": spec.spec_id, "key": keys[spec.spec_id],
-                             "label": spec.label(), "error": res.error})
-    for k in by_kind.values():
-        k["mean_seconds"] = round(k["seconds"] / k["count"], 3)
-        k["seconds"] = round(k["seconds"], 3)
+    def compile(self) -> None:
+        from gemmar_aot.compiler.driver import Task, compile_all
 
-    compiled = sum(1 for _, r in results if r.ok and not r.hit)
-    if compiled:
-        costs.update(results)
-        try:
-            costs.save(costs_path)
-        except OSError:
-            pass  # a read-only stats dir only costs the next build its ordering
-    # Train/refresh the zstd dictionaries (blobs, records) after compiles, or once for a store
-    # migrated from format 2 (a code-object dictionary, no record dictionary yet): a no-op one
-    # still reads every file head. Most of it ran during the last kernels (_EarlyOptimize); this
-    # repacks what it missed. Not after a build that only fetched from the remote cache: training
-    # and repacking its entries took 3.8 of a 5.6 s fresh-clone build, and only saves local disk
-    # (remote_cache.py); the next build that compiles, or `gemmar-aot optimize`, does it.
-    migrated = st.current_dictionary("records") is None and st.current_dictionary("blobs") is not None
-    with maybe_phase(trace, "store optimize"):
-        optimized = maint.optimize(st) if compiled or migrated else None
-    if optimized is not None and early_info and early_info.get("trained") and not optimized.get("trained"):
-        optimized = {**optimized, "trained": early_info["trained"], "early": early_info}
-    lock_file = None
-    if not failures and not only and shard is None:
-        with maybe_phase(trace, "lock file"):
-            lock = make_lock(plan, manifest, keys, records, fp)
-            lock_path = lock_file_path(root, manifest.name, tc.profile.name)
+        ids, keys, session = self.ids, self.keys, self.session
+        self.todo = todo = [Task(s, keys[ids[s]], self.ingr[ids[s]]) for s in self.selected
+                            if ids[s] not in self.records]
+        if todo and self.local is not None:
+            self.local.start()
+        self.hits = len(self.records)
+
+        def uploaded(spec, res) -> None:
+            if res.ok and session is not None:
+                session.upload(keys[spec.spec_id], res.record)
+
+        t0 = time.perf_counter()
+        self.early = _EarlyOptimize(self.st, self.trace)
+        with self.phase("compile (waiting on workers)", kernels=len(todo)):
+            self.results = compile_all(todo, str(self.root), executor=self.o.executor or self.local,
+                                       costs=self.costs, progress=self.o.progress, on_result=uploaded,
+                                       on_tail=self.early.start) if todo else []
+        self.compile_wall = time.perf_counter() - t0
+
+    def tally(self) -> None:
+        """The compiles' records kept, their time and size by kind, the failures; the cost model updated."""
+        self.by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "bytes": 0})
+        self.failures = []
+        self.waited = 0
+        for spec, res in self.results:
+            if res.ok:
+                self.records[spec.spec_id] = res.record
+                if res.hit:
+                    self.waited += 1
+                    continue
+                k = self.by_kind[f"{spec.recipe}:{spec.kind}"]
+                k["count"] += 1
+                k["seconds"] += res.seconds
+                k["bytes"] += res.record["blob"]["size"]
+            else:
+                self.failures.append({"spec_id": spec.spec_id, "key": self.keys[spec.spec_id],
+                                      "label": spec.label(), "error": res.error})
+        for k in self.by_kind.values():
+            k["mean_seconds"] = round(k["seconds"] / k["count"], 3)
+            k["seconds"] = round(k["seconds"], 3)
+        self.compiled = sum(1 for _, r in self.results if r.ok and not r.hit)
+        if self.compiled:
+            self.costs.update(self.results)
+            try:
+                self.costs.save(self.costs_path)
+            except OSError:
+                pass  # a read-only stats dir only costs the next build its ordering
+
+    def optimize(self) -> None:
+        # Train/refresh the zstd dictionaries (blobs, records) after compiles, or once for a store
+        # migrated from format 2 (a code-object dictionary, no record dictionary yet): a no-op one
+        # still reads every file head. Most of it ran during the last kernels (_EarlyOptimize); this
+        # repacks what it missed. Not after a build that only fetched from the remote cache: training
+        # and repacking its entries took most of a fresh-clone build, and only saves local disk
+        # (remote_cache.py); the next build that compiles, or `gemmar-aot optimize`, does it.
+        from gemmar_aot.store import maint
+
+        st = self.st
+        migrated = st.current_dictionary("records") is None and st.current_dictionary("blobs") is not None
+        with self.phase("store optimize"):
+            optimized = maint.optimize(st) if self.compiled or migrated else None
+        early = self.early_info
+        if optimized is not None and early and early.get("trained") and not optimized.get("trained"):
+            optimized = {**optimized, "trained": early["trained"], "early": early}
+        self.optimized = optimized
+
+    def write_lock(self) -> None:
+        if self.failures or not self.o.whole:
+            return
+        with self.phase("lock file"):
+            self.lock = make_lock(self.plan, self.manifest, self.keys, self.records, self.fp)
+            lock_path = lock_file_path(self.root, self.manifest.name, self.tc.profile.name)
             # The record index first, then the lock: a reader that finds the new index beside the
             # old lock refuses it (another lock's key set), never serves a mix of the two.
-            by_key = {keys[sid]: rec for sid, rec in records.items()}
-            index = build_index(lock.kernels(), by_key.get, groups=lock_rank_groups(lock))
-            write_index(index_path(lock_path), index)
-            lock_file = write_lock(lock_path, lock)
-    remote_summary = None
-    if session is not None:
+            by_key = {self.keys[sid]: rec for sid, rec in self.records.items()}
+            self.index = build_index(self.lock.kernels(), by_key.get, groups=lock_rank_groups(self.lock))
+            write_index(index_path(lock_path), self.index)
+            self.lock_file = write_lock(lock_path, self.lock)
+
+    def finish_remote(self) -> None:
+        """The closure uploaded when the remote lacks it, then the session's uploads finished."""
+        self.remote_summary = None
+        if self.session is None:
+            return
+        closure = self.closure
         if closure is not None:
             closure.pop("records")
             closure["uploaded"] = False
-            if lock_file is not None and not closure["present"]:
+            if self.lock_file is not None and not closure["present"]:
                 from gemmar_aot.closure import upload_closure
 
-                with maybe_phase(trace, "closure upload"):
-                    up = upload_closure(session, st, lock, index, exact=closure_keys[0], latest=closure_keys[1])
+                with self.phase("closure upload"):
+                    up = upload_closure(self.session, self.st, self.lock, self.index, exact=self.closure_keys[0],
+                                        latest=self.closure_keys[1])
                 closure["uploaded"] = up["uploaded"]
-        with maybe_phase(trace, "remote uploads"):
-            remote_summary = session.finish()
-    signature = None
-    if lock_file is not None and signers:
+        with self.phase("remote uploads"):
+            self.remote_summary = self.session.finish()
+
+    def sign(self) -> None:
+        self.signature = None
+        o, report = self.o, self.audit_report
+        if self.lock_file is None or not o.signers:
+            return
         from gemmar_aot.signing import sign_lock_file
 
-        with maybe_phase(trace, "sign lock"):
+        with self.phase("sign lock"):
             now = datetime.now(timezone.utc)
-            expires = None if sign_expires is None else now + timedelta(seconds=sign_expires)
-            audit = {"remote": remote_summary is not None, "remote_hits": remote_hits,
-                     "audited": audit_report["audited"] if audit_report else 0}
-            if audit_report:
-                audit.update(seed=audit_report["seed"], findings=len(audit_report["findings"]))
-            env_path = sign_lock_file(lock_file, signers, audit=audit, started=started, expires=expires,
-                                      lock=lock)
-            signature = {"envelope": str(env_path), "keyids": [s.keyid for s in signers],
-                         "expires": None if expires is None else expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
-    summary = {
-        "manifest": manifest.name,
-        "warnings": list(manifest.warnings),
-        "store": str(root),
-        "lock_file": str(lock_file) if lock_file else None,
-        "signature": signature,
-        "jobs": (local.jobs if local is not None else getattr(executor, "jobs", 0)) if todo else 0,
-        "executor": executor.info() if hasattr(executor, "info") else {"name": "local"},
-        "kernel_instances": plan.instances,
-        "distinct_specs": len(plan.specs),
-        "selected_specs": len(selected),
-        "shard": None if shard is None else f"{shard[0]}/{shard[1]}",
-        "hits": hits + waited,
-        "local_hits": local_hits + waited,
-        "remote_hits": remote_hits,
-        "rederived": len(rederived) + (remote_summary["rederived"] if remote_summary else 0),
-        "uploads": remote_summary["uploads"] if remote_summary else 0,
-        "remote": remote_summary,
-        "closure": closure,
-        "audit": None if audit_report is None else {k: v for k, v in audit_report.items()
-                                                     if k not in ("specs", "distrusted_keys")},
-        "misses": len(todo),
-        "compiled": compiled,
-        "failed": len(failures),
-        "compile_wall_seconds": round(compile_wall, 3),
-        "wall_seconds": round(time.perf_counter() - t_start, 3),
-        "cpu_seconds": round(sum(r.seconds for _, r in results if not r.hit), 3),
-        "worker_cpu_seconds": round(sum(r.cpu_seconds for _, r in results if not r.hit), 3),
-        "by_kind": dict(by_kind),
-        "failures": sorted(failures, key=lambda f: f["label"]),
-        "toolchain": fp["digest"],
-        "toolchain_profile": tc.profile.name,
-        "store_optimize": optimized,
-    }
-    st.record_build_stats({k: summary[k] for k in (
-        "manifest", "hits", "local_hits", "remote_hits", "uploads", "misses", "compiled", "failed",
-        "distinct_specs", "wall_seconds", "remote")})
-    if trace is not None:
-        summary["trace"] = str(trace.write(trace_path, manifest=manifest.name, jobs=summary["jobs"],
-                                           compiled=compiled, wall_seconds=summary["wall_seconds"]))
-    return summary
+            expires = None if o.sign_expires is None else now + timedelta(seconds=o.sign_expires)
+            audit = {"remote": self.remote_summary is not None, "remote_hits": self.remote_hits,
+                     "audited": report["audited"] if report else 0}
+            if report:
+                audit.update(seed=report["seed"], findings=len(report["findings"]))
+            env_path = sign_lock_file(self.lock_file, o.signers, audit=audit, started=self.started,
+                                      expires=expires, lock=self.lock)
+            self.signature = {"envelope": str(env_path), "keyids": [s.keyid for s in o.signers],
+                              "expires": None if expires is None else expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def summary(self) -> dict:
+        o, remote, results = self.o, self.remote_summary, self.results
+        executor = o.executor
+        summary = {
+            "manifest": self.manifest.name,
+            "warnings": list(self.manifest.warnings),
+            "store": str(self.root),
+            "lock_file": str(self.lock_file) if self.lock_file else None,
+            "signature": self.signature,
+            "jobs": (self.local.jobs if self.local is not None else getattr(executor, "jobs", 0)) if self.todo else 0,
+            "executor": executor.info() if hasattr(executor, "info") else {"name": "local"},
+            "kernel_instances": self.plan.instances,
+            "distinct_specs": len(self.plan.specs),
+            "selected_specs": len(self.selected),
+            "shard": None if o.shard is None else f"{o.shard[0]}/{o.shard[1]}",
+            "hits": self.hits + self.waited,
+            "local_hits": self.local_hits + self.waited,
+            "remote_hits": self.remote_hits,
+            "rederived": len(self.rederived) + (remote["rederived"] if remote else 0),
+            "uploads": remote["uploads"] if remote else 0,
+            "remote": remote,
+            "closure": self.closure,
+            "audit": None if self.audit_report is None else {
+                k: v for k, v in self.audit_report.items() if k not in ("specs", "distrusted_keys")},
+            "misses": len(self.todo),
+            "compiled": self.compiled,
+            "failed": len(self.failures),
+            "compile_wall_seconds": round(self.compile_wall, 3),
+            "wall_seconds": round(time.perf_counter() - self.t_start, 3),
+            "cpu_seconds": round(sum(r.seconds for _, r in results if not r.hit), 3),
+            "worker_cpu_seconds": round(sum(r.cpu_seconds for _, r in results if not r.hit), 3),
+            "by_kind": dict(self.by_kind),
+            "failures": sorted(self.failures, key=lambda f: f["label"]),
+            "toolchain": self.fp["digest"],
+            "toolchain_profile": self.tc.profile.name,
+            "store_optimize": self.optimized,
+        }
+        self.st.record_build_stats({k: summary[k] for k in (
+            "manifest", "hits", "local_hits", "remote_hits", "uploads", "misses", "compiled", "failed",
+            "distinct_specs", "wall_seconds", "remote")})
+        if self.trace is not None:
+            summary["trace"] = str(self.trace.write(o.trace_path, manifest=self.manifest.name, jobs=summary["jobs"],
+                                                    compiled=self.compiled, wall_seconds=summary["wall_seconds"]))
+        return summary
