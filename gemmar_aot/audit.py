@@ -76,10 +76,10 @@ def sample(keys: Iterable[str], n: int | None, seed: int | None) -> tuple[list[s
 def audit_tasks(tasks: Sequence[Any], claimed: Mapping[str, Mapping[str, Any]], origins: Mapping[str, str], *,
                 executor: Any, costs: Any = None, progress: bool = False,
                 scratch_parent: str | os.PathLike | None = None) -> dict:
-    """Compile ``tasks`` (``compiler.driver.Task``) into a scratch store and compare each with
+    """Compile ``tasks`` (``compiler.scheduler.Task``) into a scratch store and compare each with
     ``claimed[key]``: ``{"blob": sha256, "record": Digest or its hash}``. Returns a report:
     ``audited`` (keys compiled and compared), ``findings`` (:class:`Finding`), ``seconds``."""
-    from gemmar_aot.compiler.driver import compile_all
+    from gemmar_aot.compiler.scheduler import compile_all
 
     t0 = time.perf_counter()
     findings: list[Finding] = []
@@ -147,7 +147,7 @@ def audit_lock(lock_path: str | os.PathLike, *, store: str | os.PathLike | None 
     it was built with, in a scratch store, and compare each with the lock's digests. A finding is
     quarantined in ``store`` (default: the lock's own store), so the next build compiles it."""
     from gemmar_aot.model.lock import read_lock
-    from gemmar_aot.compiler.driver import LocalExecutor, Task
+    from gemmar_aot.compiler.scheduler import LocalExecutor, Task
     from gemmar_aot.errors import GemmarError
     from gemmar_aot.keys import action_key, ingredients
     from gemmar_aot.spec import KernelSpec

@@ -41,7 +41,7 @@ def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, se
     worker must compile a spec at most once (FlyDSL keeps what it compiled in the process and
     would hand the build's second compile of that spec no artifact)."""
     from gemmar_aot.audit import audit_tasks, sample
-    from gemmar_aot.compiler.driver import LocalExecutor, Task
+    from gemmar_aot.compiler.scheduler import LocalExecutor, Task
     from gemmar_aot.compiler.trace import maybe_phase
 
     picked, seed = sample(found, n, seed)
@@ -214,7 +214,7 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.remote_cache`).
     ``remote_required``: a failing remote is an error rather than one warning.
 
-    ``executor``: where compiles run (``compiler.driver.Executor``); default: local worker
+    ``executor``: where compiles run (``compiler.scheduler.Executor``); default: local worker
     processes, started as soon as the first store miss is seen so their start-up overlaps
     the rest of the key look-ups. ``trace_path``: write a Chrome-trace/Perfetto JSON timeline.
     """
@@ -277,7 +277,7 @@ class _BuildRun:
         self.compile_wall = 0.0
 
     def run(self) -> dict:
-        from gemmar_aot.compiler.driver import terminate_as_interrupt
+        from gemmar_aot.compiler.scheduler import terminate_as_interrupt
         from gemmar_aot.toolchain import PROFILE_ENV
 
         self.prepare()
@@ -301,7 +301,7 @@ class _BuildRun:
         return self.summary()
 
     def prepare(self) -> None:
-        from gemmar_aot.compiler.driver import COSTS_FILE, CostModel, LocalExecutor
+        from gemmar_aot.compiler.scheduler import COSTS_FILE, CostModel, LocalExecutor
         from gemmar_aot.compiler.trace import BuildTrace
         from gemmar_aot.manifest import load_manifest
         from gemmar_aot.plan import make_plan
@@ -437,7 +437,7 @@ class _BuildRun:
                 self.closure["present"] = False  # what the remote holds is not trusted: replace it
 
     def compile(self) -> None:
-        from gemmar_aot.compiler.driver import Task, compile_all
+        from gemmar_aot.compiler.scheduler import Task, compile_all
 
         ids, keys, session = self.ids, self.keys, self.session
         self.todo = todo = [Task(s, keys[ids[s]], self.ingr[ids[s]]) for s in self.selected

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gemmar_aot.compiler.driver import expected_cost
+from gemmar_aot.compiler.scheduler import expected_cost
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.spec import KernelSpec
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.compiler.driver import Task
+from gemmar_aot.compiler.scheduler import Task
 from gemmar_aot.compiler.worker import CompileResult
 from gemmar_aot.spec import KernelSpec
 
@@ -59,7 +59,7 @@ def _n_specs(manifest: Path) -> int:
 
 
 def test_base_install_local_build_and_runtime_never_import_ray():
-    code = ("import sys; import gemmar_aot.cli, gemmar_aot.build, gemmar_aot.compiler.driver, "
+    code = ("import sys; import gemmar_aot.cli, gemmar_aot.build, gemmar_aot.compiler.scheduler, "
             "gemmar_aot.runtime, gemmar_aot.store; from gemmar_aot.cli import main; "
             "print('ray' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -350,7 +350,7 @@ def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_p
 @pytest.mark.ray
 @pytest.mark.compile
 def test_a_spec_that_fails_everywhere_is_reported_like_a_local_failure(cluster, tmp_path):
-    from gemmar_aot.compiler.driver import compile_all
+    from gemmar_aot.compiler.scheduler import compile_all
     from gemmar_aot.compiler.ray_executor import RayExecutor
     from gemmar_aot.keys import action_key, ingredients
     from gemmar_aot.manifest import load_manifest

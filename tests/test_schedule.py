@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.compiler.driver import CostModel, LocalExecutor, Task, cost_class
+from gemmar_aot.compiler.scheduler import CostModel, LocalExecutor, Task, cost_class
 from gemmar_aot.compiler.worker import CompileResult
 from gemmar_aot.manifest import load_manifest
 from gemmar_aot.plan import make_plan

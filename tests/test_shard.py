@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.compiler.driver import expected_cost
+from gemmar_aot.compiler.scheduler import expected_cost
 from gemmar_aot.manifest import load_manifest
 from gemmar_aot.plan import make_plan
 from gemmar_aot.shard import ShardError, parse_shard, partition, select

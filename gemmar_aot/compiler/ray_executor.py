@@ -51,7 +51,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
-from gemmar_aot.compiler.driver import Task
+from gemmar_aot.compiler.scheduler import Task
 from gemmar_aot.compiler.worker import CompileResult
 from gemmar_aot.errors import GemmarError
 from gemmar_aot.keys import diff_ingredients, toolchain_ingredients
@@ -255,7 +255,7 @@ class RayExecutor:
     def run(self, tasks: Sequence[Task], store_root: str) -> Iterator[tuple[KernelSpec, CompileResult]]:
         if not tasks:
             return
-        from gemmar_aot.compiler.driver import COSTS_FILE, CostModel
+        from gemmar_aot.compiler.scheduler import COSTS_FILE, CostModel
         from gemmar_aot.store import Store
 
         store = Store(store_root)
@@ -348,7 +348,7 @@ class RayExecutor:
     # ---- the build
 
     def _run(self, ray, tasks: Sequence[Task], store, costs) -> Iterator[tuple[KernelSpec, CompileResult]]:
-        from gemmar_aot.compiler.driver import make_batches
+        from gemmar_aot.compiler.scheduler import make_batches
 
         expected = toolchain_identity(self.fingerprint)
         t0 = time.perf_counter()
