@@ -10,7 +10,7 @@ baseline  what every serving process does today, one kernel at a time in one
           the self-test's scatter). No deduplication: that is the point.
 
     .venv/bin/python bench/bench_build.py manifests/dsv4-pro-wo_b.toml --jobs 2 \
-        --json-out bench/results/build.json
+        --json-out bench/results/build-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 
 ``--baseline-limit N`` times only the first N (M, rank) pairs and says so.
 """

@@ -22,7 +22,7 @@ touch .venv, whose pins the action keys record):
     /work/notes/venv-flydsl050/bin/pip install flydsl==0.5.0 torch==2.13.0 numpy==2.4.6
 
     .venv/bin/python bench/bench_flydsl050.py manifests/dsv4-pro-wo_b.toml --rank 0 \\
-        --venv /work/notes/venv-flydsl050 --json-out bench/results/flydsl050-dsv4-pro-wo_b.json
+        --venv /work/notes/venv-flydsl050 --json-out bench/results/flydsl050-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 
 The mori sources, cco bitcode and ld.lld come from this checkout's toolchain (the same
 ones our build uses); only FlyDSL (and what it pulls in) differs.

@@ -26,7 +26,7 @@ Times are process CPU seconds (``time.process_time``; MLIR's report is wall, on 
 thread), medians over the rounds; the load average is recorded around the run.
 
     .venv/bin/python bench/bench_gemm_profile.py --rounds 3 \\
-        --json-out bench/results/gemm-profile-dsv4-pro-wo_b.json
+        --json-out bench/results/gemm-profile-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ seconds per kernel kind (process CPU time, not wall: it holds up better on a sha
 machine) and a digest over every code object, which must be equal.
 
     .venv/bin/python bench/bench_perkernel.py --old-rev fe5edc2 --gemms 4 --groups 6 --rounds 2 \\
-        --json-out bench/results/perkernel-dsv4-pro-wo_b.json
+        --json-out bench/results/perkernel-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 """
 
 from __future__ import annotations

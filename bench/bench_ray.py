@@ -13,7 +13,7 @@ overhead is the Ray build's wall time minus the local one's; the load average is
 recorded around every run because wall times on a shared machine depend on it.
 
     .venv/bin/python bench/bench_ray.py manifests/dsv4-pro-wo_b.toml \\
-        --json-out bench/results/ray-dsv4-pro-wo_b.json
+        --json-out bench/results/ray-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
    remote), and the cold local build time from BENCHMARKS.md section 1.
 
     .venv/bin/python bench/bench_remote.py manifests/dsv4-pro-wo_b.toml --seed-store /tmp/ref-store \
-        --json-out bench/results/remote-dsv4-pro-wo_b.json
+        --json-out bench/results/remote-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 """
 
 from __future__ import annotations

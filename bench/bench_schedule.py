@@ -23,7 +23,7 @@ worker divided by N: T(1) / (N * T(N)). Each input trace's own measured wall tim
 printed next to the prediction for its worker count, and every trace predicts the others'.
 
     .venv/bin/python bench/bench_schedule.py --trace j1.json --trace j2.json \\
-        --workers 1,2,8,16,64 --json-out bench/results/schedule-dsv4-pro-wo_b.json
+        --workers 1,2,8,16,64 --json-out bench/results/schedule-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 """
 
 from __future__ import annotations

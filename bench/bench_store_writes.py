@@ -6,7 +6,7 @@ fsyncs). This replays that write path with the entries of an existing store (its
 objects and record fields), into a fresh store per run, with 1 and more writer threads:
 
     .venv/bin/python bench/bench_store_writes.py --source <a built store> --threads 1,2,4,8 \\
-        --json-out bench/results/store-writes-dsv4-pro-wo_b.json
+        --json-out bench/results/store-writes-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
 
 What is timed is ``store.claim(key)`` + ``claim.put(code, fields)`` per entry, the same
 calls as ``RayExecutor._store``; reading the source store is not timed.
