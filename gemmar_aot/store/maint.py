@@ -236,6 +236,106 @@ def verify(store: Store) -> list[dict]:
 
 # ---- gc ----
 
+def _read_records(store: Store) -> dict[str, tuple[Path, dict | None, float, int]]:
+    """key -> (record file, the record or None when unreadable, mtime, size), for :func:`gc`."""
+    records: dict[str, tuple[Path, dict | None, float, int]] = {}
+    for key, p in _record_files(store):
+        try:
+            st = p.stat()
+            data = p.read_bytes()
+        except FileNotFoundError:
+            continue
+        try:
+            rec = store.local.decode_record(data, key)
+        except (BadRecord, BadBlob):
+            rec = None
+        records[key] = (p, rec, st.st_mtime, st.st_size)
+    return records
+
+
+def _fit_budget(max_bytes: int, blobs: dict, records: dict, removed: dict, live: set, refs: Counter,
+                dict_refs: Counter, keep_blobs: set, protected, dict_live) -> bool:
+    """Remove least-recently-used unprotected records (into ``removed``, updating ``live``,
+    ``refs`` and ``dict_refs``) until blobs, dictionaries and records fit ``max_bytes``.
+    Returns whether the store is still over it (the protected part alone is larger)."""
+    total = (sum(blobs[d].file_bytes for d in live)
+             + sum(blobs[d].file_bytes for d in blobs if dict_live(d) and d not in live)
+             + sum(records[k][3] for k in records if k not in removed))
+    lru = sorted((records[k][2], k) for k in records if k not in removed and not protected(k))
+    for _mtime, key in lru:
+        if total <= max_bytes:
+            break
+        removed[key] = "least recently used (store over max_bytes)"
+        total -= records[key][3]
+        for d in (b.hash for b in record_blobs(records[key][1])):
+            refs[d] -= 1
+            if refs[d] == 0 and d not in keep_blobs and d in live:
+                live.discard(d)
+                total -= blobs[d].file_bytes
+                dr = blobs[d].dict_ref
+                if dr:
+                    dict_refs[dr] -= 1
+                    if not dict_live(dr) and dr in blobs and dr not in live:
+                        total -= blobs[dr].file_bytes
+    return total > max_bytes
+
+
+def _delete(store: Store, records: dict, removed: dict, blobs: dict, dead_blobs: list, *, dry_run: bool) -> int:
+    """Unlink the removed records, then the dead blobs (and a dead dictionary's spare copy);
+    returns the bytes freed (or that would be, with ``dry_run``)."""
+    if not dry_run:
+        for key in sorted(removed):  # records before blobs: no record ever names a deleted blob
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(records[key][0])
+    freed = sum(records[key][3] for key in removed)
+    for d in dead_blobs:
+        freed += blobs[d].file_bytes
+        if not dry_run:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(blobs[d].path)
+    if not dry_run:
+        for d in dead_blobs:  # a dictionary that goes takes its spare copy along
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(store.local.spare_path(d))
+    return freed
+
+
+def _sweep_leftovers(store: Store, now: float, stale_s: float, purge_quarantine_days: float | None, *,
+                     dry_run: bool) -> tuple[int, int, int]:
+    """(stale temp files, stale per-key build claims, quarantined files older than
+    ``purge_quarantine_days``), each removed unless ``dry_run``."""
+    temps = sum(remove_stale_temps(p, stale_s, dry_run=dry_run)
+                for p in (store.blob_dir, store.ac_dir, store.local.spare_dir))
+    for p in (store.root, store.stats_dir):
+        if p.is_dir():
+            for f in p.iterdir():
+                if f.name.startswith(".") and f.name.endswith(".tmp") and f.is_file():
+                    with contextlib.suppress(OSError):
+                        if f.stat().st_mtime < now - stale_s:
+                            temps += 1
+                            if not dry_run:
+                                f.unlink()
+    # Stale per-key build claims (claims/ab/<key>.claim); locks/ holds lock files, not ours.
+    locks = 0
+    for key, p in iter_fanned(store.claim_dir, CLAIM_SUFFIX):
+        if not is_hex64(key):
+            continue
+        with contextlib.suppress(OSError):
+            if p.stat().st_mtime < now - stale_s:
+                locks += 1
+                if not dry_run:
+                    p.unlink()
+    purged = 0
+    if purge_quarantine_days is not None and store.quarantine_dir.is_dir():
+        for f in store.quarantine_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if f.stat().st_mtime < now - purge_quarantine_days * 86400:
+                    purged += 1
+                    if not dry_run:
+                        f.unlink()
+    return temps, locks, purged
+
+
 def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | None = None,
        max_bytes: int | None = None, max_age_days: float | None = None, *, dry_run: bool = False,
        now: float | None = None, stale_s: float = STALE_S, purge_quarantine_days: float | None = None) -> dict:
@@ -257,19 +357,7 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
     keep_blobs = set(keep_blobs)
     keep_keys = None if keep_keys is None else set(keep_keys)
     blobs = _scan_blobs(store)
-
-    records: dict[str, tuple[Path, dict | None, float, int]] = {}
-    for key, p in _record_files(store):
-        try:
-            st = p.stat()
-            data = p.read_bytes()
-        except FileNotFoundError:
-            continue
-        try:
-            rec = store.local.decode_record(data, key)
-        except (BadRecord, BadBlob):
-            rec = None
-        records[key] = (p, rec, st.st_mtime, st.st_size)
+    records = _read_records(store)
 
     removed: dict[str, str] = {}
     for key, (_p, rec, _m, _s) in records.items():
@@ -302,75 +390,14 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
 
     over_budget = False
     if max_bytes is not None:
-        total = (sum(blobs[d].file_bytes for d in live)
-                 + sum(blobs[d].file_bytes for d in blobs if dict_live(d) and d not in live)
-                 + sum(records[k][3] for k in records if k not in removed))
-        lru = sorted((records[k][2], k) for k in records if k not in removed and not protected(k))
-        for _mtime, key in lru:
-            if total <= max_bytes:
-                break
-            removed[key] = "least recently used (store over max_bytes)"
-            total -= records[key][3]
-            for d in (b.hash for b in record_blobs(records[key][1])):
-                refs[d] -= 1
-                if refs[d] == 0 and d not in keep_blobs and d in live:
-                    live.discard(d)
-                    total -= blobs[d].file_bytes
-                    dr = blobs[d].dict_ref
-                    if dr:
-                        dict_refs[dr] -= 1
-                        if not dict_live(dr) and dr in blobs and dr not in live:
-                            total -= blobs[dr].file_bytes
-        over_budget = total > max_bytes
+        over_budget = _fit_budget(max_bytes, blobs, records, removed, live, refs, dict_refs, keep_blobs,
+                                  protected, dict_live)
 
     live_dicts = {d for d in blobs if dict_live(d)}
     dead_blobs = sorted(d for d in blobs if d not in live and d not in live_dicts)
 
-    freed = 0
-    if not dry_run:
-        for key in sorted(removed):  # records before blobs: no record ever names a deleted blob
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(records[key][0])
-    for key in removed:
-        freed += records[key][3]
-    for d in dead_blobs:
-        freed += blobs[d].file_bytes
-        if not dry_run:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(blobs[d].path)
-    if not dry_run:
-        for d in dead_blobs:  # a dictionary that goes takes its spare copy along
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(store.local.spare_path(d))
-    temps = sum(remove_stale_temps(p, stale_s, dry_run=dry_run)
-                for p in (store.blob_dir, store.ac_dir, store.local.spare_dir))
-    for p in (store.root, store.stats_dir):
-        if p.is_dir():
-            for f in p.iterdir():
-                if f.name.startswith(".") and f.name.endswith(".tmp") and f.is_file():
-                    with contextlib.suppress(OSError):
-                        if f.stat().st_mtime < now - stale_s:
-                            temps += 1
-                            if not dry_run:
-                                f.unlink()
-    # Stale per-key build claims (claims/ab/<key>.claim); locks/ holds lock files, not ours.
-    locks = 0
-    for _key, p in iter_fanned(store.claim_dir, CLAIM_SUFFIX):
-        if not is_hex64(_key):
-            continue
-        with contextlib.suppress(OSError):
-            if p.stat().st_mtime < now - stale_s:
-                locks += 1
-                if not dry_run:
-                    p.unlink()
-    purged = 0
-    if purge_quarantine_days is not None and store.quarantine_dir.is_dir():
-        for f in store.quarantine_dir.iterdir():
-            with contextlib.suppress(OSError):
-                if f.stat().st_mtime < now - purge_quarantine_days * 86400:
-                    purged += 1
-                    if not dry_run:
-                        f.unlink()
+    freed = _delete(store, records, removed, blobs, dead_blobs, dry_run=dry_run)
+    temps, locks, purged = _sweep_leftovers(store, now, stale_s, purge_quarantine_days, dry_run=dry_run)
     reasons = Counter(removed.values())
     return {
         "dry_run": dry_run,
