@@ -300,39 +300,35 @@ def _delete(store: Store, records: dict, removed: dict, blobs: dict, dead_blobs:
     return freed
 
 
+def _unlink_older(paths: Iterable[Path], cutoff: float, *, dry_run: bool) -> int:
+    """How many of ``paths`` were last modified before ``cutoff``, each removed unless ``dry_run``
+    (one that vanishes or cannot be read is skipped)."""
+    n = 0
+    for f in paths:
+        with contextlib.suppress(OSError):
+            if f.stat().st_mtime < cutoff:
+                n += 1
+                if not dry_run:
+                    f.unlink()
+    return n
+
+
 def _sweep_leftovers(store: Store, now: float, stale_s: float, purge_quarantine_days: float | None, *,
                      dry_run: bool) -> tuple[int, int, int]:
     """(stale temp files, stale per-key build claims, quarantined files older than
     ``purge_quarantine_days``), each removed unless ``dry_run``."""
     temps = sum(remove_stale_temps(p, stale_s, dry_run=dry_run)
                 for p in (store.blob_dir, store.ac_dir, store.local.spare_dir))
-    for p in (store.root, store.stats_dir):
-        if p.is_dir():
-            for f in p.iterdir():
-                if f.name.startswith(".") and f.name.endswith(".tmp") and f.is_file():
-                    with contextlib.suppress(OSError):
-                        if f.stat().st_mtime < now - stale_s:
-                            temps += 1
-                            if not dry_run:
-                                f.unlink()
+    temps += _unlink_older((f for p in (store.root, store.stats_dir) if p.is_dir() for f in p.iterdir()
+                            if f.name.startswith(".") and f.name.endswith(".tmp") and f.is_file()),
+                           now - stale_s, dry_run=dry_run)
     # Stale per-key build claims (claims/ab/<key>.claim); locks/ holds lock files, not ours.
-    locks = 0
-    for key, p in iter_fanned(store.claim_dir, CLAIM_SUFFIX):
-        if not is_hex64(key):
-            continue
-        with contextlib.suppress(OSError):
-            if p.stat().st_mtime < now - stale_s:
-                locks += 1
-                if not dry_run:
-                    p.unlink()
+    locks = _unlink_older((p for key, p in iter_fanned(store.claim_dir, CLAIM_SUFFIX) if is_hex64(key)),
+                          now - stale_s, dry_run=dry_run)
     purged = 0
     if purge_quarantine_days is not None and store.quarantine_dir.is_dir():
-        for f in store.quarantine_dir.iterdir():
-            with contextlib.suppress(OSError):
-                if f.stat().st_mtime < now - purge_quarantine_days * 86400:
-                    purged += 1
-                    if not dry_run:
-                        f.unlink()
+        purged = _unlink_older(store.quarantine_dir.iterdir(), now - purge_quarantine_days * 86400,
+                               dry_run=dry_run)
     return temps, locks, purged
 
 
