@@ -150,11 +150,8 @@ class _StandaloneOp:
         self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=None)
 
     def _miss_identity(self) -> tuple[dict, str | None, list[str]]:
-        k = self._key()
-        return ({"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
-                 "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
-                 "sdma_queues": k.sdma_queues, "m_max": None},
-                misses.profile_of(getattr(self, "artifacts", None)), misses.lock_digests(getattr(self, "artifacts", None)))
+        artifacts = getattr(self, "artifacts", None)
+        return misses.tuple_identity(self._key(), None), misses.profile_of(artifacts), misses.lock_digests(artifacts)
 
     def _missing(self, err: ArtifactMissingError, m: int | None) -> ArtifactMissingError:
         """``err``, counted and reported (the miss report, :meth:`stats`) at ``m``."""

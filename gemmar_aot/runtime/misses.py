@@ -168,6 +168,13 @@ class OpMisses:
             log.exception("gemmar-aot: writing the miss report failed")
 
 
+def tuple_identity(key: Any, m_max: int | None) -> dict:
+    """A report line's ``tuple``: the op's TupleKey fields and its window cap (None without a window)."""
+    return {"transport": key.transport, "n": key.n, "k": key.k, "world": key.world, "quant": key.quant,
+            "gather_dtype": key.gather_dtype, "gather_transport": key.gather_transport, "block_m": key.block_m,
+            "sdma_queues": key.sdma_queues, "m_max": m_max}
+
+
 def profile_of(artifacts: Any) -> str | None:
     """The toolchain profile the artifacts were built with (the first lock that names one)."""
     return next((i.mori.profile for i in getattr(artifacts, "locks", ()) if i.mori is not None), None)

@@ -7,7 +7,7 @@ Same constructor keywords, call signature, validation and results as
 ``on_miss``       ``"raise"`` (the default, else ``$GEMMAR_AOT_ON_MISS``): a call at an M the
                   artifacts lack raises; ``"pad"``: it is served at the smallest built M above
                   its own, its operands zero-extended into buffers sized at construction, and
-                  the first M rows of that output returned (blockscale; see :meth:`_padded_call`);
+                  the first M rows of that output returned (see :meth:`_padded_call`);
 ``miss_report``   where each distinct miss of this process is appended as a JSON line
                   (default ``$GEMMAR_AOT_MISS_REPORT``; :mod:`.misses`), for
                   ``gemmar-aot suggest`` to turn into manifest lines;
@@ -75,9 +75,6 @@ from .operands import check_operands
 from .provenance import COMMUNICATORS, check_installed_mori, one_profile
 
 log = logging.getLogger("gemmar_aot.runtime")
-
-#: The miss policy when ``on_miss=`` is not given: ``raise`` (the default) or ``pad``.
-ON_MISS_ENV = misses.ON_MISS_ENV
 
 #: The mode a GemmAllReduceOp serves unless told otherwise (mori's own op).
 TRANSPORT = FUSED_SDMA
@@ -188,7 +185,7 @@ class GemmAllReduceOp:
         self._closed = True
         self._startup_seconds: float | None = None
         self._padded_rows = 0
-        self._pad_a = self._pad_scale = None
+        self._pad_a = self._pad_scale = self._pad_scale_bytes = None
         self._buckets: tuple[int, ...] = ()
         self.mem = self.win = self.dev_comm = None
         self._modules: list[Any] = []
@@ -596,6 +593,8 @@ class GemmAllReduceOp:
         # M*K/128 elements either way: blockscale's fp32 per 128-wide K block, mxfp8's int32 of four ue8m0 bytes
         dtype = torch.int32 if self.quant == "mxfp8" else torch.float32
         self._pad_scale = torch.zeros(top * self.k // 128, dtype=dtype, device=self.device)
+        # mxfp8's scale is laid out by byte (one ue8m0 per row and 32-wide K block): its byte view, once
+        self._pad_scale_bytes = self._pad_scale.view(torch.uint8) if self.quant == "mxfp8" else None
 
     def _padded_call(self, m: int, bucket: int, a_fp8, b_preshuffled, a_scale, b_scale):
         """Serve M with ``bucket``'s kernels (``on_miss="pad"``).
@@ -620,11 +619,10 @@ class GemmAllReduceOp:
         pa[:m].copy_(a)
         pa[m:].zero_()
         flat = self._pad_scale[:bucket * self.k // 128]
-        if self.quant == "mxfp8":
-            import torch
-
+        if self._pad_scale_bytes is not None:  # mxfp8
             blocks = self.k // 32  # one byte per row and 32-wide K block
-            ps, src = flat.view(torch.uint8).view(blocks, bucket), asc.view(torch.uint8).view(blocks, m)
+            ps = self._pad_scale_bytes[:blocks * bucket].view(blocks, bucket)
+            src = asc.view(self._pad_scale_bytes.dtype).view(blocks, m)
         else:
             blocks = self.k // 128
             ps, src = flat.view(blocks, bucket), asc.view(blocks, m)
@@ -653,11 +651,8 @@ class GemmAllReduceOp:
                           type(err).__name__ + (" (jit_fallback)" if self._jit_fallback else ""), served)
 
     def _miss_identity(self) -> tuple[dict, str | None, list[str]]:
-        k = self.key
-        return ({"transport": k.transport, "n": k.n, "k": k.k, "world": k.world, "quant": k.quant,
-                 "gather_dtype": k.gather_dtype, "gather_transport": k.gather_transport, "block_m": k.block_m,
-                 "sdma_queues": k.sdma_queues, "m_max": self.m_max},
-                misses.profile_of(self.artifacts), misses.lock_digests(self.artifacts))
+        return (misses.tuple_identity(self.key, self.m_max), misses.profile_of(self.artifacts),
+                misses.lock_digests(self.artifacts))
 
     def _fallback_call(self, m, err, a_fp8, b_preshuffled, a_scale, b_scale):
         """jit_fallback=True: serve a missing M with mori's own (JIT-compiling) op. Loud, every time."""
@@ -783,7 +778,7 @@ class GemmAllReduceOp:
         self._plans.clear()
         self._phases.clear()
         self._pad_in = None
-        self._pad_a = self._pad_scale = None
+        self._pad_a = self._pad_scale = self._pad_scale_bytes = None
         if self._mori_held:
             self._mori_held = False
             COMMUNICATORS.release(self.comm, self._mori)
