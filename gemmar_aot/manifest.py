@@ -562,9 +562,10 @@ def _apply_rules(ck: _Checker, entry: str, f: dict) -> None:
         f[field] = None
 
 
-def _padded(f: dict) -> Iterator[int]:
-    """The tuple's M values padded, in order, one at a time."""
-    transport, m_values = f["transport"], f["m_values"]
+def _padded(f: dict, m_values: Sequence[int] | None = None) -> Iterator[int]:
+    """The tuple's M values (or ``m_values``, padded by the tuple's rules) padded, in order, one at a time."""
+    transport = f["transport"]
+    m_values = f["m_values"] if m_values is None else m_values
     if transport == "gemv":
         return (rules.gemv_bucket(m) if m <= rules.GEMV_MAX_M else m for m in m_values)
     if transport == "gemm-only":
@@ -578,7 +579,7 @@ def _check_m_rules(ck: _Checker, entry: str, f: dict) -> tuple[bool, int | None]
     Every mode's padding is monotone, so the largest M pads to the largest padded M: one
     value is padded here, never the tuple's up to 1024."""
     biggest_req = max(f["m_values"])
-    largest = next(_padded({**f, "m_values": [biggest_req]}))
+    largest = next(_padded(f, [biggest_req]))
     n, k, m_max = f["n"], f["k"], f["m_max"]
     if f["transport"] == "gemv" and rules.check_gemv_m(biggest_req):
         ck.bad(entry, "m", biggest_req, rules.check_gemv_m(biggest_req),
