@@ -73,7 +73,7 @@ class LaunchRecord:
 
     def compiled(self) -> "Program":
         """The grid/block program, compiled (once per record object); records with equal
-        fields may share one (:func:`~gemmar_aot.runtime.kernel.prepare_launch` does)."""
+        fields may share one (:func:`~gemmar_aot.runtime.launches.prepare_launch` does)."""
         return self._compiled
 
     def resolve(self, params: Sequence[int]) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, ...]]:

@@ -299,15 +299,15 @@ def test_pad_launches_the_bucket_exactly_as_a_call_at_the_bucket_with_padded_ope
                          self_test=False, on_miss="pad", miss_report=report)
     try:
         a, b, a_scale, b_scale = _fp8_operands(256)
-        pad_a, pad_s = op._pad_a.data_ptr(), op._pad_scale.data_ptr()
+        pad_a, pad_s = op._pad.a.data_ptr(), op._pad.scale.data_ptr()
         drv.clear()
         out = op(a, b, a_scale, b_scale)
         padded = list(drv.launches)
         assert out.shape == (256, 1024) and out.data_ptr() == op._plans[512].output.data_ptr()
         a512 = torch.cat([a, torch.zeros(256, 256, dtype=FP8)])
         s512 = torch.cat([a_scale, torch.zeros(2, 256)], dim=1).contiguous()  # (kb, M): kb * M + row
-        assert torch.equal(op._pad_a[:512].view(torch.uint8), a512.view(torch.uint8))
-        assert torch.equal(op._pad_scale[:2 * 512], s512.reshape(-1))
+        assert torch.equal(op._pad.a[:512].view(torch.uint8), a512.view(torch.uint8))
+        assert torch.equal(op._pad.scale[:2 * 512], s512.reshape(-1))
         drv.clear()
         op(a512, b, s512, b_scale)
         direct = list(drv.launches)
@@ -320,7 +320,7 @@ def test_pad_launches_the_bucket_exactly_as_a_call_at_the_bucket_with_padded_ope
             {pad_a, pad_s}  # the GEMM reads the op's buffers
         # a second padded call reuses the buffers; stats and the report say what happened
         op(*_fp8_operands(256, seed=1))
-        assert (op._pad_a.data_ptr(), op._pad_scale.data_ptr()) == (pad_a, pad_s)
+        assert (op._pad.a.data_ptr(), op._pad.scale.data_ptr()) == (pad_a, pad_s)
         s = op.stats()
         assert s["padded_rows"] == 2 * 256 and s["misses"] == {256: 2} and s["calls"] == {512: 3}
         (line,) = read_reports([report])[0]
@@ -359,14 +359,14 @@ def test_pad_lays_an_mxfp8_a_scale_out_for_the_bucket(smoke_store, smoke_lock, r
         assert out.shape == (512, 2048)
         a1024 = torch.cat([a, torch.zeros(512, 256, dtype=FP8)])
         s1024 = _preshuffled(torch.cat([exps, torch.zeros(512, 256 // 32, dtype=torch.uint8)]))
-        assert torch.equal(op._pad_a[:1024].view(torch.uint8), a1024.view(torch.uint8))
-        assert torch.equal(op._pad_scale[:s1024.numel()], s1024)
+        assert torch.equal(op._pad.a[:1024].view(torch.uint8), a1024.view(torch.uint8))
+        assert torch.equal(op._pad.scale[:s1024.numel()], s1024)
         drv.clear()
         op(a1024, b, s1024, b_scale)
         direct = list(drv.launches)
         assert [(x.kernel, x.digest, x.grid, x.block) for x in padded] == [(x.kernel, x.digest, x.grid, x.block)
                                                                          for x in direct]
-        pads = (op._pad_a.data_ptr(), op._pad_scale.data_ptr())
+        pads = (op._pad.a.data_ptr(), op._pad.scale.data_ptr())
         assert {(pv, dv) for p, d in zip(padded, direct) for pv, dv in zip(p.args, d.args) if pv != dv} == \
             {(pads[0], a1024.data_ptr()), (pads[1], s1024.data_ptr())}
         assert op.stats()["padded_rows"] == 512
@@ -390,7 +390,7 @@ def test_pad_above_the_largest_bucket_raises_and_raise_is_unchanged(smoke_store,
     monkeypatch.delenv("GEMMAR_AOT_ON_MISS")
     op = make(gather_dtype="fp8", gather_transport="lsa")
     try:
-        assert op._on_miss == "raise" and op._pad_a is None
+        assert op._on_miss == "raise" and op._pad is None
         with pytest.raises(ArtifactMissingError):
             op(*_operands(256))
     finally:

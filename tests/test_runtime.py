@@ -122,7 +122,8 @@ def _forbidden(mods: set[str]) -> list[str]:
 
 def test_import_rule_fresh_interpreter():
     mods = _fresh_modules("import gemmar_aot.runtime, gemmar_aot.runtime.coverage, gemmar_aot.runtime.hip, "
-                          "gemmar_aot.runtime.kernel, gemmar_aot.runtime.memory, gemmar_aot.runtime.operands")
+                          "gemmar_aot.runtime.verify, gemmar_aot.runtime.launches, gemmar_aot.runtime.loading, "
+                          "gemmar_aot.runtime.memory, gemmar_aot.runtime.operands")
     assert _forbidden(mods) == []
     assert "torch" not in mods, "torch must be imported lazily"
     assert not any(m == "mori" or m.startswith("mori.") for m in mods)

@@ -39,12 +39,14 @@ from gemmar_aot.launch import LaunchRecord
 
 from . import misses
 from .artifacts import load_artifacts
-from .driver import Driver, KernArgs, arch_base, unload_modules
+from .driver import Driver
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
-from .kernel import EntryPosition, dependencies, kernarg_struct, operand_deps, to_signed, verify_entries
+from .launches import Launch, prepare_launch
+from .loading import Kernels, verify_kernels
 from .manifest_lines import manifest_snippet
 from .memory import resolve_device
-from .operands import _FNUZ_REASON, check_operands
+from .operands import FNUZ_REASON, check_operands
+from .verify import EntryPosition
 
 log = logging.getLogger("gemmar_aot.runtime")
 
@@ -61,77 +63,6 @@ _GEMV_ARGS = (("tensor", "int32"), ("tensor", "int32"), ("tensor", "int32"), ("t
               ("tensor", "bfloat16"), ("i32", ""), ("i32", ""), ("stream", ""))
 
 
-# ---------------------------------------------------------------------------
-# A kernel whose grid and arguments depend on M: packed in place per call
-# ---------------------------------------------------------------------------
-
-
-class _Launch:
-    """One loaded kernel and its argument buffer; :meth:`launch` fills the per-call values.
-
-    Resolved once: every explicit kernel argument must be a plain host parameter (the
-    record's arguments are, for both launchers), so the buffer's template holds the
-    fixed ones and a call writes only its pointers, element counts and M into their
-    argument slots. The grid depends on M: it is the record's own program, evaluated
-    once per distinct value of the parameters it reads and kept (a dict lookup after
-    that). Nothing is allocated per call but Python integers and that small key.
-    """
-
-    __slots__ = ("kind", "digest", "record", "function", "args", "struct", "params", "values", "slots",
-                 "writes", "grid_params", "grids", "where")
-
-    #: Distinct grids kept per kernel (M values); past it the cache starts over.
-    MAX_GRIDS = 4096
-
-    def __init__(self, *, kind: str, digest: str, record: LaunchRecord, kernel, function, fixed: dict[int, int],
-                 where: str):
-        self.kind, self.digest, self.record, self.function, self.where = kind, digest, record, function, where
-        self.struct = kernarg_struct(kernel, record.kernel_arg_types)
-        self.args = KernArgs(kernel.kernarg_size)
-        self.params = [0] * len(record.params)
-        for i, v in fixed.items():
-            self.params[i] = int(v)
-        #: per runtime argument (in call order, stream excluded): its host-parameter indices
-        self.slots = tuple(a.params for a in record.args if a.kind != "stream")
-        source = {}
-        for i, x in enumerate(record.kernel_args):
-            if not (isinstance(x, str) and x.startswith("p") and x[1:].isdigit()):
-                raise ArtifactMismatchError(f"{where}: argument {i} of {record.kernel} is computed ({x}); this "
-                                            f"runtime packs plain launcher parameters only")
-            source.setdefault(int(x[1:]), []).append(i)
-        varying = {p for params in self.slots for p in params} - set(fixed)
-        #: (argument index, host parameter) for every argument a call changes
-        self.writes = tuple((i, p) for p in sorted(varying) for i in source.get(p, ()))
-        self.values = [to_signed(self.params[int(x[1:])], t)
-                       for x, t in zip(record.kernel_args, record.kernel_arg_types)]
-        deps = dependencies(record)
-        stream = record.stream_param
-        self.grid_params = tuple(sorted(set().union(*(operand_deps(x, deps) for x in record.grid + record.block))
-                                        - {stream}))
-        self.grids: dict = {}
-
-    def launch(self, driver, stream: int, values: Sequence[Any]) -> None:
-        """``values``: per runtime argument, a (pointer, element count) pair or an int."""
-        p = self.params
-        for params, v in zip(self.slots, values):
-            if len(params) == 2:
-                p[params[0]], p[params[1]] = v
-            else:
-                p[params[0]] = v
-        key = tuple([p[i] for i in self.grid_params])
-        gb = self.grids.get(key)
-        if gb is None:
-            grid, block, _kargs = self.record.resolve(p)
-            if len(self.grids) >= self.MAX_GRIDS:
-                self.grids.clear()
-            gb = self.grids[key] = (tuple(grid), tuple(block))
-        vals = self.values
-        for i, src in self.writes:
-            vals[i] = p[src]
-        self.struct.pack_into(self.args.buf, 0, *vals)
-        driver.launch(self.function, gb[0], gb[1], self.args, stream)
-
-
 class _StandaloneOp:
     """What the two ops share: finding their kernels, loading them, closing."""
 
@@ -143,8 +74,8 @@ class _StandaloneOp:
 
     def _init_state(self, on_miss: str | None, miss_report: Any) -> None:
         self._closed = True
-        self._modules: list[Any] = []
-        self._launches: dict[Any, _Launch] = {}
+        self._kernels: Kernels | None = None
+        self._launches: dict[Any, Launch] = {}
         self._driver: Any = None
         self._on_miss = misses.policy(on_miss, cannot_pad=self._CANNOT_PAD)
         self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=None)
@@ -183,12 +114,8 @@ class _StandaloneOp:
         return found
 
     def _acquire(self, entries: dict[Any, Any], driver: Driver | None, device: Any, fixed) -> None:
-        """Verify every code object, then load each once and prepare its launch; roll back on failure."""
-        from .provenance import check_installed_mori, one_profile
-
-        built = [(e.lock.mori, e.where) for e in entries.values()]
-        one_profile(built)  # one toolchain profile per op
-        check_installed_mori(built)  # and the pod's mori is the artifacts' (no communicator to share here)
+        """Verify every code object, then load each once and prepare its launch (:mod:`.loading`);
+        roll back on failure. ``fixed(record)``: the host parameters that never change per call."""
         for e in entries.values():
             record = e.launches[0].launch
             kinds = tuple((a.kind, a.dtype) for a in record.args)
@@ -203,34 +130,29 @@ class _StandaloneOp:
                                  m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
                                  gather_transport=i.gather_transport, block_m=i.block_m)
 
-        images = verify_entries(self.artifacts, list(entries.values()), launches=lambda e: e.launches[:1],
-                                position=position)
+        kernels = verify_kernels(self.artifacts, list(entries.values()), launches=lambda e: e.launches[:1],
+                                 position=position)
         if driver is None:
             from .hip import HipDriver
 
             driver = HipDriver()
         self._driver = driver
         self.device = resolve_device(device)
-        dev_arch = arch_base(driver.device_arch(self.device))
-        for e in entries.values():
-            if e.lock.arch != dev_arch:
-                raise ArtifactMismatchError(f"the artifacts were compiled for {e.lock.arch or '?'} ({e.where}) but "
-                                            f"{self.device} is {dev_arch}; build the manifest for this GPU's arch")
+        kernels.check_device(driver, self.device)
         from .memory import device_context
 
         with device_context(self.device):
             try:
-                functions = {}
-                for digest, (data, kern) in images.items():
-                    module = driver.load_module(data)
-                    self._modules.append(module)
-                    functions[digest] = driver.get_function(module, kern.name)
+                self._kernels = kernels
+                kernels.load(driver)
                 for slot, e in entries.items():
                     le = e.launches[0]
-                    digest, record = le.blob.hash, le.launch
-                    self._launches[slot] = _Launch(kind=le.kind, digest=digest, record=record,
-                                                   kernel=images[digest][1], function=functions[digest],
-                                                   fixed=fixed(record), where=f"{e.where} {le.kind}")
+                    record, given = le.launch, fixed(le.launch)
+                    self._launches[slot] = prepare_launch(
+                        kind=le.kind, digest=le.blob.hash, record=record, kernel=kernels.kernel[le.blob.hash],
+                        function=kernels.function[le.blob.hash], fixed=given, where=f"{e.where} {le.kind}",
+                        per_call=tuple(p for a in record.args if a.kind != "stream" for p in a.params
+                                       if p not in given))
                 self._closed = False
             except BaseException:
                 self._closed = False
@@ -258,7 +180,8 @@ class _StandaloneOp:
         self._closed = True
         self._launches.clear()
         errors = []
-        unload_modules(self._driver, self._modules, errors)
+        if self._kernels is not None:
+            self._kernels.unload(self._driver, errors)
         if errors:
             raise errors[0]
 
@@ -404,9 +327,9 @@ class Mxfp8GemmOp(_StandaloneOp):
                                         device=self.device)
         out = _check_out(out, m, n, self.device)
         launch.launch(self._driver, stream, (
-            (a.data_ptr(), m * k), (b.data_ptr(), n * k), (out.data_ptr(), m * n),
-            (asc.data_ptr(), m * k // (4 * rules.MXFP8_BLOCK)),
-            (bsc.data_ptr(), (n // rules.MXFP8_BLOCK) * (k // rules.MXFP8_BLOCK)), m))
+            a.data_ptr(), m * k, b.data_ptr(), n * k, out.data_ptr(), m * n,
+            asc.data_ptr(), m * k // (4 * rules.MXFP8_BLOCK),
+            bsc.data_ptr(), (n // rules.MXFP8_BLOCK) * (k // rules.MXFP8_BLOCK), m))
         return out
 
     def __repr__(self) -> str:
@@ -478,7 +401,7 @@ class Mxfp8GemvOp(_StandaloneOp):
                 raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
             if t.dtype != torch.float8_e4m3fn:
                 if t.dtype == getattr(torch, "float8_e4m3fnuz", None):
-                    raise ValueError(f"{name} is torch.float8_e4m3fnuz; {_FNUZ_REASON}")
+                    raise ValueError(f"{name} is torch.float8_e4m3fnuz; {FNUZ_REASON}")
                 raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}; the launch reads it as "
                                  f"bytes, so a wider dtype runs and returns nonsense rather than failing")
             if t.device != self.device:
@@ -509,8 +432,8 @@ class Mxfp8GemvOp(_StandaloneOp):
         n, k, kb = self.n, self.k, self.k // rules.MXFP8_BLOCK
         x, w, xs, ws = (t if t.is_contiguous() else t.contiguous() for t in (x_fp8, w_preshuffled, x_scale, w_scale))
         launch.launch(self._driver, stream, (
-            (w.data_ptr(), n * k // 4), (ws.data_ptr(), (n // rules.MXFP8_BLOCK) * kb // 4),
-            (x.data_ptr(), m * k // 4), (xs.data_ptr(), m * kb // 4), (out.data_ptr(), m * n), m, n))
+            w.data_ptr(), n * k // 4, ws.data_ptr(), (n // rules.MXFP8_BLOCK) * kb // 4,
+            x.data_ptr(), m * k // 4, xs.data_ptr(), m * kb // 4, out.data_ptr(), m * n, m))
         return out
 
     def __repr__(self) -> str:

@@ -54,25 +54,27 @@ next call; one instance is not safe to use concurrently.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any
 
 from gemmar_aot import rules
-from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.types import FUSED_SDMA, LaunchEntry
 
+from . import misses, self_test as tests
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
-from .driver import Driver, arch_base, unload_modules
-from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError, SelfTestError
+from .driver import Driver
+from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
-from . import misses
-from .kernel import EntryPosition, PreparedLaunch, prepare_launch, verify_entries
+from .launches import Launch, prepare_launch
+from .loading import Kernels, verify_kernels
 from .manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
-from .provenance import COMMUNICATORS, check_installed_mori, one_profile
+from .padding import PadBuffers
+from .provenance import COMMUNICATORS
+from .verify import EntryPosition
+from .window import check_layouts, window_bytes_for
 
 log = logging.getLogger("gemmar_aot.runtime")
 
@@ -85,34 +87,22 @@ _PHASE_ARGS = ("i64", "i64", "stream")
 
 
 class _Plan:
-    """One M, resolved: the GEMM, the tail phases, the self-test sequence, the window views."""
+    """One M, resolved: the GEMM (its four operand pointers written per call), the tail phases,
+    the self-test sequence, the window views."""
 
-    __slots__ = ("m", "slot", "entry", "gemm", "tail", "self_test", "input", "output", "a_slot", "b_slot",
-                 "as_slot", "bs_slot", "calls")
+    __slots__ = ("m", "slot", "entry", "gemm", "tail", "self_test", "input", "output", "calls")
 
-    def __init__(self, m: int, slot: int, entry: RankEntry, gemm: PreparedLaunch, tail: tuple,
-                 self_test: tuple, input, output):
+    def __init__(self, m: int, slot: int, entry: RankEntry, gemm: Launch, tail: tuple, self_test: tuple,
+                 input, output):
         self.m, self.slot, self.entry = m, slot, entry
         self.gemm, self.tail, self.self_test = gemm, tail, self_test
         self.input, self.output = input, output
-        self.a_slot, self.b_slot, self.as_slot, self.bs_slot = gemm.slots
         self.calls = 0  # served calls at this M (op.stats())
 
 
 def padded_m(m: int, world_size: int, block_m: int = 128) -> int:
     """``m`` rounded up to a whole number of row bands per destination (mori's ``padded_m``)."""
     return rules.padded_m(m, world_size, block_m)
-
-
-def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128, gather_dtype: str = "bf16",
-                     gather_transport: str = "lsa", max_shapes: int | None = None) -> int:
-    """Symmetric-window bytes an op for this shape allocates (size the communicator's VMM with it).
-
-    Like mori's, this has no ``quant``: for mxfp8 pass ``block_m=256``.
-    """
-    m_pad = rules.padded_m(m_max, world_size, block_m)
-    return rules.window_layout(world_size, n, m_pad, block_m, gather_dtype, gather_transport,
-                               max_shapes or rules.default_max_shapes(m_pad, world_size, block_m)).window_bytes
 
 
 def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = None,
@@ -185,12 +175,12 @@ class GemmAllReduceOp:
         self._closed = True
         self._startup_seconds: float | None = None
         self._padded_rows = 0
-        self._pad_a = self._pad_scale = self._pad_scale_bytes = None
+        self._pad: PadBuffers | None = None
         self._buckets: tuple[int, ...] = ()
         self.mem = self.win = self.dev_comm = None
-        self._modules: list[Any] = []
+        self._kernels: Kernels | None = None
         self._plans: dict[int, _Plan] = {}
-        self._phases: dict[str, PreparedLaunch] = {}
+        self._phases: dict[str, Launch] = {}
         self._entries: dict[int, RankEntry] = {}
         self._pad_in = None
         self._fallback = None
@@ -268,41 +258,33 @@ class GemmAllReduceOp:
             self._report_miss(None, err)
             raise err
         self._entries = entries
-        self.window_bytes = self._check_layouts(entries)
-        # One toolchain profile per op and per communicator; the pod's mori must be the artifacts'.
-        built = [(e.lock.mori, e.where) for _, e in sorted(entries.items())]
-        self._mori = one_profile(built)
-        check_installed_mori(built)
-        COMMUNICATORS.acquire(comm, self._mori, built[0][1], check_only=True)
+        self.window_bytes = check_layouts(entries, world=world, n=n, m_max=m_max_pad, block_m=block_m,
+                                          block_n=block_n, gather_dtype=gather_dtype, max_shapes=max_shapes)
 
-        # ---- 3. the device ----
+        # ---- 3. every kernel verified (nothing acquired yet): profile, mori, records, code objects ----
+        ordered = [e for _m, e in sorted(entries.items())]
+        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: (*e.launches, *e.self_test),
+                                 position=self._position)
+        # one toolchain profile per communicator, too
+        self._mori = kernels.mori
+        COMMUNICATORS.acquire(comm, self._mori, ordered[0].where, check_only=True)
+
+        # ---- 4. the device ----
         if driver is None:
             from .hip import HipDriver
 
             driver = HipDriver()
         self._driver = driver
         self.device = communicator_device(comm)
-        dev_arch = driver.device_arch(self.device)
-        for e in entries.values():
-            if e.lock.arch != arch_base(dev_arch):
-                raise ArtifactMismatchError(
-                    f"the artifacts for M={e.m} were compiled for {e.lock.arch or '?'} ({e.where}) but "
-                    f"{self.device} is {dev_arch}; build the manifest for this GPU's arch")
-        self.arch = arch_base(dev_arch)
-
-        # ---- 4. every code object: loaded once, verified, parsed, checked against its records ----
-        images = self._load_code_objects(entries)
+        self.arch = kernels.check_device(driver, self.device)
 
         # ---- 5. acquire (on the op's device); roll everything back if any step fails ----
         with device_context(self.device):
             try:
-                COMMUNICATORS.acquire(comm, self._mori, self._entries[min(self._entries)].where)
+                COMMUNICATORS.acquire(comm, self._mori, ordered[0].where)
                 self._mori_held = True
-                functions = {}
-                for digest, (data, kern) in images.items():
-                    module = driver.load_module(data)
-                    self._modules.append(module)
-                    functions[digest] = driver.get_function(module, kern.name)
+                self._kernels = kernels
+                kernels.load(driver)
                 self.mem = comm.alloc_mem(self.window_bytes)
                 self.win = comm.register_window(self.mem.ptr, self.mem.size)
                 # Counters live in the window and are read before first written: zero it once,
@@ -312,10 +294,11 @@ class GemmAllReduceOp:
                 comm.barrier()
                 self._closed = False
                 shared: dict = {}  # what the M values' launches have in common, derived once
-                for m, e in sorted(entries.items()):
-                    self._plans[m] = self._make_plan(e, images, functions, shared)
+                for e in ordered:
+                    self._plans[e.m] = self._make_plan(e, kernels, shared)
                 if self._on_miss == "pad":
-                    self._alloc_pad_buffers()
+                    self._buckets = tuple(sorted(self._plans))
+                    self._pad = PadBuffers(self._buckets[-1], k, quant, self.device)
                 if self_test:
                     self.self_test()
                 if self_test_gemm:
@@ -350,50 +333,6 @@ class GemmAllReduceOp:
             f"{others or 'none'}. Add to the manifest and rebuild:\n{snippet}",
             m=self.m_max, manifest_lines=snippet)
 
-    def _check_layouts(self, entries: dict[int, RankEntry]) -> int:
-        """Every M must share one window layout, equal to the one recomputed here. Returns window bytes."""
-        first: RankEntry | None = None
-        for m, e in sorted(entries.items()):
-            lay = e.layout
-            if lay is None or lay.call is None:
-                raise ArtifactMismatchError(f"{e.where}: M={m} has no window layout in the lock; rebuild it")
-            if lay.m_max != self.m_max:
-                raise ArtifactMismatchError(
-                    f"the artifacts were built for m_max {lay.m_max} (window of {lay.window_bytes} bytes, "
-                    f"{e.where}), but this op pads m_max to {self.m_max}: the window layout is compiled into "
-                    f"every kernel. Construct the op with m_max={lay.m_max}, or rebuild the manifest with "
-                    f"m_max = {self.m_max}")
-            if lay.max_shapes != self.max_shapes:
-                raise ArtifactMismatchError(
-                    f"the artifacts were built with max_shapes {lay.max_shapes} ({e.where}), this op "
-                    f"asks for {self.max_shapes}; pass max_shapes={lay.max_shapes} (or leave it unset)")
-            if e.tuple.id.block_n != self.block_n:
-                raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.id.block_n}")
-            if first is None:
-                first = e
-                first_shared = [getattr(lay, f) for f in _SHARED_WINDOW_FIELDS]
-            elif [getattr(lay, f) for f in _SHARED_WINDOW_FIELDS] != first_shared:
-                # Only the per-M values (lay.call) may differ between the M values of one window.
-                diff = _differing_fields(first.layout.shared().flat(), lay.shared().flat())
-                if diff:
-                    raise ArtifactMismatchError(
-                        f"the artifacts' window layouts differ between M={first.m} ({first.where}) and "
-                        f"M={m} ({e.where}) in {diff}: one window cannot serve both. Rebuild them together "
-                        f"from one manifest")
-            want = rules.window_layout(self.world_size, self.n, self.m_max, self.block_m, self.gather_dtype,
-                                       e.tuple.id.gather_transport, self.max_shapes, m_pad=m)
-            if lay != want:
-                raise ArtifactMismatchError(
-                    f"{e.where}: the recorded window layout for M={m} is not the one this runtime computes "
-                    f"(differs in {_differing_fields(want.flat(), lay.flat())}); the kernels would address the "
-                    f"wrong bytes. Rebuild with this gemmar-aot version")
-        return first.layout.window_bytes
-
-    def _load_code_objects(self, entries: dict[int, RankEntry]) -> dict[str, tuple[bytes, Any]]:
-        """digest -> (verified bytes, kernel metadata), each blob read once; nothing acquired yet."""
-        return verify_entries(self.artifacts, [e for _m, e in sorted(entries.items())],
-                              launches=lambda e: (*e.launches, *e.self_test), position=self._position)
-
     def _position(self, e: RankEntry, kind: str) -> EntryPosition:
         """Where a lock entry sits, for checking it against its record."""
         i = e.tuple.id
@@ -401,7 +340,7 @@ class GemmAllReduceOp:
                              slot=e.layout.call.slot, m_max=e.layout.m_max, n=i.n, k=i.k, quant=i.quant,
                              gather_dtype=i.gather_dtype, gather_transport=i.gather_transport, block_m=i.block_m)
 
-    def _make_plan(self, e: RankEntry, images, functions, shared: dict | None = None) -> _Plan:
+    def _make_plan(self, e: RankEntry, kernels: Kernels, shared: dict | None = None) -> _Plan:
         m = e.m
         lay = e.layout
         launches = list(e.launches)
@@ -411,23 +350,23 @@ class GemmAllReduceOp:
         dev_comm, win = int(self.dev_comm.ptr), int(self.win.handle)
         phases = self._phases  # action key -> prepared phase: its arguments are the same for every M
 
-        def phase(le: LaunchEntry) -> PreparedLaunch:
+        def phase(le: LaunchEntry) -> Launch:
             p = phases.get(le.key)
             if p is None:
                 p = phases[le.key] = prepare_phase(le)
             return p
 
-        def prepare_phase(le: LaunchEntry) -> PreparedLaunch:
+        def prepare_phase(le: LaunchEntry) -> Launch:
             rec = le.launch
             kinds = tuple(a.kind for a in rec.args)
             if kinds != _PHASE_ARGS:
                 raise ArtifactMismatchError(f"{e.where}: phase {le.kind} takes {kinds}, expected "
                                             f"(dev_comm, win, stream)")
             d = le.blob.hash
-            return prepare_launch(kind=le.kind, digest=d, record=rec, kernel=images[d][1],
-                                  function=functions[d], where=f"{e.where} {le.kind}",
+            return prepare_launch(kind=le.kind, digest=d, record=rec, kernel=kernels.kernel[d],
+                                  function=kernels.function[d], where=f"{e.where} {le.kind}",
                                   fixed={rec.args[0].params[0]: dev_comm, rec.args[1].params[0]: win},
-                                  per_call=(), cache=shared)
+                                  cache=shared)
 
         g = launches[0]
         rec = g.launch
@@ -452,9 +391,12 @@ class GemmAllReduceOp:
                  bsc.params[1]: numel["bs"], c.params[0]: c_ptr, c.params[1]: m * n,
                  c_m.params[0]: m, c_n.params[0]: n, dc.params[0]: dev_comm, wn.params[0]: win}
         d = g.blob.hash
-        gemm = prepare_launch(kind="gemm", digest=d, record=rec, kernel=images[d][1], function=functions[d],
-                              where=f"{e.where} gemm", fixed=fixed,
+        gemm = prepare_launch(kind="gemm", digest=d, record=rec, kernel=kernels.kernel[d],
+                              function=kernels.function[d], where=f"{e.where} gemm", fixed=fixed,
                               per_call=(a.params[0], b.params[0], asc.params[0], bsc.params[0]), cache=shared)
+        if gemm.grid is None:
+            raise ArtifactMismatchError(f"{e.where}: the GEMM's grid or block depends on its operand pointers; "
+                                        f"this op resolves them once per M. Rebuild with this gemmar-aot version")
         import torch
 
         return _Plan(
@@ -500,7 +442,7 @@ class GemmAllReduceOp:
             return self._unplanned_call(a_fp8, b_preshuffled, a_scale, b_scale)
         return self._launch(plan, self._pack_gemm(plan, a_fp8, b_preshuffled, a_scale, b_scale))
 
-    def _launch(self, plan: _Plan, g: PreparedLaunch):
+    def _launch(self, plan: _Plan, g: Launch):
         """Queue ``plan``'s GEMM (its pointers written: ``g``) and its tail; the output view."""
         plan.calls += 1
         driver = self._driver
@@ -517,15 +459,10 @@ class GemmAllReduceOp:
         return self._write_pointers(plan, *check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=plan.m, n=self.n,
                                                           k=self.k, quant=self.quant, device=self.device))
 
-    def _write_pointers(self, plan: _Plan, a, b, asc, bsc) -> PreparedLaunch:
+    def _write_pointers(self, plan: _Plan, a, b, asc, bsc) -> Launch:
         """Checked operands' pointers into the GEMM's preallocated kernel arguments."""
         g = plan.gemm
-        v = g.values
-        v[plan.a_slot] = a.data_ptr()
-        v[plan.b_slot] = b.data_ptr()
-        v[plan.as_slot] = asc.data_ptr()
-        v[plan.bs_slot] = bsc.data_ptr()
-        g.struct.pack_into(g.args.buf, 0, *v)
+        g.pack((a.data_ptr(), b.data_ptr(), asc.data_ptr(), bsc.data_ptr()))
         return g
 
     def gemm_only(self, a_fp8, b_preshuffled, a_scale, b_scale):
@@ -583,56 +520,17 @@ class GemmAllReduceOp:
             f"{snippet}",
             m=m, available=avail, nearest=near, manifest_lines=snippet)
 
-    def _alloc_pad_buffers(self) -> None:
-        """The zero-extended A and A scale of a padded call, for the largest bucket: allocated once."""
-        import torch
-
-        self._buckets = tuple(sorted(self._plans))
-        top = self._buckets[-1]
-        self._pad_a = torch.zeros((top, self.k), dtype=torch.float8_e4m3fn, device=self.device)
-        # M*K/128 elements either way: blockscale's fp32 per 128-wide K block, mxfp8's int32 of four ue8m0 bytes
-        dtype = torch.int32 if self.quant == "mxfp8" else torch.float32
-        self._pad_scale = torch.zeros(top * self.k // 128, dtype=dtype, device=self.device)
-        # mxfp8's scale is laid out by byte (one ue8m0 per row and 32-wide K block): its byte view, once
-        self._pad_scale_bytes = self._pad_scale.view(torch.uint8) if self.quant == "mxfp8" else None
-
     def _padded_call(self, m: int, bucket: int, a_fp8, b_preshuffled, a_scale, b_scale):
-        """Serve M with ``bucket``'s kernels (``on_miss="pad"``).
-
-        Why this is mori's result for M: a GEMM row depends only on its own A row and A-scale
-        row, and the all-reduce and the gather are elementwise over rows (the fp8 gather's
-        scales take an absolute maximum, which zero rows never raise). So rows M..bucket-1 of A
-        and of the A scale are zeroed, rows below M copied from the caller's (whose shapes are
-        checked at the caller's M, as mori checks them), and the first M rows of the bucket's
-        output are what mori's op computes for M. Allocates nothing: the buffers are sized for
-        the largest bucket at construction.
-
-        Both A scales are K-block major, each block's M rows together: blockscale's one fp32
-        per row at ``kb * M + row``; mxfp8's one ue8m0 byte per row at ``kb * M + p(row)``
-        (``preshuffle_a_scale``), where ``p`` permutes rows within each 64-row group -- and M
-        is a multiple of world * 256, so rows below M stay below M. Either way the bucket's
-        scale is the caller's blocks, each followed by zeros (a zero A row's product is zero,
-        whatever its scale)."""
+        """Serve M with ``bucket``'s kernels (``on_miss="pad"``; :mod:`.padding` says why that is
+        mori's result for M), the operands checked at M as mori checks them; the first M rows."""
         a, b, asc, bsc = check_operands(a_fp8, b_preshuffled, a_scale, b_scale, m=m, n=self.n, k=self.k,
                                         quant=self.quant, device=self.device)
-        pa = self._pad_a[:bucket]
-        pa[:m].copy_(a)
-        pa[m:].zero_()
-        flat = self._pad_scale[:bucket * self.k // 128]
-        if self._pad_scale_bytes is not None:  # mxfp8
-            blocks = self.k // 32  # one byte per row and 32-wide K block
-            ps = self._pad_scale_bytes[:blocks * bucket].view(blocks, bucket)
-            src = asc.view(self._pad_scale_bytes.dtype).view(blocks, m)
-        else:
-            blocks = self.k // 128
-            ps, src = flat.view(blocks, bucket), asc.view(blocks, m)
-        ps[:, :m].copy_(src)
-        ps[:, m:].zero_()
+        pa, pscale = self._pad.fill(m, bucket, a, asc)
         self._padded_rows += bucket - m
         self._report_miss(m, None, served=bucket)
         plan = self._plans[bucket]
         # The buffers are the op's own, shaped for the bucket: no second operand check.
-        return self._launch(plan, self._write_pointers(plan, pa, b, flat, bsc))[:m]
+        return self._launch(plan, self._write_pointers(plan, pa, b, pscale, bsc))[:m]
 
     def stats(self) -> dict:
         """What this op has done: served calls and kernel launches per M, misses per M (None: the op
@@ -678,12 +576,9 @@ class GemmAllReduceOp:
     def self_test(self, m: int | None = None) -> None:
         """Check the all-reduce moves bytes: every rank writes rank+1, every element must read sum(1..world).
 
-        Runs the recorded self-test sequence (scatter -> reduce -> gather, plus the
-        fp8 wire's quantize/pull steps) at ``m`` (default: m_max, or the largest M
-        built). The failure this exists for is silent: a mori built without
-        ``BUILD_CCO_SDMA=ON``, or run without ``MORI_ENABLE_SDMA=1``, launches every
-        kernel and returns from every put, but the puts do nothing -- the model
-        keeps answering, wrongly, and the fused path even measures faster.
+        Runs the recorded self-test sequence (scatter -> reduce -> gather, plus the fp8 wire's
+        quantize/pull steps) at ``m`` (default: m_max, or the largest M built); see
+        :func:`.self_test.all_reduce_moves_bytes` for the silent failure it exists for.
         """
         if self._closed:
             raise RuntimeError("this GemmAllReduceOp has been closed")
@@ -694,72 +589,21 @@ class GemmAllReduceOp:
             raise self.missing_error(m)
         if not plan.self_test:
             raise ArtifactMismatchError(f"{plan.entry.where}: no self-test kernels recorded for M={m}; rebuild")
-        want = self.world_size * (self.world_size + 1) / 2
-        plan.input.fill_(float(self.rank + 1))
-        plan.output.zero_()
-        driver = self._driver
-        stream = driver.current_stream(self.device)
-        for p in plan.self_test:
-            driver.launch(p.function, p.grid, p.block, p.args, stream)
-        driver.synchronize(stream)
-        got = plan.output.float()
-        worst = (got - want).abs().max().item() / want
-        if worst > 1e-2:
-            built = _mori_build_cco_sdma()
-            hint = (" The LSA all-reduce moves bytes with plain loads and stores, so check that every rank "
-                    "constructed this op on the same communicator and window size."
-                    if self.transport == "split-lsa" else
-                    " mori was built with BUILD_CCO_SDMA=OFF, so the SDMA puts are compiled out and do "
-                    "nothing; rebuild mori with BUILD_CCO_SDMA=ON."
-                    if built is False else
-                    " Check that mori was built with BUILD_CCO_SDMA=ON and that MORI_ENABLE_SDMA=1 is set: "
-                    "without either, every put silently does nothing.")
-            raise SelfTestError(
-                f"gemm_ar self-test failed: the all-reduce returned {got.flatten()[0].item():g} where "
-                f"{want:g} was expected (worst relative error {worst:.3g} at M={m}, world_size="
-                f"{self.world_size}, rank {self.rank}).{hint}")
+        tests.all_reduce_moves_bytes(launches=plan.self_test, input=plan.input, output=plan.output,
+                                     driver=self._driver, stream=self._driver.current_stream(self.device),
+                                     world=self.world_size, rank=self.rank, m=m, transport=self.transport)
 
     def self_test_gemm(self, m: int | None = None) -> None:
-        """Check the whole call, GEMM included: a constant problem with a known all-reduced answer.
-
-        Every rank multiplies ``A = rank + 1`` by ``B = 1`` with unit scales (constant
-        operands look the same in every layout: no preshuffling needed), so every output
-        element must read ``K * sum(1..world)``. Runs one ordinary call at ``m``
-        (default: the smallest M built, the cheapest), so it covers what :meth:`self_test`
-        does not: the GEMM's operand and scale addressing, its epilogue's puts and the
-        counters that start the tail. Collective, like every call: every rank must run it.
-        """
-        import torch
-
+        """Check the whole call, GEMM included: a constant problem with a known all-reduced answer
+        (:func:`.self_test.constant_problem`), one ordinary call at ``m`` (default: the smallest M
+        built, the cheapest). Collective, like every call: every rank must run it."""
         if self._closed:
             raise RuntimeError("this GemmAllReduceOp has been closed")
         if m is None:
             m = min(self._plans)
         if m not in self._plans:
             raise self.missing_error(m)
-        n, k, dev = self.n, self.k, self.device
-        fp8 = torch.float8_e4m3fn
-        a = torch.full((m, k), float(self.rank + 1), device=dev).to(fp8)
-        b = torch.ones((n, k), device=dev).to(fp8)
-        if self.quant == "mxfp8":  # ue8m0 127 = 2**0, four packed per A-scale int32
-            a_scale = torch.full((m * k // 128,), 0x7F7F7F7F, dtype=torch.int32, device=dev)
-            b_scale = torch.full(((n // 32) * (k // 32),), 127, dtype=torch.int32, device=dev)
-        else:
-            a_scale = torch.ones((k // 128, m), device=dev)
-            b_scale = torch.ones((n // 128, k // 128), device=dev)
-        out = self(a, b, a_scale, b_scale)
-        self._driver.synchronize(self._driver.current_stream(dev))
-        want = float(k) * self.world_size * (self.world_size + 1) / 2
-        got = out.float()
-        worst = (got - want).abs().max().item() / want
-        if worst > 1e-2:
-            raise SelfTestError(
-                f"gemm_ar GEMM self-test failed: a constant problem (A = rank + 1, B = 1, unit scales, K={k}) "
-                f"returned {got.flatten()[0].item():g} where {want:g} was expected (worst relative error "
-                f"{worst:.3g} at M={m}, world_size={self.world_size}, rank {self.rank}). The all-reduce "
-                f"self-test checks the collective alone; this one also runs the GEMM, so a failure here "
-                f"and not there points at the GEMM kernels or their artifacts: rebuild them (gemmar-aot "
-                f"build) and check the toolchain (gemmar-aot doctor)")
+        tests.constant_problem(self, m)
 
     def close(self) -> None:
         """Release the window, its memory and the loaded modules. Idempotent.
@@ -778,7 +622,7 @@ class GemmAllReduceOp:
         self._plans.clear()
         self._phases.clear()
         self._pad_in = None
-        self._pad_a = self._pad_scale = self._pad_scale_bytes = None
+        self._pad = None
         if self._mori_held:
             self._mori_held = False
             COMMUNICATORS.release(self.comm, self._mori)
@@ -796,7 +640,8 @@ class GemmAllReduceOp:
                 except Exception as exc:  # noqa: BLE001
                     errors.append(exc)
         self.win = self.mem = None
-        unload_modules(self._driver, self._modules, errors)
+        if self._kernels is not None:
+            self._kernels.unload(self._driver, errors)
         if errors:
             raise errors[0]
 
@@ -831,31 +676,3 @@ class GemmAllReduceOp:
         state = "closed" if self._closed else f"M {list(self.m_values)}"
         return (f"<gemmar_aot GemmAllReduceOp n={self.n} k={self.k} world={self.world_size} rank={self.rank} "
                 f"{self.quant} wire={self.gather_dtype} m_max={self.m_max} {self.transport}: {state}>")
-
-
-#: A window layout's fields but the per-M values (``call``): what one window's M values share.
-_SHARED_WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(WindowLayout) if f.name != "call")
-
-
-def _differing_fields(a: dict, b: dict) -> list[str]:
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
-def _mori_build_cco_sdma() -> bool | None:
-    """mori's BUILD_CCO_SDMA flag, read from its file without importing mori's device package."""
-    try:
-        import ast
-        import importlib.util
-        from pathlib import Path
-
-        spec = importlib.util.find_spec("mori")
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        path = Path(list(spec.submodule_search_locations)[0]) / "cco" / "device" / "_build_flags.py"
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILD_CCO_SDMA"
-                                                    for t in node.targets):
-                return bool(ast.literal_eval(node.value))
-    except Exception:  # noqa: BLE001 - only a hint
-        return None
-    return None

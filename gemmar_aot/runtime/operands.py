@@ -29,7 +29,7 @@ from __future__ import annotations
 SCALE_BLOCK_K = 128
 MXFP8_BLOCK = 32
 
-_FNUZ_REASON = (
+FNUZ_REASON = (
     "float8_e4m3fnuz is rejected on purpose: its exponent bias is 8 where OCP e4m3's is 7, and the "
     "kernel's MMA reads OCP e4m3, so every element would read at 2x and the product come out 4x too "
     "large -- finite, plausible and wrong. Convert to torch.float8_e4m3fn")
@@ -134,7 +134,7 @@ def _first_problem(a_fp8, b_preshuffled, a_scale, b_scale, *, m, n, k, quant, de
             raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
         if t.dtype is not fp8:
             if t.dtype == getattr(torch, "float8_e4m3fnuz", None):
-                raise ValueError(f"{name} is torch.float8_e4m3fnuz; {_FNUZ_REASON}")
+                raise ValueError(f"{name} is torch.float8_e4m3fnuz; {FNUZ_REASON}")
             raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}; the launch reinterprets "
                              f"it as raw bytes, so a wider dtype runs and returns nonsense rather than failing")
         if t.device != device:

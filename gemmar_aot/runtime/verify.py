@@ -1,38 +1,30 @@
-"""Kernels as the runtime holds them: verified code objects and pre-packed launches.
+"""What every op checks before it loads a kernel: the lock entries, their records, their code objects.
 
-Two steps, kept apart so a bad artifact is refused before anything is acquired:
+Nothing here acquires anything; a bad artifact is refused before a module is loaded
+(:mod:`.loading` is the step after, :mod:`.launches` the one after that).
 
-1. :func:`verify_code_object` -- the code object's own metadata note (parsed by
-   :func:`gemmar_aot.codeobject.parse_code_object`, the independent oracle) must
-   agree with the launch record FlyDSL produced: target arch, exactly one kernel,
-   its name, every explicit argument at the offset and size the record's types
-   give at natural alignment *and of the kind they give* (a pointer is a
-   ``global_buffer``, a length or scalar ``by_value``: a record that feeds a
-   pointer slot an integer, or the reverse, is refused even when the sizes
-   agree), the kernarg segment exactly that long, the block the record launches
-   with the workgroup size the kernel was compiled for (``reqd_workgroup_size``,
-   else at most ``max_flat_workgroup_size``), and its static LDS within the
-   device's. A wrong block on a GPU is not an error HIP always reports: it is a
-   kernel whose barriers and tile indexing assume threads that do not exist.
-2. :class:`PreparedLaunch` -- everything a launch needs, resolved once: the
-   function handle, grid and block (from the record's program), a
-   :class:`~gemmar_aot.runtime.driver.KernArgs` buffer and a precompiled
-   ``struct.Struct`` laid out at the metadata's offsets. Phase kernels take
-   ``(dev_comm, win)``, which never change, so their buffer is packed once. The
-   GEMM's buffer is re-packed per call, in place, with the four operand pointers
-   and element counts; everything else in it (the window's input region, c_m,
-   c_n, dev_comm, win) is fixed per M and sits in a template list.
+* :func:`check_sequences` -- each rank's launches and self-test are its mode's sequence
+  (:mod:`gemmar_aot.launch_sequence`), and no slot holds another rank's kernel.
+* :class:`RecordBinding` -- each lock entry is the action-cache record it names (from the
+  lock's record index, else the store), and that record's spec describes the kernel the lock
+  launches where the entry sits.
+* :func:`verify_code_object` -- the code object's own metadata note (parsed by
+  :func:`gemmar_aot.codeobject.parse_code_object`, the independent oracle) must agree with the
+  launch record FlyDSL produced: target arch, exactly one kernel, its name, every explicit
+  argument at the offset and size the record's types give at natural alignment *and of the
+  kind they give* (a pointer is a ``global_buffer``, a length or scalar ``by_value``: a record
+  that feeds a pointer slot an integer, or the reverse, is refused even when the sizes agree),
+  the kernarg segment exactly that long, the block the record launches with the workgroup size
+  the kernel was compiled for (``reqd_workgroup_size``, else at most
+  ``max_flat_workgroup_size``), and its static LDS within the device's. A wrong block on a GPU
+  is not an error HIP always reports: it is a kernel whose barriers and tile indexing assume
+  threads that do not exist.
 
-The record's grid/block programs are checked to depend only on the per-M
-parameters, and every kernel argument to be either a plain host parameter or a
-value computed from per-M parameters only -- so nothing has to be evaluated per
-call, and a record that would need it is refused at construction rather than
-launched wrongly.
+:func:`verify_entries` runs all three for every op, in one place.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -43,11 +35,8 @@ from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 from gemmar_aot.store.backend import BadRecord, check_record
 from gemmar_aot.store.record_index import RecordIndexError
 
-from .driver import KernArgs
 from .errors import ArtifactMismatchError
 
-#: struct codes per host-parameter type: pointers unsigned, lengths and i32 signed.
-_CODES = {"ptr": "Q", "len32": "i", "i32": "i", "i64": "q"}
 #: The metadata note's value kind for each host-parameter type.
 _VALUE_KINDS = {"ptr": "global_buffer", "len32": "by_value", "i32": "by_value", "i64": "by_value"}
 #: LDS per workgroup on the targets we build for (gfx950: 160 KiB).
@@ -77,7 +66,7 @@ def verify_code_object(code: CodeObject, record: LaunchRecord, *, arch: str, whe
     the code object's arch, kernels and undefined symbols and on the record alone, and the
     phases of every M repeat them (equal metadata notes parse to one kernels tuple)."""
     if cache is not None:
-        key = (code.arch, id(code.kernels), code.undefined_symbols, _record_key(record, cache), record.kernel, arch)
+        key = (code.arch, id(code.kernels), code.undefined_symbols, record_key(record, cache), record.kernel, arch)
         got = cache.get(key)
         if got is not None and got[0] is code.kernels:
             return got[1]
@@ -134,195 +123,6 @@ def block_mismatch(kernel: KernelMetadata, block: tuple[int, ...]) -> str | None
         return (f"the record launches block {list(block)} ({flat} threads), the kernel was compiled for at most "
                 f"{kernel.max_flat_workgroup_size} (max_flat_workgroup_size)")
     return None
-
-
-def kernarg_struct(kernel: KernelMetadata, types: Sequence[str]) -> struct.Struct:
-    """A Struct writing the explicit arguments at the metadata's offsets, padded to kernarg_size."""
-    fmt, pos = ["<"], 0
-    for a, t in zip(explicit_args(kernel), types):
-        if a.offset > pos:
-            fmt.append(f"{a.offset - pos}x")
-        fmt.append(_CODES[t])
-        pos = a.offset + a.size
-    if kernel.kernarg_size > pos:
-        fmt.append(f"{kernel.kernarg_size - pos}x")
-    s = struct.Struct("".join(fmt))
-    assert s.size == kernel.kernarg_size, (s.format, kernel.kernarg_size)
-    return s
-
-
-def to_signed(value: int, t: str) -> int:
-    """A value as the struct code for ``t`` takes it (i64 handles may come unsigned)."""
-    if t == "i64" and value >= 1 << 63:
-        return value - (1 << 64)
-    return int(value)
-
-
-def dependencies(record: LaunchRecord) -> dict[str, set[int]]:
-    """For each program value ``v<N>``, the host parameters it is computed from."""
-    deps: dict[str, set[int]] = {}
-    for dst, _op, *ops in record.program:
-        d: set[int] = set()
-        for o in ops:
-            if isinstance(o, str) and o.startswith("p") and o[1:].isdigit():
-                d.add(int(o[1:]))
-            elif isinstance(o, str) and o in deps:
-                d |= deps[o]
-        deps[dst] = d
-    return deps
-
-
-def operand_deps(x: Any, deps: dict[str, set[int]]) -> set[int]:
-    """The host parameters operand ``x`` of a record's program depends on (``deps``: :func:`dependencies`)."""
-    if isinstance(x, int):
-        return set()
-    if x.startswith("p"):
-        return {int(x[1:])}
-    return deps.get(x, set())
-
-
-@dataclass
-class PreparedLaunch:
-    """One kernel launch, resolved: call ``driver.launch(function, grid, block, args, stream)``.
-
-    For a kernel with per-call parameters, ``values`` is the template of explicit
-    argument values and ``slots[i]`` the template index each per-call host
-    parameter ``i`` (in ``per_call`` order) goes to; :meth:`pack` writes them.
-    """
-
-    kind: str
-    kernel: str
-    digest: str
-    function: Any
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    args: KernArgs
-    struct: struct.Struct
-    values: list
-    slots: tuple[int, ...] = ()
-
-    def pack(self) -> None:
-        self.struct.pack_into(self.args.buf, 0, *self.values)
-
-
-def _launch_shape(record: LaunchRecord, per_call: tuple[int, ...], where: str) -> tuple[tuple[int, ...], dict]:
-    """What :func:`prepare_launch` derives from a launch record alone: the kernel arguments packed per
-    call (as ``slot_of``: per-call parameter -> argument index) after checking that grid, block and
-    every other argument depend on fixed parameters only. Raises LaunchRecordError."""
-    stream = record.stream_param
-    deps = dependencies(record)
-    varying = set(per_call) | {stream}
-    for what, xs in (("grid", record.grid), ("block", record.block)):
-        for x in xs:
-            if operand_deps(x, deps) & varying:
-                raise LaunchRecordError(f"{where}: the {what} of {record.kernel} depends on per-call "
-                                        f"parameters; the runtime resolves it once per M")
-    slot_of: dict[int, int] = {}
-    for i, x in enumerate(record.kernel_args):
-        if isinstance(x, str) and x.startswith("p") and int(x[1:]) in per_call:
-            slot_of[int(x[1:])] = i
-        elif operand_deps(x, deps) & varying:
-            raise LaunchRecordError(f"{where}: argument {i} of {record.kernel} is computed from per-call "
-                                    f"parameters; the runtime packs only plain parameters per call")
-    unused = [p for p in per_call if p not in slot_of]
-    if unused:
-        raise LaunchRecordError(f"{where}: per-call parameters {unused} of {record.kernel} reach no kernel argument")
-    return tuple(slot_of[p] for p in per_call), slot_of
-
-
-def _struct_for(kernel: KernelMetadata, types: tuple[str, ...], cache: dict | None) -> struct.Struct:
-    """:func:`kernarg_struct`, shared by kernels of one argument layout (``cache``: per construction)."""
-    if cache is None:
-        return kernarg_struct(kernel, types)
-    layout = (types, kernel.kernarg_size, tuple((a.offset, a.size) for a in explicit_args(kernel)))
-    st = cache.get(layout)
-    if st is None:
-        st = cache[layout] = kernarg_struct(kernel, types)
-    return st
-
-
-class _RecordKey:
-    """A launch record's identity (its symbol aside) as a dict key whose hash is computed once:
-    a record is a deep tuple, and one construction looks each one up several times."""
-
-    __slots__ = ("ident", "hash")
-
-    def __init__(self, ident: tuple):
-        self.ident, self.hash = ident, hash(ident)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _RecordKey) and self.hash == other.hash and self.ident == other.ident
-
-
-def _record_key(record: LaunchRecord, cache: dict) -> _RecordKey:
-    got = cache.get(id(record))
-    if got is None or got[0] is not record:
-        got = cache[id(record)] = (record, _RecordKey(_launch_identity(record)))
-    return got[1]
-
-
-def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: KernelMetadata, function: Any,
-                   fixed: dict[int, int], per_call: Sequence[int], where: str,
-                   cache: dict | None = None) -> PreparedLaunch:
-    """Resolve a launch whose host parameters are ``fixed`` (index -> value) except ``per_call``.
-
-    The stream parameter is neither: it is passed to the driver, never packed.
-    Raises LaunchRecordError when grid, block or an argument would need per-call
-    evaluation, or a parameter is left unassigned. ``cache`` (a dict kept for one
-    construction) shares what depends on the record's program and the kernel's argument
-    layout alone between the launches that have them in common (a GEMM per M); launches
-    without per-call parameters that resolve to the same arguments for the same kernel
-    metadata (the phases of every M) share one packed argument buffer, never written again.
-    """
-    n = len(record.params)
-    per_call = tuple(per_call)
-    stream = record.stream_param
-    missing = [i for i in range(n) if i not in fixed and i not in per_call and i != stream]
-    if missing:
-        raise LaunchRecordError(f"{where}: host parameters {missing} of {record.kernel} have no value")
-    if cache is None:
-        cache = {}
-    rkey = _record_key(record, cache)
-    shape_key = (rkey, per_call)
-    shape = cache.get(shape_key)
-    if shape is None:
-        shape = cache[shape_key] = _launch_shape(record, per_call, where)
-    slots, slot_of = shape
-    params = tuple([fixed.get(i, 0) for i in range(n)])
-    # what the program computes depends on the record's program and these values alone: the
-    # phases of every M (and of kernels sharing a record) resolve to the same values
-    resolved_key = (rkey, params)
-    built_key = (resolved_key, id(kernel))
-    built = cache.get(built_key) if not per_call else None
-    if built is None or built[0] is not kernel:
-        resolved = cache.get(resolved_key)
-        if resolved is None:
-            # one compiled program per distinct record: the GEMMs of every M share theirs
-            program = cache.get((rkey, "program"))
-            if program is None:
-                program = cache[(rkey, "program")] = record.compiled()
-            resolved = cache[resolved_key] = program.run(params)
-        grid, block, kvals = resolved
-        grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)
-        why = block_mismatch(kernel, block)
-        if why:
-            raise ArtifactMismatchError(f"{where}: {why}; the artifact does not match its launch record -- "
-                                        f"rebuild it (gemmar-aot build)")
-        per_call_args = set(slot_of.values())
-        values = [0 if i in per_call_args else to_signed(v, t)
-                  for i, (v, t) in enumerate(zip(kvals, record.kernel_arg_types))]
-        st = _struct_for(kernel, record.kernel_arg_types, cache)
-        args = KernArgs(kernel.kernarg_size)
-        st.pack_into(args.buf, 0, *values)
-        built = (kernel, grid, block, args, st, values)
-        if not per_call:
-            cache[built_key] = built
-    _k, grid, block, args, st, values = built
-    return PreparedLaunch(kind=kind, kernel=record.kernel, digest=digest, function=function, grid=grid,
-                          block=block, args=args, struct=st, values=values, slots=slots)
 
 
 # ---------------------------------------------------------------------------
@@ -533,7 +333,7 @@ class RecordBinding:
         except LaunchRecordError as exc:
             raise self._bad(store, entry, pos, lock_where, f"the record's launch record is malformed ({exc})",
                             store_where=store_where) from None
-        if _launch_identity(launch) != _launch_identity(entry.launch):
+        if launch_identity(launch) != launch_identity(entry.launch):
             raise self._bad(store, entry, pos, lock_where, "the lock's launch record is not the record's",
                             store_where=store_where)
 
@@ -573,10 +373,34 @@ def _launch_json_identity(d: Any) -> tuple:
 _LAUNCH_FIELDS = ("params", "args", "kernel_args", "kernel_arg_types", "program", "grid", "block", "stream_param")
 
 
-def _launch_identity(rec: Any) -> tuple:
+def launch_identity(rec: Any) -> tuple:
     """A launch record without its kernel symbol (the lock stores records once, symbol-free)."""
     return (rec.params, rec.args, rec.kernel_args, rec.kernel_arg_types, rec.program, rec.grid, rec.block,
             rec.stream_param)
+
+
+class _RecordKey:
+    """A launch record's identity (its symbol aside) as a dict key whose hash is computed once:
+    a record is a deep tuple, and one construction looks each one up several times."""
+
+    __slots__ = ("ident", "hash")
+
+    def __init__(self, ident: tuple):
+        self.ident, self.hash = ident, hash(ident)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _RecordKey) and self.hash == other.hash and self.ident == other.ident
+
+
+def record_key(record: LaunchRecord, cache: dict) -> _RecordKey:
+    """``record``'s identity key, made once per record object within one construction (``cache``)."""
+    got = cache.get(id(record))
+    if got is None or got[0] is not record:
+        got = cache[id(record)] = (record, _RecordKey(launch_identity(record)))
+    return got[1]
 
 
 def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position) -> dict[str, tuple[bytes, Any]]:
