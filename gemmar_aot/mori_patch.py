@@ -21,7 +21,10 @@ runs for that name and FlyDSL/MLIR are never imported for it. Every other name o
 ``mori.ops.gemm_ar`` is mori's own. Without the variable the ``.pth`` line does
 nothing but read the environment.
 
-Runtime module: standard library only until an op is built.
+Runtime module: standard library only until an op is built. Its import name is written into
+every installed hook (:data:`PTH_LINE`), so it stays ``gemmar_aot.mori_patch``: a hook an older
+gemmar-aot installed must keep working after an upgrade (a hook whose import fails would leave
+the server on mori's JIT op, silently).
 """
 
 from __future__ import annotations

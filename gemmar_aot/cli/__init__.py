@@ -8,7 +8,9 @@ package registers on :data:`main`; no command module imports this package back:
   ``import``, ``explain``;
 - :mod:`.runtime`: ``coverage``;
 - :mod:`.wheel`: ``wheel``, ``inspect``;
-- :mod:`.trust`: ``keygen``, ``sign``, ``audit``.
+- :mod:`.trust`: ``keygen``, ``sign``, ``audit``;
+- :mod:`.profiles`: ``profile-move``;
+- :mod:`.mori_patch`: ``mori-patch install``, ``mori-patch remove``.
 
 Each command imports what it runs lazily, so ``gemmar-aot --help`` stays fast.
 """
@@ -21,7 +23,7 @@ import click
 
 from gemmar_aot.errors import GemmarError
 
-from . import build, profiles, runtime, store, trust, wheel
+from . import build, mori_patch, profiles, runtime, store, trust, wheel
 
 __all__ = ["main"]
 
@@ -43,6 +45,6 @@ def main() -> None:
     """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
 
 
-for _module in (build, store, runtime, wheel, trust, profiles):
+for _module in (build, store, runtime, wheel, trust, profiles, mori_patch):
     for _command in _module.COMMANDS:
         main.add_command(_command)
