@@ -322,7 +322,7 @@ class _BuildRun:
         if o.remote:
             from gemmar_aot.remote_cache import RemoteSession
             from gemmar_aot.store.errors import StoreError
-            from gemmar_aot.store.remote import HttpBackend
+            from gemmar_aot.store.remote.backend import HttpBackend
 
             try:
                 backend = HttpBackend(o.remote, writable=not o.remote_read_only)

@@ -187,7 +187,7 @@ def stats(store, as_json, remote):
     data["last_build"] = st.last_build_stats()
     if remote is not None:
         from gemmar_aot.remote_cache import remote_stats
-        from gemmar_aot.store.remote import HttpBackend, remote_url
+        from gemmar_aot.store.remote.backend import HttpBackend, remote_url
 
         url = remote_url(remote or None)
         if url is None:
