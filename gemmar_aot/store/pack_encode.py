@@ -1,5 +1,5 @@
 """Encoding blobs into a pack (:mod:`.pack`) with a dictionary trained on them: what an artifact
-wheel ships (``gemmar_aot.wheel``) and a manifest's closure in the remote cache
+wheel ships (``gemmar_aot.package``) and a manifest's closure in the remote cache
 (``gemmar_aot.closure``). Build side: it trains dictionaries (:mod:`.dictionaries`), which the pack
 reader never needs."""
 
