@@ -146,7 +146,8 @@ def _manifest_source(lock: Lock, manifest: str | os.PathLike | None, text: bytes
         text = Path(manifest).read_bytes()
         file = Path(manifest).name
     if text is None:
-        raise WheelError("the manifest text is needed (the wheel records it)")
+        raise WheelError("the manifest text is needed (the wheel records it): pass manifest (the file the "
+                         "lock was built from), or manifest_text and manifest_file")
     sha256 = hashlib.sha256(text).hexdigest()
     if lock.manifest.sha256 != sha256:
         raise WheelError(f"the lock for {lock.manifest.name} was built from another version of the manifest "
