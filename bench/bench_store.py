@@ -93,9 +93,9 @@ def bench_plain(blobs: list[bytes], level: int, repeat: int) -> dict:
 
 def _train(train: list[bytes], dict_size: int | str) -> tuple[zstandard.ZstdCompressionDict | None, float]:
     t0 = time.perf_counter()
-    if dict_size == "auto":  # what the store does (gemmar_aot.store.maint.train_best_dictionary)
+    if dict_size == "auto":  # what the store does (gemmar_aot.store.dictionaries.train_best_dictionary)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from gemmar_aot.store.maint import train_best_dictionary
+        from gemmar_aot.store.dictionaries import train_best_dictionary
 
         raw, _ = train_best_dictionary(train, min_gain=0.0)
         d = zstandard.ZstdCompressionDict(raw) if raw else None
@@ -152,7 +152,7 @@ def bench_solid(blobs: list[bytes], level: int) -> dict:
 def bench_store(corpus: list[tuple[str, bytes]], level: int) -> dict:
     """Put every blob through ``claim``, optimize (train + repack), then load all of them verified."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gemmar_aot.store import Store, maint
+    from gemmar_aot.store import Store, dictionaries, inventory
 
     def load_all(root: str, keys: list[str]) -> float:
         fresh = Store(root)  # a new process's view: cold dictionary cache
@@ -173,12 +173,12 @@ def bench_store(corpus: list[tuple[str, bytes]], level: int) -> dict:
             keys.append(key)
         t_put = time.perf_counter() - t0
         t_load_plain = load_all(tmp, keys)
-        st_plain = maint.stats(store)
+        st_plain = inventory.stats(store)
         t0 = time.perf_counter()
-        opt = maint.optimize(store)
+        opt = dictionaries.optimize(store)
         t_opt = time.perf_counter() - t0
         t_load_dict = load_all(tmp, keys)
-        st = maint.stats(store)
+        st = inventory.stats(store)
     n = len(corpus)
     return {
         "level": level,

@@ -140,13 +140,13 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
 
 
 class _EarlyOptimize:
-    """``maint.optimize`` (train the zstd dictionary, repack) in a thread of the main process,
+    """``dictionaries.optimize`` (train the zstd dictionary, repack) in a thread of the main process,
     started when 60% of the kernels are done, while the last, short ones compile.
 
     Workers read the dictionary pointer on every put, so kernels finished after the
     training are written with the dictionary and need no repack; after the last kernel only
     the few written while the training ran are repacked (60% > 1/2, so the final optimize
-    does not retrain: see ``maint.optimize``'s retrain factor). Otherwise the whole repack,
+    does not retrain: see ``dictionaries.optimize``'s retrain factor). Otherwise the whole repack,
     which grows with the number of kernels, sits on the critical path after the compile."""
 
     def __init__(self, store, trace):
@@ -163,11 +163,11 @@ class _EarlyOptimize:
 
     def _run(self) -> None:
         from gemmar_aot.compiler.trace import maybe_phase
-        from gemmar_aot.store import maint
+        from gemmar_aot.store import dictionaries
 
         try:
             with maybe_phase(self.trace, "store optimize (during the last kernels)"):
-                self.info = maint.optimize(self.store)
+                self.info = dictionaries.optimize(self.store)
         except BaseException as exc:  # noqa: BLE001 - the final optimize runs anyway and reports
             self.error = exc
 
@@ -322,7 +322,7 @@ class _BuildRun:
         if o.remote:
             from gemmar_aot.remote_cache import RemoteSession
             from gemmar_aot.store.errors import StoreError
-            from gemmar_aot.store.remote import HttpBackend
+            from gemmar_aot.store.remote.backend import HttpBackend
 
             try:
                 backend = HttpBackend(o.remote, writable=not o.remote_read_only)
@@ -494,12 +494,12 @@ class _BuildRun:
         # repacks what it missed. Not after a build that only fetched from the remote cache: training
         # and repacking its entries took most of a fresh-clone build, and only saves local disk
         # (remote_cache.py); the next build that compiles, or `gemmar-aot optimize`, does it.
-        from gemmar_aot.store import maint
+        from gemmar_aot.store import dictionaries
 
         st = self.st
         migrated = st.current_dictionary("records") is None and st.current_dictionary("blobs") is not None
         with self.phase("store optimize"):
-            optimized = maint.optimize(st) if self.compiled or migrated else None
+            optimized = dictionaries.optimize(st) if self.compiled or migrated else None
         early = self.early_info
         if optimized is not None and early and early.get("trained") and not optimized.get("trained"):
             optimized = {**optimized, "trained": early["trained"], "early": early}

@@ -96,7 +96,7 @@ class ClosureRefused(Exception):
 
 
 def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest]:
-    from gemmar_aot.store import reapi
+    from gemmar_aot.store.remote import reapi
 
     try:
         ar = reapi.decode_action_result(data)
@@ -247,7 +247,7 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
 def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, *, exact: str, latest: str) -> dict:
     """Upload the closure of ``lock`` (its code objects from the local store ``st``) as ``exact`` and
     as ``latest``. Returns what was sent; a failure is counted by the session, never raised."""
-    from gemmar_aot.store import reapi
+    from gemmar_aot.store.remote import reapi
     from gemmar_aot.store.pack_encode import pack_closure
 
     backend = session.backend

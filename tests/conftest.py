@@ -136,7 +136,7 @@ def drop_closures(server) -> int:
     """Take every closure entry (gemmar_aot.closure) off ``server``'s action cache, so a build goes
     the per-key way; returns how many there were."""
     from gemmar_aot.closure import PACK_PATH
-    from gemmar_aot.store import reapi
+    from gemmar_aot.store.remote import reapi
 
     n = 0
     for _key, path in server.files("ac").items():

@@ -25,7 +25,7 @@ from gemmar_aot.audit import FETCHES_FILE, sample
 from gemmar_aot.cli import main
 from gemmar_aot.signing import envelope_path, generate_key, load_signing_key
 from gemmar_aot.store import Store
-from gemmar_aot.store.remote import HttpBackend
+from gemmar_aot.store.remote.backend import HttpBackend
 
 pytestmark = pytest.mark.compile
 

@@ -13,7 +13,7 @@ import pytest
 
 from gemmar_aot.build import run_build
 from gemmar_aot.model.lock import read_lock
-from gemmar_aot.store import Store, maint
+from gemmar_aot.store import Store, inventory
 
 pytestmark = pytest.mark.compile
 
@@ -80,7 +80,7 @@ def test_concurrent_builders_compile_each_spec_once(tmp_path):
         store / "locks" / "b.lock.json").action_keys()
     assert read_lock(store / "locks" / "b.lock.json").action_keys() <= union
     assert sum(o["compiled"] for o in outs) == len(union)  # every key compiled exactly once
-    assert maint.verify(Store(store)) == []
+    assert inventory.verify(Store(store)) == []
 
 
 def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path):
@@ -104,7 +104,7 @@ def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path)
     # find it verified in the store under their own records.
     assert summary["compiled"] >= 1 and summary["compiled"] + summary["hits"] == summary["selected_specs"]
     assert summary["compiled"] <= len(users)
-    assert maint.verify(Store(st_root)) == []
+    assert inventory.verify(Store(st_root)) == []
     assert blob.exists()
 
 
@@ -113,13 +113,13 @@ def test_gc_keeps_what_the_lock_references(smoke_build, tmp_path):
     st_root = _copy_store(store, tmp_path / "store")
     st = Store(st_root)
     st.put("e" * 64, b"not referenced by any lock", {"note": "orphan"})
-    before = {r["key"] for r in maint.ls(st)}
+    before = {r["key"] for r in inventory.ls(st)}
     code, out, err = _cli("gc", "--store", str(st_root), "--keep", str(st_root / "locks" / "smoke.lock.json"), "--json")
     assert code == 0, err
-    after = {r["key"] for r in maint.ls(Store(st_root))}
+    after = {r["key"] for r in inventory.ls(Store(st_root))}
     assert after == before - {"e" * 64}
     assert after == read_lock(st_root / "locks" / "smoke.lock.json").action_keys()
-    assert maint.verify(Store(st_root)) == []
+    assert inventory.verify(Store(st_root)) == []
 
 
 def test_export_import_round_trip(smoke_build, tmp_path):
@@ -177,8 +177,8 @@ def test_interrupted_build_keeps_finished_kernels(tmp_path):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-2000:]
     assert "interrupted" in err and "run the same command again" in err
-    kept = len(maint.ls(Store(store)))
-    assert kept >= 1 and maint.verify(Store(store)) == []
+    kept = len(inventory.ls(Store(store)))
+    assert kept >= 1 and inventory.verify(Store(store)) == []
     summary = run_build(SMOKE, store=store, jobs=1, progress=False)
     assert summary["failed"] == 0
     assert summary["hits"] + summary["compiled"] == summary["distinct_specs"]

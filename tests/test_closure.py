@@ -16,7 +16,8 @@ from nginx_server import FaultProxy
 
 from test_remote_build import SMOKE, _build, _lock_bytes, _lock_entries
 from gemmar_aot.closure import PACK_PATH
-from gemmar_aot.store import Store, reapi
+from gemmar_aot.store import Store
+from gemmar_aot.store.remote import reapi
 
 pytestmark = pytest.mark.compile
 

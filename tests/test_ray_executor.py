@@ -321,7 +321,7 @@ def _ray_build(cluster, manifest: Path, store: Path, *extra: str, timeout: float
 @pytest.mark.compile
 def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_path):
     from gemmar_aot.build import run_build
-    from gemmar_aot.store import Store, maint
+    from gemmar_aot.store import Store, inventory
     from gemmar_aot.model.lock import read_lock
 
     m = _manifest(tmp_path, "ray-same", "256")
@@ -340,7 +340,7 @@ def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_p
     # Same keys, same blobs (sha256 of every code object), same launch records.
     assert (read_lock(tmp_path / "ray" / "locks" / "ray-same.lock.json").check_parts()
             == read_lock(tmp_path / "local" / "locks" / "ray-same.lock.json").check_parts())
-    assert maint.verify(Store(tmp_path / "ray")) == []
+    assert inventory.verify(Store(tmp_path / "ray")) == []
     # A second Ray build finds everything in the store and starts nothing on the cluster.
     rc, out, err = _ray_build(cluster, m, tmp_path / "ray")
     again = json.loads(out)
@@ -355,7 +355,7 @@ def test_a_spec_that_fails_everywhere_is_reported_like_a_local_failure(cluster, 
     from gemmar_aot.keys import action_key, ingredients
     from gemmar_aot.manifest import load_manifest
     from gemmar_aot.plan import make_plan
-    from gemmar_aot.store import Store, maint
+    from gemmar_aot.store import Store, inventory
     from gemmar_aot.toolchain import load_toolchain
 
     fp = load_toolchain().fingerprint
@@ -379,13 +379,13 @@ def test_a_spec_that_fails_everywhere_is_reported_like_a_local_failure(cluster, 
     assert "no_such_builder_argument" in first
     assert remote.error.splitlines()[0] == first  # the builder's own error, not a Ray error
     assert ex.resubmitted == 0  # a builder error is not retried
-    assert maint.ls(Store(tmp_path / "ray")) == []
+    assert inventory.ls(Store(tmp_path / "ray")) == []
 
 
 @pytest.mark.ray
 @pytest.mark.compile
 def test_a_killed_worker_node_loses_only_its_in_flight_tasks(cluster, tmp_path):
-    from gemmar_aot.store import Store, maint
+    from gemmar_aot.store import Store, inventory
 
     victim = cluster.add_node("w2", num_cpus=1)
     cluster.wait_for_nodes(3)
@@ -415,7 +415,7 @@ def test_a_killed_worker_node_loses_only_its_in_flight_tasks(cluster, tmp_path):
     # it delivered nothing: that task ran again on the nodes that were left.
     assert sum(s["executor"]["specs_by_node"].values()) == n
     assert not any("'w2'" in node for node in s["executor"]["specs_by_node"]), s["executor"]
-    assert maint.verify(Store(tmp_path / "s")) == []
+    assert inventory.verify(Store(tmp_path / "s")) == []
     assert victim.pids() == []
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemmar_aot.store import reapi
+from gemmar_aot.store.remote import reapi
 
 pb = pytest.importorskip("google.protobuf", reason="the protobuf package is the test extra's oracle")
 

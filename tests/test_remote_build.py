@@ -19,7 +19,8 @@ import pytest
 from nginx_server import FaultProxy, Nginx
 
 from gemmar_aot.build import run_build
-from gemmar_aot.store import Store, reapi
+from gemmar_aot.store import Store
+from gemmar_aot.store.remote import reapi
 
 pytestmark = pytest.mark.compile
 

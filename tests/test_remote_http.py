@@ -9,7 +9,7 @@ import time
 import pytest
 from nginx_server import FaultProxy, Nginx
 
-from gemmar_aot.store.http import HttpCache, RemoteRefused, RemoteUnavailable, parse_remote_url
+from gemmar_aot.store.remote.http import HttpCache, RemoteRefused, RemoteUnavailable, parse_remote_url
 
 
 def _blob(i: int = 0) -> tuple[str, bytes]:
@@ -111,8 +111,8 @@ def _record(key: str, code: bytes) -> dict:
 def test_backend_stores_an_action_result_bazel_can_read_and_reads_it_back(nginx):
     from test_reapi import ActionResultPB
 
-    from gemmar_aot.store import reapi
-    from gemmar_aot.store.remote import HttpBackend, record_bytes
+    from gemmar_aot.store.remote import reapi
+    from gemmar_aot.store.remote.backend import HttpBackend, record_bytes
 
     b = HttpBackend(nginx.url)
     key, code = "1" * 64, b"\x7fELF code object" * 100
@@ -140,7 +140,7 @@ def reapi_digest(code):
 def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(nginx):
     from gemmar_aot.store.backend import BadRecord
     from gemmar_aot.store.errors import CorruptArtifactError
-    from gemmar_aot.store.remote import HttpBackend, record_bytes
+    from gemmar_aot.store.remote.backend import HttpBackend, record_bytes
 
     b = HttpBackend(nginx.url)
     seen = []
@@ -155,7 +155,7 @@ def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(
     assert seen and seen[0][0] == f"cas/{d.hash}" and seen[0][1] == code[:-7]
     # the record rides inline in the ActionResult; without it (an older client, or a server
     # that drops inlined contents) the reader fetches /cas/, and that blob evicted is a miss
-    from gemmar_aot.store import reapi
+    from gemmar_aot.store.remote import reapi
 
     rb = record_bytes(_record(key, code))
     (nginx.data / "cas" / hashlib.sha256(rb).hexdigest()).unlink()

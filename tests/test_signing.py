@@ -398,7 +398,9 @@ def test_a_signed_wheel_carries_its_envelope_inspect_shows_the_signer_and_the_po
     from test_wheel import FreshEnv
 
     from gemmar_aot.signing import lock_statement, sign_statement
-    from gemmar_aot.wheel import ENVELOPE_ARCNAME, inspect_wheel, wheel_from_lock
+    from gemmar_aot.package.inspect import inspect_wheel
+    from gemmar_aot.package.layout import ENVELOPE_ARCNAME
+    from gemmar_aot.package.wheel import wheel_from_lock
 
     root = tmp_path / "store"
     shutil.copytree(smoke_store, root)

@@ -25,7 +25,7 @@ from gemmar_aot.errors import GemmarError
 from gemmar_aot.store import Digest, STORE_FORMAT, BlobNotFoundError, CorruptArtifactError, LockFileError, Store, StoreFormatError, default_store_root
 from gemmar_aot.model.lock import read_lock, write_lock
 from gemmar_aot.model.schema import LOCK_SCHEMA
-from gemmar_aot.store import blobfmt, maint
+from gemmar_aot.store import blobfmt, dictionaries, gc, inventory, transfer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_identical_outputs_are_stored_once(store):
     r1 = store.put(key_of("one"), code, fields(1))
     r2 = store.put(key_of("two"), code, fields(2))
     assert r1["blob"] == r2["blob"]
-    st = maint.stats(store)
+    st = inventory.stats(store)
     assert st["entries"] == 2 and st["blobs"] == 1 and st["raw_bytes"] == len(code)
     assert len(list((store.root / "blobs").rglob("*.zst"))) == 1
 
@@ -149,11 +149,11 @@ def test_concurrent_builders_compile_each_key_once(tmp_path):
     compiled = sorted(m.name.split(".")[0] for m in markers.iterdir())
     assert compiled == sorted(keys), "every key compiled exactly once"
     store = Store(root)
-    assert maint.verify(store) == []
+    assert inventory.verify(store) == []
     for i, k in enumerate(keys):
         rec, code = store.load(k)
         assert code == code_object(i % 5)
-    assert maint.stats(store)["blobs"] == 5
+    assert inventory.stats(store)["blobs"] == 5
 
 
 def _killed_writer(root: str, key: str, stage: str, flag: str) -> None:
@@ -200,8 +200,8 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
 
     store = Store(root)
     assert store.get_record(k) is None
-    assert maint.ls(store) == []
-    assert maint.verify(store) == []  # temp debris is not an entry, so not a problem
+    assert inventory.ls(store) == []
+    assert inventory.verify(store) == []  # temp debris is not an entry, so not a problem
     temps = [f for f in root.rglob("*.tmp")]
     # The kill hit where it was meant to: the blob's temp file, or the record's after the blob.
     assert [t.name.split(".")[2] for t in temps] == ["zst" if stage == "blob" else "json"]
@@ -216,7 +216,7 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
     from synth_lock import synthetic_lock
 
     write_lock(lock_file, synthetic_lock())
-    report = maint.gc(store, keep_blobs=set(), stale_s=0)
+    report = gc.gc(store, keep_blobs=set(), stale_s=0)
     assert report["removed_temp_files"] == len(temps)
     assert report["removed_claim_files"] == 1 and lock_file.exists()  # the per-key build claim only
     assert not list((root / "locks").glob("??/*")) and not list((root / "claims").rglob("*.claim"))
@@ -289,19 +289,19 @@ def test_unreadable_record_is_quarantined_and_a_miss(store):
 
 def test_verify_reports_and_quarantines_every_bad_blob(store):
     recs = [store.put(key_of(f"v{i}"), code_object(i), fields(i)) for i in range(4)]
-    assert maint.verify(store) == []
+    assert inventory.verify(store) == []
     bad = store.blob_path(recs[2]["blob"]["digest"])
     flip_byte(bad)
-    problems = maint.verify(store)
+    problems = inventory.verify(store)
     assert [(p["kind"], p["path"]) for p in problems] == [
         ("blob", str(bad)), ("record", str(store.record_path(key_of("v2"))))]
     assert problems[0]["quarantined_to"] and "missing" in problems[1]["problem"]
     assert store.get_record(key_of("v2")) is None
     assert store.get_record(key_of("v1")) is not None
     # The dangling record stays reported (it is a miss) until gc removes it.
-    assert [p["kind"] for p in maint.verify(store)] == ["record"]
-    assert maint.gc(store, keep_blobs=set())["removed_record_reasons"] == {"blob missing": 1}
-    assert maint.verify(store) == []
+    assert [p["kind"] for p in inventory.verify(store)] == ["record"]
+    assert gc.gc(store, keep_blobs=set())["removed_record_reasons"] == {"blob missing": 1}
+    assert inventory.verify(store) == []
 
 
 # ---- gc ----
@@ -310,14 +310,14 @@ def test_gc_keeps_every_referenced_entry_and_removes_the_rest(store):
     recs = {i: store.put(key_of(f"g{i}"), code_object(i), fields(i)) for i in range(6)}
     keep_keys = {key_of("g0"), key_of("g1")}
     keep_blobs = {recs[2]["blob"]["digest"]}  # a lock needs g2's blob (not its record)
-    report = maint.gc(store, keep_blobs=keep_blobs, keep_keys=keep_keys)
+    report = gc.gc(store, keep_blobs=keep_blobs, keep_keys=keep_keys)
     assert report["removed_records"] == 4 and report["removed_blobs"] == 3
-    assert {r["key"] for r in maint.ls(store)} == keep_keys
+    assert {r["key"] for r in inventory.ls(store)} == keep_keys
     for i in (0, 1, 2):
         assert store.load_blob(recs[i]["blob"]["digest"]) == code_object(i)
     for i in (3, 4, 5):
         assert not store.has_blob(recs[i]["blob"]["digest"])
-    assert maint.verify(store) == []
+    assert inventory.verify(store) == []
 
 
 def test_gc_lru_cap_and_age(store):
@@ -326,17 +326,17 @@ def test_gc_lru_cap_and_age(store):
     for i in range(5):  # l0 is the least recently used
         os.utime(store.record_path(key_of(f"l{i}")), (now - 86400 * (10 - i), now - 86400 * (10 - i)))
     protected = recs[0]["blob"]["digest"]
-    report = maint.gc(store, keep_blobs={protected}, max_age_days=7.5, now=now)  # l0..l2 are older than 7.5 days
+    report = gc.gc(store, keep_blobs={protected}, max_age_days=7.5, now=now)  # l0..l2 are older than 7.5 days
     assert report["removed_record_reasons"] == {"unused for more than 7.5 days": 2}
     assert store.get_record(key_of("l0")) is not None  # protected by keep_blobs
     assert store.get_record(key_of("l1")) is None and store.get_record(key_of("l2")) is None
-    one = maint.stats(store)["total_bytes"] // 3
-    report = maint.gc(store, keep_blobs={protected}, max_bytes=2 * one, now=now)
+    one = inventory.stats(store)["total_bytes"] // 3
+    report = gc.gc(store, keep_blobs={protected}, max_bytes=2 * one, now=now)
     assert report["removed_records"] == 1 and not report["over_budget"]
     assert store.get_record(key_of("l3")) is None  # the LRU unprotected one went first
     assert store.get_record(key_of("l4")) is not None
-    dry = maint.gc(store, keep_blobs=set(), keep_keys=set(), dry_run=True)
-    assert dry["removed_records"] == 2 and len(maint.ls(store)) == 2
+    dry = gc.gc(store, keep_blobs=set(), keep_keys=set(), dry_run=True)
+    assert dry["removed_records"] == 2 and len(inventory.ls(store)) == 2
 
 
 def test_get_record_hit_refreshes_the_lru_clock(store):
@@ -355,10 +355,10 @@ def test_get_record_hit_refreshes_the_lru_clock(store):
 
 def test_dictionary_training_repack_and_verified_loads(store):
     recs = [store.put(key_of(f"d{i}"), code_object(i), fields(i)) for i in range(40)]
-    plain = maint.stats(store)["compressed_bytes"]
-    report = maint.optimize(store)
+    plain = inventory.stats(store)["compressed_bytes"]
+    report = dictionaries.optimize(store)
     assert report["trained"] and report["repacked"] == 40
-    st = maint.stats(store)
+    st = inventory.stats(store)
     assert st["dictionaries"] == 1 and st["compressed_bytes"] + st["dictionary_bytes"] < plain / 2
     fresh = Store(store.root)
     for i, r in enumerate(recs):
@@ -370,10 +370,10 @@ def test_dictionary_training_repack_and_verified_loads(store):
     # New blobs use the dictionary; gc keeps it even with nothing else referenced.
     new = store.put(key_of("d-new"), code_object(99), fields(99))
     assert blobfmt.split(store.blob_path(new["blob"]["digest"]).read_bytes())[0] == report["trained"]
-    maint.gc(store, keep_blobs={new["blob"]["digest"]}, keep_keys=set())
+    gc.gc(store, keep_blobs={new["blob"]["digest"]}, keep_keys=set())
     assert Store(store.root).load_blob(new["blob"]["digest"]) == code_object(99)
-    assert maint.verify(store) == []
-    assert maint.optimize(store)["repacked"] == 0  # nothing to do the second time
+    assert inventory.verify(store) == []
+    assert dictionaries.optimize(store)["repacked"] == 0  # nothing to do the second time
 
 
 def _big_fields(i: int) -> dict:
@@ -388,10 +388,10 @@ def _big_fields(i: int) -> dict:
 
 def test_records_get_a_dictionary_of_their_own(store):
     recs = [store.put(key_of(f"rd{i}"), code_object(i), _big_fields(i)) for i in range(40)]
-    before = maint.stats(store)["record_bytes"]
-    report = maint.optimize(store)
+    before = inventory.stats(store)["record_bytes"]
+    report = dictionaries.optimize(store)
     assert report["trained_records"] and report["records_repacked"] == 40
-    st = maint.stats(store)
+    st = inventory.stats(store)
     assert st["record_bytes"] < before / 3 and st["current_record_dictionary"] == report["trained_records"]
     fresh = Store(store.root)
     for i, r in enumerate(recs):
@@ -400,14 +400,14 @@ def test_records_get_a_dictionary_of_their_own(store):
     # new records use it; gc keeps it (records name it); verify finds nothing wrong
     new = fresh.put(key_of("rd-new"), code_object(77), _big_fields(77))
     assert blobfmt.split(fresh.record_path(key_of("rd-new")).read_bytes())[0] == report["trained_records"]
-    maint.gc(fresh, keep_blobs={new["blob"]["digest"]}, keep_keys={key_of("rd-new")})
-    assert Store(store.root).get_record(key_of("rd-new")) == new and maint.verify(Store(store.root)) == []
-    assert maint.optimize(Store(store.root))["records_repacked"] == 0
+    gc.gc(fresh, keep_blobs={new["blob"]["digest"]}, keep_keys={key_of("rd-new")})
+    assert Store(store.root).get_record(key_of("rd-new")) == new and inventory.verify(Store(store.root)) == []
+    assert dictionaries.optimize(Store(store.root))["records_repacked"] == 0
 
 
 def test_one_damaged_dictionary_copy_costs_nothing(store):
     recs = [store.put(key_of(f"sp{i}"), code_object(i), fields(i)) for i in range(40)]
-    digest = maint.optimize(store)["trained"]
+    digest = dictionaries.optimize(store)["trained"]
     spare = store.local.spare_path(digest)
     assert spare.read_bytes() == store.blob_path(digest).read_bytes()
     flip_byte(store.blob_path(digest), 30)  # the copy every load reads first
@@ -416,20 +416,20 @@ def test_one_damaged_dictionary_copy_costs_nothing(store):
         assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
     assert fresh.local.counters["dictionaries_restored"] == 1
     assert spare.read_bytes() == store.blob_path(digest).read_bytes()  # restored from the spare
-    assert maint.verify(Store(store.root)) == []
+    assert inventory.verify(Store(store.root)) == []
     # A damaged spare costs nothing either; verify finds it and rewrites it from the blob.
     flip_byte(spare, 30)
     assert Store(store.root).load_blob(recs[1]["blob"]["digest"]) == code_object(1)
-    problems = maint.verify(Store(store.root))
+    problems = inventory.verify(Store(store.root))
     assert [p["kind"] for p in problems] == ["dictionary spare"]
-    assert maint.verify(Store(store.root)) == []
+    assert inventory.verify(Store(store.root)) == []
 
 
 def test_corrupt_dictionary_makes_its_blobs_misses(store):
     """Both copies of the dictionary damaged: its blobs are misses, the next build recompiles."""
     for i in range(40):
         store.put(key_of(f"cd{i}"), code_object(i), fields(i))
-    digest = maint.optimize(store)["trained"]
+    digest = dictionaries.optimize(store)["trained"]
     flip_byte(store.blob_path(digest), 30)
     flip_byte(store.local.spare_path(digest), 30)
     fresh = Store(store.root)
@@ -446,8 +446,8 @@ def test_corrupt_dictionary_makes_its_blobs_misses(store):
             if c.hit is None:
                 c.put(code_object(i), fields(i))
     # Training is deterministic: the same samples give the same (content-addressed) dictionary.
-    assert maint.optimize(fresh)["trained"] == digest
-    assert fresh.has_blob(digest) and maint.verify(Store(store.root)) == []
+    assert dictionaries.optimize(fresh)["trained"] == digest
+    assert fresh.has_blob(digest) and inventory.verify(Store(store.root)) == []
     assert Store(store.root).load(key_of("cd7"))[1] == code_object(7)
 
 
@@ -469,34 +469,34 @@ def _lock_for(recs: dict[str, dict], extra: tuple = ()) -> Lock:
 def test_export_import_round_trip(tmp_path, store, with_dictionary):
     recs = {key_of(f"e{i}"): store.put(key_of(f"e{i}"), code_object(i), fields(i)) for i in range(40)}
     if with_dictionary:
-        assert maint.optimize(store)["trained"]
+        assert dictionaries.optimize(store)["trained"]
     wanted = dict(list(recs.items())[:5])
     lock = _lock_for(wanted)
-    report = maint.export(store, lock, tmp_path / "export")
+    report = transfer.export(store, lock, tmp_path / "export")
     assert report["blobs"] == 5 and report["records"] == 5 and report["missing_records"] == []
     assert report["dictionaries"] == (1 if with_dictionary else 0)
     other = Store(tmp_path / "other", durable=False)
-    imp = maint.import_(other, tmp_path / "export")
+    imp = transfer.import_(other, tmp_path / "export")
     assert imp["records_added"] == 5
     for k, r in wanted.items():
         assert other.get_record(k) == r
         assert other.load(k)[1] == store.load(k)[1]
-    assert {r["key"] for r in maint.ls(other)} == set(wanted)
-    assert maint.verify(other) == []
-    assert maint.import_(other, tmp_path / "export")["records_added"] == 0  # idempotent
+    assert {r["key"] for r in inventory.ls(other)} == set(wanted)
+    assert inventory.verify(other) == []
+    assert transfer.import_(other, tmp_path / "export")["records_added"] == 0  # idempotent
 
 
 def test_import_rejects_a_tampered_blob_and_imports_nothing(tmp_path, store):
     recs = {key_of(f"t{i}"): store.put(key_of(f"t{i}"), code_object(i), fields(i)) for i in range(3)}
-    maint.export(store, _lock_for(recs), tmp_path / "export")
+    transfer.export(store, _lock_for(recs), tmp_path / "export")
     exported = Store(tmp_path / "export")
     victim = exported.blob_path(next(iter(recs.values()))["blob"]["digest"])
     flip_byte(victim)
     other = Store(tmp_path / "other", durable=False)
     with pytest.raises(CorruptArtifactError) as ei:
-        maint.import_(other, tmp_path / "export")
+        transfer.import_(other, tmp_path / "export")
     assert str(victim) in str(ei.value)
-    assert maint.ls(other) == [] and not list((tmp_path / "other").rglob("*.zst"))
+    assert inventory.ls(other) == [] and not list((tmp_path / "other").rglob("*.zst"))
     assert victim.exists(), "import never modifies its source"
 
 
@@ -507,7 +507,7 @@ def test_export_refuses_a_lock_whose_blob_is_missing(tmp_path, store):
     lock = _lock_for(recs, extra=[LaunchEntry(kind="gemm", key=key_of("nope"), blob=Digest("ab" * 32, 4),
                                               launch=launch_record(), record=Digest("cd" * 32, 9))])
     with pytest.raises(GemmarError, match="does not have"):
-        maint.export(store, lock, tmp_path / "export")
+        transfer.export(store, lock, tmp_path / "export")
     assert not (tmp_path / "export").exists()
 
 
@@ -552,7 +552,7 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     assert (root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n" and st2.format == STORE_FORMAT
     assert not old_lock.exists() and not old_lock.parent.exists() and manifest_lock.exists()
     assert Store(root).load(key_of("m")) == (rec, code_object(5))
-    assert maint.verify(Store(root)) == []
+    assert inventory.verify(Store(root)) == []
 
 
 def test_layered_remote_reads_through_and_writes_through(tmp_path):
@@ -659,7 +659,7 @@ def test_default_store_root(monkeypatch, tmp_path):
 
 def test_build_stats_are_reported(store):
     store.record_build_stats({"hits": 3, "misses": 1})
-    assert maint.stats(store)["last_build"] == {"hits": 3, "misses": 1}
+    assert inventory.stats(store)["last_build"] == {"hits": 3, "misses": 1}
 
 
 # ---- gemmar-aot cat / show ----
@@ -708,7 +708,7 @@ def test_read_record_named_is_the_named_record_or_nothing(store, with_dictionary
     recs = {key_of(f"n{i}"): store.put(key_of(f"n{i}"), code_object(i), {**fields(i), "compile_seconds": 1.5 + i})
             for i in range(40)}
     if with_dictionary:
-        assert maint.optimize(store)["trained"]
+        assert dictionaries.optimize(store)["trained"]
     for k, r in recs.items():
         got = store.read_record_named(k, record_digest(r))
         assert got == {f: v for f, v in r.items() if f != "compile_seconds"}  # the named record, byte for byte

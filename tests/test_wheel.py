@@ -1,4 +1,4 @@
-"""Prebuilt artifact wheels (gemmar_aot.wheel, ``gemmar-aot wheel`` / ``inspect``).
+"""Prebuilt artifact wheels (gemmar_aot.package, ``gemmar-aot wheel`` / ``inspect``).
 
 Fast tier: a synthetic store and lock (random bytes as "code objects") exercise the
 writer, the zip layout, RECORD, determinism and ``inspect``'s tamper detection.
@@ -43,16 +43,10 @@ from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, 
 from gemmar_aot.cli import main
 from gemmar_aot.store import CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend
-from gemmar_aot.wheel import (
-    WheelError,
-    check_version,
-    default_version,
-    inspect_wheel,
-    names,
-    requires_dist,
-    wheel_from_lock,
-    zip_date_time,
-)
+from gemmar_aot.package.archive import zip_date_time
+from gemmar_aot.package.inspect import inspect_wheel
+from gemmar_aot.package.layout import WheelError, check_version, default_version, names, requires_dist
+from gemmar_aot.package.wheel import wheel_from_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent

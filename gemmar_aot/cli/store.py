@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gemmar_aot.store import maint
+from gemmar_aot.store import dictionaries, gc, inventory, transfer
 
 STORE_OPT = click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path),
                          default=None, help="Store root (default: $GEMMAR_AOT_STORE, else artifacts/).")
@@ -70,7 +70,7 @@ def ls_cmd(store, as_json, kind, rank, m, n, k, lock):
                 and (not rank or s["rank"] in rank) and (not m or s["m"] in m)
                 and (n is None or s["n"] == n) and (k is None or s["k"] == k))
 
-    rows = sorted((_summary(r) for r in maint.ls(st, keep)),
+    rows = sorted((_summary(r) for r in inventory.ls(st, keep)),
                   key=lambda s: (s["recipe"] or "", s["kind"] or "", s["m"] or 0, s["k"] or 0, s["rank"] or 0))
 
     def text(rows):
@@ -92,7 +92,7 @@ def show(key, store, as_json):
     from gemmar_aot.errors import GemmarError
 
     st = _open(store)
-    matches = [r for r in maint.ls(st, lambda r: r["key"].startswith(key))]
+    matches = [r for r in inventory.ls(st, lambda r: r["key"].startswith(key))]
     if len(matches) != 1:
         raise GemmarError(f"{len(matches)} keys start with {key!r}; give more of the key "
                           f"(see gemmar-aot ls)")
@@ -137,7 +137,7 @@ def _resolve_blob(st, ref: str) -> tuple[str, int | None, str]:
     dicts = None
     for digest, _p in st.local.iter_blob_files():
         if digest.startswith(ref) and digest not in found:
-            dicts = maint.dictionary_digests(st) if dicts is None else dicts
+            dicts = inventory.dictionary_digests(st) if dicts is None else dicts
             if digest not in dicts:  # a zstd dictionary is not a code object
                 found[digest] = (None, f"blob {digest}")
     if not found:
@@ -183,11 +183,11 @@ def cat_cmd(ref, output, store):
 def stats(store, as_json, remote):
     """Entries, raw and compressed bytes, and the last build's hits and misses."""
     st = _open(store)
-    data = maint.stats(st)
+    data = inventory.stats(st)
     data["last_build"] = st.last_build_stats()
     if remote is not None:
         from gemmar_aot.remote_cache import remote_stats
-        from gemmar_aot.store.remote import HttpBackend, remote_url
+        from gemmar_aot.store.remote.backend import HttpBackend, remote_url
 
         url = remote_url(remote or None)
         if url is None:
@@ -215,7 +215,7 @@ def optimize(store, as_json):
     Every build does this after compiling; run it by hand on an imported or migrated store.
     Digests and keys do not change."""
     st = _open(store)
-    data = maint.optimize(st)
+    data = dictionaries.optimize(st)
 
     def text(d):
         click.echo(f"{d['blobs']} code objects: dictionary {d['dictionary'] or 'none'}"
@@ -240,7 +240,7 @@ def verify(store, as_json, trusted_keys):
     from .trust import signature_lines
 
     st = _open(store)
-    problems = maint.verify(st)
+    problems = inventory.verify(st)
     locks = _lock_signatures(st.root, trusted_keys or None)
     bad_sigs = [lk for lk in locks if lk["problem"]]
 
@@ -277,7 +277,7 @@ def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
     return out
 
 
-@click.command()
+@click.command("gc")
 @STORE_OPT
 @JSON_OPT
 @click.option("--keep", "keep", type=click.Path(dir_okay=False, path_type=Path), multiple=True,
@@ -285,7 +285,7 @@ def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
 @click.option("--max-bytes", type=int, default=None, help="Cap the store's compressed size (LRU).")
 @click.option("--max-age-days", type=float, default=None, help="Drop entries unused this long.")
 @click.option("--all-locks", is_flag=True, help="Keep everything the store's own locks/ reference.")
-def gc(store, as_json, keep, max_bytes, max_age_days, all_locks):
+def gc_cmd(store, as_json, keep, max_bytes, max_age_days, all_locks):
     """Remove entries no given lock file references (or cap size / age)."""
     from gemmar_aot.errors import GemmarError
     from gemmar_aot.model.lock import read_lock
@@ -301,7 +301,7 @@ def gc(store, as_json, keep, max_bytes, max_age_days, all_locks):
     for lk in locks:
         keep_blobs |= lk.blob_digests()
         keep_keys |= lk.action_keys()
-    res = maint.gc(st, keep_blobs=keep_blobs, keep_keys=keep_keys if locks else None,
+    res = gc.gc(st, keep_blobs=keep_blobs, keep_keys=keep_keys if locks else None,
                 max_bytes=max_bytes, max_age_days=max_age_days)
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
@@ -318,7 +318,7 @@ def export_cmd(lock, dest, store, as_json):
     from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
-    res = maint.export(st, read_lock(lock).check_parts(), dest)
+    res = transfer.export(st, read_lock(lock).check_parts(), dest)
     (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
     from gemmar_aot.signing import envelope_path
@@ -337,7 +337,7 @@ def import_cmd(src, store, as_json):
     import shutil
 
     st = _open(store, must_exist=False)
-    res = maint.import_(st, src)
+    res = transfer.import_(st, src)
     for lk in sorted((Path(src) / "locks").glob("*.lock.json")):
         (st.root / "locks").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(lk, st.root / "locks" / lk.name)
@@ -404,10 +404,10 @@ def _full_key(st, prefix: str) -> str:
 
     if len(prefix) == 64:
         return prefix
-    keys = [r["key"] for r in maint.ls(st, lambda r: r["key"].startswith(prefix))]
+    keys = [r["key"] for r in inventory.ls(st, lambda r: r["key"].startswith(prefix))]
     if len(keys) != 1:
         raise GemmarError(f"{len(keys)} keys start with {prefix!r}; give more of the key")
     return keys[0]
 
 
-COMMANDS = (ls_cmd, show, cat_cmd, stats, optimize, verify, gc, export_cmd, import_cmd, explain,)
+COMMANDS = (ls_cmd, show, cat_cmd, stats, optimize, verify, gc_cmd, export_cmd, import_cmd, explain,)

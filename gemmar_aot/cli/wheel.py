@@ -57,7 +57,7 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     without, it carries the envelope beside the store's lock when that one vouches for it.
     """
     from .build import format_summary
-    from gemmar_aot.wheel import WheelBuildFailed, build_wheel
+    from gemmar_aot.package.wheel import WheelBuildFailed, build_wheel
 
     signers, expires = resolve_signing(sign_keys, sign_expires)
     try:
@@ -106,7 +106,7 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str
     its signature does not verify against them.
     """
     from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
-    from gemmar_aot.wheel import inspect_wheel
+    from gemmar_aot.package.inspect import inspect_wheel
 
     r = inspect_wheel(wheel, trusted_keys=trusted_keys or None)
     if as_json:

@@ -16,9 +16,11 @@ Layout under the store root::
 
 Modules: ``backend`` (the seam: CacheBackend, Digest, the record envelope), ``codec`` (the
 one decode-and-verify path), ``local`` (the directory backend), ``pack`` (a wheel's
-one-file blob pack), ``cas`` (Store: backends layered, claims), ``maint`` (ls, stats,
-verify, gc, export/import, dictionaries; on Store's public interface), ``record`` (the record
-digest a lock names each record by). Lock files are the model's (:mod:`gemmar_aot.model`).
+one-file blob pack), ``cas`` (Store: backends layered, claims), ``record`` (the record
+digest a lock names each record by), ``remote/`` (the remote cache's backend). Maintenance, on
+Store's public interface: ``inventory`` (ls, stats, verify), ``gc``, ``transfer``
+(export/import), ``dictionaries`` (training, repack, optimize). Lock files are the model's
+(:mod:`gemmar_aot.model`).
 
 Runtime-safe: imports only the standard library and ``zstandard`` (``filelock`` lazily,
 when claiming a key to build it).

@@ -1,6 +1,6 @@
 """Encoding blobs into a pack (:mod:`.pack`) with a dictionary trained on them: what an artifact
-wheel ships (``gemmar_aot.wheel``) and a manifest's closure in the remote cache
-(``gemmar_aot.closure``). Build side: it trains dictionaries (:mod:`.maint`), which the pack
+wheel ships (``gemmar_aot.package``) and a manifest's closure in the remote cache
+(``gemmar_aot.closure``). Build side: it trains dictionaries (:mod:`.dictionaries`), which the pack
 reader never needs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import zstandard
 
 from . import blobfmt
-from .maint import train_best_dictionary
+from .dictionaries import train_best_dictionary
 from .pack import PackBackend, write_pack
 
 

@@ -22,7 +22,7 @@ ActionResult parses and names both files, the record JSON (inlined or fetched) h
 digest the ActionResult gives, is an envelope for this key, and names the same code
 object; a blob's bytes hash to its digest. An entry whose record is neither inlined nor
 in ``/cas/`` reads as a miss. Transport failures raise
-:class:`~gemmar_aot.store.http.RemoteError` (the :class:`~gemmar_aot.store.Store`
+:class:`~gemmar_aot.store.remote.http.RemoteError` (the :class:`~gemmar_aot.store.Store`
 turns those into misses and one warning).
 
 Runtime-safe: standard library + ``zstandard``.
@@ -40,9 +40,9 @@ from gemmar_aot.model.types import Digest
 from gemmar_aot.canonical_json import canonical_json_bytes
 
 from . import reapi
-from .backend import BadRecord, CacheBackend, check_record, record_blob, record_launcher
-from .codec import BadBlob, SizeMismatch, check_content
-from .errors import CorruptArtifactError
+from ..backend import BadRecord, CacheBackend, check_record, record_blob, record_launcher
+from ..codec import BadBlob, SizeMismatch, check_content
+from ..errors import CorruptArtifactError
 from .http import ENV_URL, HttpCache
 
 #: Parallel requests for batched lookups (HEAD) and prefetches.

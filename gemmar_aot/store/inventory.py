@@ -1,0 +1,213 @@
+"""What the store holds and whether it is intact: ls, stats and verify, and the scans of the
+store's files (every blob's and record's first bytes) that they and the other maintenance
+modules (:mod:`.gc`, :mod:`.transfer`, :mod:`.dictionaries`) start from.
+
+Each function takes a :class:`~gemmar_aot.store.Store` and uses only its public interface
+(and that of its local :class:`~gemmar_aot.store.local.DirectoryBackend`, ``store.local``).
+Each returns plain data (lists/dicts of str/int/None) so the CLI's ``--json`` is a
+``json.dumps`` away. None of them is needed at serving time; the store never imports this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import blobfmt
+from ._fs import iter_stray
+from .backend import BadRecord, record_launcher
+from .cas import Store
+from .codec import BadBlob
+from .errors import StoreError
+from .local import BLOB_SUFFIX, DICT_POINTERS, RECORD_SUFFIX
+
+
+@dataclass
+class BlobInfo:
+    path: Path
+    file_bytes: int
+    mtime: float
+    dict_ref: str | None
+    raw_size: int | None
+    error: str = ""
+
+
+def scan_blobs(store: Store) -> dict[str, BlobInfo]:
+    """Every published blob, from its first bytes only (no decompression)."""
+    out: dict[str, BlobInfo] = {}
+    for digest, p in store.local.iter_blob_files():
+        try:
+            st = p.stat()
+            with open(p, "rb") as f:
+                head = f.read(blobfmt.PEEK_BYTES)
+        except FileNotFoundError:
+            continue
+        try:
+            dict_ref, size = blobfmt.peek(head)
+            err = ""
+        except blobfmt.BlobFormatError as e:
+            dict_ref, size, err = None, None, str(e)
+        out[digest] = BlobInfo(p, st.st_size, st.st_mtime, dict_ref, size, err)
+    return out
+
+
+def record_dict_refs(store: Store) -> Counter[str]:
+    """dictionary digest -> how many record files name it (from their first bytes)."""
+    refs: Counter[str] = Counter()
+    for _key, p in store.local.iter_record_files():
+        try:
+            with open(p, "rb") as f:
+                ref = blobfmt.split(f.read(blobfmt.DICT_REF_LEN))[0]
+        except (OSError, blobfmt.BlobFormatError):
+            continue
+        if ref:
+            refs[ref] += 1
+    return refs
+
+
+def dictionary_digests(store: Store, blobs: Mapping[str, BlobInfo] | None = None) -> set[str]:
+    """The digests of every zstd dictionary in the store (blobs that are not code objects): named
+    by a blob of ``blobs`` (default: :func:`scan_blobs`) or by a record, or current for blobs or
+    records."""
+    if blobs is None:
+        blobs = scan_blobs(store)
+    ds = {b.dict_ref for b in blobs.values() if b.dict_ref} | set(record_dict_refs(store))
+    for kind in DICT_POINTERS:
+        info = store.dictionary_info(kind)
+        if info:
+            ds.add(info["digest"])
+    return ds
+
+
+# ---- ls / stats ----
+
+def ls(store: Store, filter: Callable[[dict], bool] | None = None) -> list[dict]:  # noqa: A002
+    """Every readable record (sorted by key) for which ``filter(record)`` is true."""
+    out = []
+    for key, _p in store.local.iter_record_files():
+        rec = store.read_record_file(key)
+        if rec is not None and (filter is None or filter(rec)):
+            out.append(rec)
+    return out
+
+
+def stats(store: Store) -> dict:
+    """Sizes and counts of the store, and the hits/misses of the last build."""
+    blobs = scan_blobs(store)
+    dicts = dictionary_digests(store, blobs)
+    code = [b for d, b in blobs.items() if d not in dicts]
+    entries = 0
+    record_bytes = 0
+    for _k, p in store.local.iter_record_files():
+        with contextlib.suppress(OSError):
+            record_bytes += p.stat().st_size
+            entries += 1
+    raw = sum(b.raw_size or 0 for b in code)
+    comp = sum(b.file_bytes for b in code)
+    quarantined = 0
+    if store.quarantine_dir.is_dir():
+        quarantined = sum(1 for p in store.quarantine_dir.iterdir() if not p.name.endswith(".reason"))
+    info = store.dictionary_info()
+    rec_info = store.dictionary_info("records")
+    spare_bytes = 0
+    for d in dicts:
+        with contextlib.suppress(OSError):
+            spare_bytes += store.local.spare_path(d).stat().st_size
+    dict_bytes = sum(blobs[d].file_bytes for d in dicts if d in blobs)
+    return {
+        "root": str(store.root),
+        "format": store.format,
+        "entries": entries,
+        "blobs": len(code),
+        "raw_bytes": raw,
+        "compressed_bytes": comp,
+        "ratio": round(raw / comp, 3) if comp else None,
+        "dictionaries": len([d for d in dicts if d in blobs]),
+        "dictionary_bytes": dict_bytes,
+        "dictionary_spare_bytes": spare_bytes,
+        "current_dictionary": info["digest"] if info else None,
+        "current_record_dictionary": rec_info["digest"] if rec_info else None,
+        "record_bytes": record_bytes,
+        "total_bytes": comp + record_bytes + dict_bytes + spare_bytes,
+        "quarantined": quarantined,
+        "last_build": store.last_build_stats(),
+    }
+
+
+# ---- verify ----
+
+def _problem(kind: str, path: Path, problem: str, q: Path | None = None) -> dict:
+    return {"kind": kind, "path": str(path), "problem": problem,
+            "quarantined_to": str(q) if q is not None else None}
+
+
+def verify(store: Store) -> list[dict]:
+    """Decode and check every blob and record. Bad files are quarantined. Returns the problems."""
+    problems: list[dict] = []
+    for p in iter_stray(store.blob_dir, BLOB_SUFFIX):
+        problems.append(_problem("stray", p, "not a blob file name; ignored by the store"))
+    for p in iter_stray(store.ac_dir, RECORD_SUFFIX):
+        problems.append(_problem("stray", p, "not a record file name; ignored by the store"))
+    blobs = scan_blobs(store)
+    dicts = dictionary_digests(store, blobs)
+    # Dictionaries first, so a bad dictionary is reported as itself.
+    for digest in sorted(blobs, key=lambda d: (d not in dicts, d)):
+        info = blobs[digest]
+        try:
+            data = info.path.read_bytes()
+        except FileNotFoundError:
+            continue  # quarantined with its dictionary, or removed under us
+        try:
+            if digest in dicts:
+                store.local.codec.decode_dictionary(data, digest)
+            else:
+                store.local.codec.decode(data, digest)
+        except BadBlob as e:
+            q = store.quarantine(info.path, str(e))
+            problems.append(_problem("dictionary" if digest in dicts else "blob", info.path, str(e), q))
+    # Each dictionary's spare copy: restored from the blob when damaged or missing.
+    for digest in sorted(dicts):
+        sp = store.local.spare_path(digest)
+        try:
+            store.local.codec.decode_dictionary(sp.read_bytes(), digest)
+            continue
+        except FileNotFoundError:
+            why = "missing"
+        except BadBlob as e:
+            why = str(e)
+        if not store.has_blob(digest):
+            continue  # reported above (or the pointer check below)
+        q = store.quarantine(sp, f"dictionary spare copy: {why}") if sp.exists() else None
+        with contextlib.suppress(OSError, StoreError):
+            store.local.write_file(sp, store.blob_path(digest).read_bytes())
+            why += "; rewritten from the blob"
+        problems.append(_problem("dictionary spare", sp, why, q))
+    for key, p in store.local.iter_record_files():
+        try:
+            rec = store.local.decode_record(p.read_bytes(), key)
+        except FileNotFoundError:
+            continue
+        except (BadRecord, BadBlob) as e:
+            q = store.quarantine(p, f"unreadable record: {e}")
+            problems.append(_problem("record", p, f"unreadable record: {e}", q))
+            continue
+        ln = record_launcher(rec)
+        if ln is not None and not store.blob_path(ln.hash).is_file():
+            problems.append(_problem("record", p, f"its launcher {ln.hash} is missing: the record cannot be "
+                                     f"derived again (a change of derive code recompiles it)"))
+        d, size = rec["blob"]["digest"], rec["blob"]["size"]
+        if not store.blob_path(d).is_file():
+            problems.append(_problem("record", p, f"its blob {d} is missing: the key is a miss (gc removes it)"))
+        elif blobs.get(d) and blobs[d].raw_size is not None and blobs[d].raw_size != size:
+            why = f"says its blob {d} has {size} bytes, the blob has {blobs[d].raw_size}"
+            problems.append(_problem("record", p, why, store.quarantine(p, why)))
+    for kind, pointer in DICT_POINTERS.items():
+        info = store.dictionary_info(kind)
+        if info and not store.blob_path(info["digest"]).is_file():
+            problems.append(_problem("dictionary", store.root / pointer,
+                                     f"names dictionary {info['digest']}, which is not in the store; new "
+                                     f"{kind} are written without a dictionary"))
+    return problems
