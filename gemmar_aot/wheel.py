@@ -528,7 +528,7 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
-    from gemmar_aot.build import run_build
+    from gemmar_aot.build.pipeline import run_build
 
     summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                         progress=progress, toolchain_root=toolchain_root, remote=remote,

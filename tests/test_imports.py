@@ -102,9 +102,8 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 #: What the build side is, for the layer rules below: the modules that plan, compile, store and
 #: package kernels (the runtime's own import rule, ``tests/test_runtime.py``, checks what a pod loads).
-BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.plan", "gemmar_aot.manifest", "gemmar_aot.compiler",
-              "gemmar_aot.store", "gemmar_aot.wheel", "gemmar_aot.keys", "gemmar_aot.closure", "gemmar_aot.audit",
-              "gemmar_aot.remote_cache", "gemmar_aot.cli")
+BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.compiler", "gemmar_aot.store", "gemmar_aot.wheel", "gemmar_aot.keys",
+              "gemmar_aot.cli")
 
 
 def _under(mod: str, prefixes) -> bool:

@@ -23,7 +23,7 @@ Top level
     least one ``[[tuple]]``.
 
 Required tuple keys
-    ``transport``  one of :data:`gemmar_aot.workload.MODES`, the five ways mori's
+    ``transport``  one of :data:`gemmar_aot.build.workload.MODES`, the five ways mori's
                    PR measures DSV4-Pro's wo_b plus the skinny GEMM:
                    ``fused-sdma`` (``GemmAllReduceOp``: the GEMM pushes its
                    output from its epilogue, then drain -> reduce -> gather),
@@ -70,7 +70,7 @@ M padding
     bands per destination), exactly like ``GemmAllReduceOp.padded_m``;
     ``gemm-only`` pads to a multiple of 64 (the packed A-scale group), ``gemv``
     to its M bucket. A
-    :class:`~gemmar_aot.workload.Workload` keeps both the padded ``m`` and the
+    :class:`~gemmar_aot.build.workload.Workload` keeps both the padded ``m`` and the
     ``m_requested``. Two M values that pad to the same workload are built once
     and reported in :attr:`Manifest.warnings`, not as errors; ``m_max`` is
     padded the same way.
@@ -112,9 +112,9 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from . import rules
-from .errors import ManifestError
-from .workload import MODES, Workload
+from gemmar_aot import rules
+from gemmar_aot.build.workload import MODES, Workload
+from gemmar_aot.errors import ManifestError
 
 #: Targets a manifest may name.
 SUPPORTED_ARCHS = ("gfx950",)

@@ -85,7 +85,7 @@ def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
 def write_into(manifest_path: str | os.PathLike, snippet: str, sources: Iterable[str]) -> Path:
     """Append ``snippet`` to the manifest at ``manifest_path`` after a comment naming ``sources``;
     the result must parse as a manifest (else GemmarError, nothing written)."""
-    from gemmar_aot.manifest import parse_manifest
+    from gemmar_aot.build.manifest import parse_manifest
 
     path = Path(manifest_path)
     text = path.read_text(encoding="utf-8")
