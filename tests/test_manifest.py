@@ -20,7 +20,6 @@ from gemmar_aot import rules
 from gemmar_aot.errors import ManifestError
 from gemmar_aot.build.manifest import (
     MAX_GEMM_COMPILES,
-    MAX_M_VALUES,
     MAX_REPEAT_WARNINGS,
     MAX_WORKLOADS,
     Manifest,
@@ -28,6 +27,7 @@ from gemmar_aot.build.manifest import (
     load_manifest,
     parse_manifest,
 )
+from gemmar_aot.build.manifest_check import MAX_M_VALUES
 from gemmar_aot.build.workload import MODES, Workload
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
