@@ -26,11 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import ROOT, commit, emit  # noqa: E402
 
 WORKER = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import gemmar_aot
 from gemmar_aot.errors import ManifestError
-from gemmar_aot.manifest import load_manifest, parse_manifest
+if os.path.isdir(os.path.join(sys.argv[1], "gemmar_aot", "build")):
+    from gemmar_aot.build.manifest import load_manifest, parse_manifest
+else:  # an OTHER_CHECKOUT from before the build side became a package (issue 21)
+    from gemmar_aot.manifest import load_manifest, parse_manifest
 assert gemmar_aot.__file__.startswith(sys.argv[1]), gemmar_aot.__file__
 lines = []
 for i in range(1000):

@@ -1,5 +1,7 @@
-"""The package has no import circles (data flows one way: manifest -> plan -> compile ->
-store -> package -> runtime), lazy imports inside functions included."""
+"""The package's imports, lazy ones inside functions included: no circles, and layers that
+import only downwards (shared -> compiler/keys -> store -> build -> package, the runtime a
+branch of its own, the CLI on top), data flowing one way: manifest -> plan -> compile -> store
+-> package -> runtime."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports: ``gemmar_aot`` and the recipes (``kernels/``,
+    installed as ``gemmar_aot_kernels``)."""
     mods: dict[str, Path] = {}
-    for p in (REPO / "gemmar_aot").rglob("*.py"):
-        rel = p.relative_to(REPO).with_suffix("")
-        mods[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = p
+    for root, top in (("gemmar_aot", "gemmar_aot"), ("kernels", "gemmar_aot_kernels")):
+        for p in (REPO / root).rglob("*.py"):
+            parts = (top, *p.relative_to(REPO / root).with_suffix("").parts)
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     graph: dict[str, set[str]] = {}
     for name, p in mods.items():
         pkg = name if p.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -105,9 +110,8 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 #: What the build side is, for the layer rules below: the modules that plan, compile, store and
 #: package kernels (the runtime's own import rule, ``tests/test_runtime.py``, checks what a pod loads).
-BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.plan", "gemmar_aot.manifest", "gemmar_aot.compiler",
-              "gemmar_aot.store", "gemmar_aot.package", "gemmar_aot.keys", "gemmar_aot.closure", "gemmar_aot.audit",
-              "gemmar_aot.remote_cache", "gemmar_aot.cli")
+BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.compiler", "gemmar_aot_kernels", "gemmar_aot.store", "gemmar_aot.package",
+              "gemmar_aot.keys", "gemmar_aot.cli")
 
 
 def _under(mod: str, prefixes) -> bool:
@@ -136,3 +140,93 @@ def test_the_runtime_imports_no_build_side_module():
 def test_the_layer_rule_sees_a_violation():
     graph = {"gemmar_aot.model.lock": {"gemmar_aot.model.types"}, "gemmar_aot.model.types": {"gemmar_aot.store.cas"}}
     assert _reaches(graph, "gemmar_aot.model.lock") == {"gemmar_aot.model.types", "gemmar_aot.store.cas"}
+
+
+# ---------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------
+
+#: Every module's layer, lowest first, by import name (a name or a package prefix). A module
+#: imports (lazily or not) only modules of its own layer or lower ones. The store is below the
+#: compiler: a compile worker (and the Ray executor, and the derive step) writes and reads the
+#: store, and the store knows nothing of what compiled its bytes.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("shared", ("gemmar_aot.model", "gemmar_aot.rules", "gemmar_aot.spec", "gemmar_aot.launch",
+                "gemmar_aot.launch_sequence", "gemmar_aot.codeobject", "gemmar_aot.device_abi",
+                "gemmar_aot.canonical_json", "gemmar_aot.atomic_write", "gemmar_aot.errors", "gemmar_aot.checkout",
+                "gemmar_aot.filedigest", "gemmar_aot.source_form", "gemmar_aot.artifact_model", "gemmar_aot.signing",
+                "gemmar_aot.manifest_lines", "gemmar_aot.toolchain")),
+    ("store", ("gemmar_aot.store",)),
+    ("compiler", ("gemmar_aot.compiler", "gemmar_aot.keys", "gemmar_aot_kernels")),
+    ("build", ("gemmar_aot.build",)),
+    ("package", ("gemmar_aot.package",)),
+    # A branch of its own above the store: see RUNTIME_MAY_REACH. mori_patch is the runtime's
+    # import hook for servers that import mori's op.
+    ("runtime", ("gemmar_aot.runtime", "gemmar_aot.mori_patch")),
+    ("cli", ("gemmar_aot.cli", "gemmar_aot.__main__")),
+)
+#: The package's own ``__init__`` (its docstring and version) is shared.
+SHARED_ROOT = "gemmar_aot"
+#: The layers the runtime may reach, at any depth: no compiler, keys, build or package.
+RUNTIME_MAY_REACH = ("shared", "store", "runtime")
+#: Store modules only the build side uses (maintenance, writing a pack, the remote cache's
+#: backend): the runtime reaches the store's reading half only.
+STORE_BUILD_ONLY = ("gemmar_aot.store.inventory", "gemmar_aot.store.gc", "gemmar_aot.store.transfer",
+                    "gemmar_aot.store.dictionaries", "gemmar_aot.store.pack_encode", "gemmar_aot.store.remote")
+
+
+def _layer(mod: str) -> str | None:
+    if mod == SHARED_ROOT:
+        return "shared"
+    found = [(len(p), name) for name, prefixes in LAYERS for p in prefixes if _under(mod, (p,))]
+    return max(found)[1] if found else None
+
+
+def _rank(mod: str) -> int:
+    return [name for name, _ in LAYERS].index(_layer(mod))
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) for every import from a lower layer to a higher one, and every
+    module the runtime reaches outside RUNTIME_MAY_REACH or in STORE_BUILD_ONLY."""
+    out = {(m, d) for m, deps in graph.items() for d in deps if _rank(d) > _rank(m)}
+    for m in (m for m in graph if _layer(m) == "runtime"):
+        out |= {(m, d) for d in _reaches(graph, m)
+                if _layer(d) not in RUNTIME_MAY_REACH or _under(d, STORE_BUILD_ONLY)}
+    return out
+
+
+def test_every_module_has_a_layer():
+    graph = _module_graph()
+    assert sorted(m for m in graph if _layer(m) is None) == []
+    assert _layer("gemmar_aot.build.pipeline") == "build" and _layer("gemmar_aot.keys") == "compiler"
+    assert _layer("gemmar_aot.package.wheel") == "package" and _layer("gemmar_aot.store.cas") == "store"
+
+
+def test_imports_go_down_the_layers():
+    assert sorted(_layer_violations(_module_graph())) == [], "imports from a lower layer to a higher one"
+
+
+def test_the_layer_checker_sees_violations():
+    graph = {
+        "gemmar_aot.spec": set(),
+        "gemmar_aot.model.types": {"gemmar_aot.spec", "gemmar_aot.store.cas"},  # shared -> store
+        "gemmar_aot.store.cas": {"gemmar_aot.spec"},
+        "gemmar_aot.store.gc": {"gemmar_aot.store.cas", "gemmar_aot.keys"},  # store -> keys
+        "gemmar_aot.compiler.worker": {"gemmar_aot.store.cas", "gemmar_aot.keys"},  # down, allowed
+        "gemmar_aot.keys": {"gemmar_aot.build.plan"},  # keys -> build
+        "gemmar_aot.build.plan": {"gemmar_aot.keys", "gemmar_aot.package.wheel"},  # build -> package
+        "gemmar_aot.package.wheel": {"gemmar_aot.build.plan"},
+        "gemmar_aot.runtime.op": {"gemmar_aot.store.gc"},  # runtime -> store's build half (-> keys)
+        "gemmar_aot.cli.build": {"gemmar_aot.runtime.op", "gemmar_aot.build.plan"},
+    }
+    assert _layer_violations(graph) == {
+        ("gemmar_aot.model.types", "gemmar_aot.store.cas"),
+        ("gemmar_aot.store.gc", "gemmar_aot.keys"),
+        ("gemmar_aot.keys", "gemmar_aot.build.plan"),
+        ("gemmar_aot.build.plan", "gemmar_aot.package.wheel"),
+        ("gemmar_aot.runtime.op", "gemmar_aot.store.gc"),
+        ("gemmar_aot.runtime.op", "gemmar_aot.keys"),
+        ("gemmar_aot.runtime.op", "gemmar_aot.build.plan"),
+        ("gemmar_aot.runtime.op", "gemmar_aot.package.wheel"),
+    }

@@ -1,4 +1,4 @@
-"""gemmar_aot.manifest: parsing, validation, messages, shipped manifests, fuzzing."""
+"""gemmar_aot.build.manifest: parsing, validation, messages, shipped manifests, fuzzing."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 from gemmar_aot import rules
 from gemmar_aot.errors import ManifestError
-from gemmar_aot.manifest import (
+from gemmar_aot.build.manifest import (
     MAX_GEMM_COMPILES,
-    MAX_M_VALUES,
     MAX_REPEAT_WARNINGS,
     MAX_WORKLOADS,
     Manifest,
@@ -28,7 +27,8 @@ from gemmar_aot.manifest import (
     load_manifest,
     parse_manifest,
 )
-from gemmar_aot.workload import MODES, Workload
+from gemmar_aot.build.manifest_check import MAX_M_VALUES
+from gemmar_aot.build.workload import MODES, Workload
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from nginx_server import FaultProxy, Nginx
 
-from gemmar_aot.build import run_build
+from gemmar_aot.build.pipeline import run_build
 from gemmar_aot.store import Store
 from gemmar_aot.store.remote import reapi
 
@@ -65,7 +65,7 @@ def assert_remote_is_consistent(server: Nginx) -> int:
     """Every /ac/ entry is an ActionResult whose output files are in /cas/ with the right bytes: a
     kernel's (record, code object, launcher) or a manifest's closure (pack, lock, record index).
     Returns how many kernel entries there are."""
-    from gemmar_aot.closure import INDEX_PATH, LOCK_PATH, PACK_PATH
+    from gemmar_aot.build.closure import INDEX_PATH, LOCK_PATH, PACK_PATH
 
     cas = server.files("cas")
     kernels = 0

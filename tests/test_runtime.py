@@ -586,8 +586,8 @@ def _without_m(lock, m):
 
 
 def test_strict_miss_names_m_nearest_and_manifest_lines(smoke_store, smoke_lock):
-    from gemmar_aot.manifest import parse_manifest
-    from gemmar_aot.plan import make_plan
+    from gemmar_aot.build.manifest import parse_manifest
+    from gemmar_aot.build.plan import make_plan
 
     lock = _without_m(smoke_lock, 256)
     op, _c, drv = make_op(None, smoke_lock, artifacts=(lock, smoke_store))
@@ -769,7 +769,7 @@ def test_coverage_all_built(smoke_store):
 
 
 def test_coverage_lists_missing_and_lines(smoke_store):
-    from gemmar_aot.manifest import parse_manifest
+    from gemmar_aot.build.manifest import parse_manifest
 
     lock = smoke_store / "locks" / "smoke.lock.json"
     res = _cli(["coverage", str(lock), "--min-tokens", "1", "--max-tokens", "512", "--world", "2", "--n", "1024",

@@ -10,8 +10,8 @@ import pytest
 
 from gemmar_aot.compiler.scheduler import CostModel, LocalExecutor, Task, cost_class
 from gemmar_aot.compiler.worker import CompileResult
-from gemmar_aot.manifest import load_manifest
-from gemmar_aot.plan import make_plan
+from gemmar_aot.build.manifest import load_manifest
+from gemmar_aot.build.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
@@ -72,7 +72,7 @@ def test_unreadable_cost_file_falls_back_to_defaults(tmp_path):
 @pytest.mark.compile
 def test_a_killed_worker_loses_only_its_batch(tmp_path):
     """SIGKILL a busy worker: its specs are retried elsewhere and every spec still builds."""
-    from gemmar_aot.build import ingredients, action_key  # noqa: F401 - the real keys
+    from gemmar_aot.keys import action_key, ingredients
     from gemmar_aot.toolchain import load_toolchain
 
     fp = load_toolchain().fingerprint

@@ -187,8 +187,8 @@ def test_a_compile_worker_imports_only_the_compile_code_its_recipe_lists():
     code object exists is in COMPILE_CODE or the recipe's RECIPE_CODE -- else a change to it
     could change bytes without moving a key -- or in IMPORTED_ONLY, and then none of its
     functions ran."""
-    from gemmar_aot.manifest import load_manifest
-    from gemmar_aot.plan import make_plan
+    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.build.plan import make_plan
 
     one = {}
     for s in make_plan(load_manifest(ROOT / "manifests" / "smoke.toml")).specs:

@@ -514,13 +514,13 @@ def test_a_wheel_per_toolchain_profile(tmp_path, tiny_manifest, monkeypatch):
 
 
 def test_failed_build_writes_no_wheel(tmp_path, monkeypatch):
-    import gemmar_aot.build
+    import gemmar_aot.build.pipeline
 
     summary = {"manifest": "smoke", "store": str(tmp_path), "lock_file": None, "jobs": 1, "kernel_instances": 1,
                "distinct_specs": 1, "hits": 0, "misses": 1, "compiled": 0, "failed": 1, "wall_seconds": 1.0,
                "by_kind": {}, "failures": [{"spec_id": "ab" * 32, "key": "cd" * 32, "label": "gemm r0",
                                             "error": "boom"}]}
-    monkeypatch.setattr(gemmar_aot.build, "run_build", lambda *a, **kw: summary)
+    monkeypatch.setattr(gemmar_aot.build.pipeline, "run_build", lambda *a, **kw: summary)
     res = _run("wheel", SMOKE, "--store", tmp_path / "s", "--out", tmp_path / "dist")
     assert res.exit_code == 1 and "FAILED gemm r0" in res.output and "no wheel was written" in res.output
     assert not (tmp_path / "dist").exists()

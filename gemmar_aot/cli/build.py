@@ -36,8 +36,8 @@ def doctor(as_json: bool) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="List every rank's kernel sequence.")
 def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
     """Show what MANIFEST expands to, without compiling."""
-    from gemmar_aot.manifest import load_manifest
-    from gemmar_aot.plan import make_plan
+    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.build.plan import make_plan
 
     p = make_plan(load_manifest(manifest))
     if as_json:
@@ -118,9 +118,9 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     With --executor ray, the kernels compile on the Ray cluster's nodes and this
     process alone writes the store.
     """
-    from gemmar_aot.build import run_build
-    from gemmar_aot.manifest import load_manifest
-    from gemmar_aot.shard import parse_shard
+    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.build.shard import parse_shard
 
     if ray_address and executor != "ray":
         raise click.UsageError("--ray-address needs --executor ray")
@@ -203,7 +203,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"audit: {a['audited']} of {a['of']} remote hits recompiled and compared (seed {a['seed']}), "
                      f"{len(a['findings'])} poisoned" + (f"; every remote hit distrusted and compiled here "
                                                          f"({a['distrusted']})" if a["distrusted"] else ""))
-        from gemmar_aot.audit import Finding
+        from gemmar_aot.build.audit import Finding
 
         for f in a["findings"]:
             lines.append("  " + Finding(**f).describe())
@@ -240,9 +240,9 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
     """Turn miss reports ($GEMMAR_AOT_MISS_REPORT files or directories) into the manifest lines that
     would have served every reported M; or, with --tokens and --budget, pick the M buckets that
     pad a token-count histogram least."""
-    from gemmar_aot.manifest import load_manifest
+    from gemmar_aot.build.manifest import load_manifest
     from gemmar_aot.runtime.misses import read_reports
-    from gemmar_aot.suggest import suggest, write_into
+    from gemmar_aot.build.suggest import suggest, write_into
 
     if tokens is not None:
         if reports or write:
@@ -277,9 +277,9 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
 
 def _plan_cmd(tokens: Path, budget: int, world: int, block_m: int, m_max: int | None, manifest: Path | None,
               as_json: bool) -> None:
-    from gemmar_aot.manifest import load_manifest
-    from gemmar_aot.runtime.manifest_lines import m_field
-    from gemmar_aot.suggest import manifest_ms, padded_work, plan_buckets, read_histogram
+    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.manifest_lines import m_field
+    from gemmar_aot.build.suggest import manifest_ms, padded_work, plan_buckets, read_histogram
 
     hist = read_histogram(tokens)
     buckets = plan_buckets(hist, budget, world * block_m, m_max)

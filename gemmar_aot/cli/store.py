@@ -186,7 +186,7 @@ def stats(store, as_json, remote):
     data = inventory.stats(st)
     data["last_build"] = st.last_build_stats()
     if remote is not None:
-        from gemmar_aot.remote_cache import remote_stats
+        from gemmar_aot.build.remote_session import remote_stats
         from gemmar_aot.store.remote.backend import HttpBackend, remote_url
 
         url = remote_url(remote or None)
@@ -358,7 +358,7 @@ def explain(what, store, as_json):
                              stale and which ingredient moved them
     explain LOCK_A LOCK_B    two builds: which toolchain ingredients and launches changed
     """
-    from gemmar_aot import explain as ex
+    from gemmar_aot.build import explain as ex
     from gemmar_aot.errors import GemmarError
     from gemmar_aot.model.lock import read_lock
 

@@ -1,5 +1,5 @@
 """Trust commands: ``gemmar-aot keygen`` and ``sign`` (:mod:`gemmar_aot.signing`), ``audit``
-(:mod:`gemmar_aot.audit`), and the ``--sign-key`` options that ``build`` and ``wheel`` share."""
+(:mod:`gemmar_aot.build.audit`), and the ``--sign-key`` options that ``build`` and ``wheel`` share."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def audit_cmd(lock: Path, n: int | None, all_: bool, seed: int | None, store: Pa
     """Recompile the kernels LOCK names (or a sample) in a scratch store and compare their bytes and
     records with the store's: a cache entry that is not what its key compiles to is reported as
     poisoned (key, both digests, where it came from) and quarantined. Exit code 1 on a finding."""
-    from gemmar_aot.audit import audit_lock
+    from gemmar_aot.build.audit import audit_lock
 
     if n is not None and all_:
         raise click.UsageError("--sample N and --all exclude each other")
@@ -125,7 +125,7 @@ def audit_cmd(lock: Path, n: int | None, all_: bool, seed: int | None, store: Pa
         click.echo(f"audited {r['audited']} of {r['kernels']} kernels of {r['lock']} (sample seed {r['seed']}) "
                    f"in {r['seconds']:.1f}s")
         for f in r["findings"]:
-            from gemmar_aot.audit import Finding
+            from gemmar_aot.build.audit import Finding
 
             click.echo(Finding(**f).describe())
         click.echo("every audited entry is what its key compiles to" if r["ok"] else

@@ -1,6 +1,6 @@
 """Writing an artifact wheel: one manifest's kernels as a pip-installable, reproducible wheel.
 
-``gemmar-aot wheel MANIFEST --out DIR`` builds the manifest (:func:`gemmar_aot.build.run_build`,
+``gemmar-aot wheel MANIFEST --out DIR`` builds the manifest (:func:`gemmar_aot.build.pipeline.run_build`,
 which compiles only what the store misses) and writes ONE wheel holding its lock file and
 exactly the code objects the lock names, as a store directory inside an import package
 (:mod:`.layout` says what is where). Serving pods ``pip install`` it; the runtime finds it
@@ -412,7 +412,7 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
-    from gemmar_aot.build import run_build
+    from gemmar_aot.build.pipeline import run_build
 
     summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                         progress=progress, toolchain_root=toolchain_root, remote=remote,

@@ -19,7 +19,7 @@ from gemmar_aot.model.types import FUSED_SDMA, TupleKey
 
 from .artifacts import Artifacts, load_artifacts
 from .errors import ArtifactError
-from .manifest_lines import manifest_snippet
+from gemmar_aot.manifest_lines import manifest_snippet
 
 
 @dataclass

@@ -43,7 +43,7 @@ from .driver import Driver
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .launches import Launch, prepare_launch
 from .loading import Kernels, verify_kernels
-from .manifest_lines import manifest_snippet
+from gemmar_aot.manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import FNUZ_REASON, check_operands
 from .verify import EntryPosition

@@ -68,7 +68,7 @@ from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
 from .loading import Kernels, verify_kernels
-from .manifest_lines import manifest_snippet, nearest
+from gemmar_aot.manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
 from .padding import PadBuffers

@@ -1,6 +1,6 @@
 """Encoding blobs into a pack (:mod:`.pack`) with a dictionary trained on them: what an artifact
 wheel ships (``gemmar_aot.package``) and a manifest's closure in the remote cache
-(``gemmar_aot.closure``). Build side: it trains dictionaries (:mod:`.dictionaries`), which the pack
+(``gemmar_aot.build.closure``). Build side: it trains dictionaries (:mod:`.dictionaries`), which the pack
 reader never needs."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def encode_blobs(raws: Mapping[str, bytes], level: int) -> tuple[dict[str, bytes
 
 
 def pack_closure(raws: Mapping[str, bytes], extra: Mapping[str, bytes], level: int = 19) -> bytes:
-    """A closure's pack (``gemmar_aot.closure``): the code objects ``raws`` (digest -> raw) with a
+    """A closure's pack (``gemmar_aot.build.closure``): the code objects ``raws`` (digest -> raw) with a
     dictionary trained on them, and ``extra`` (digest -> raw: the lock, its record index) without
     one; each read back and checked before the pack is returned."""
     files, _encoding = encode_blobs(raws, level)

@@ -1,120 +1,22 @@
-"""Manifests: the TOML files that say which gemm_ar workloads to build.
+"""A manifest's fields checked: the ``[manifest]`` table and each ``[[tuple]]`` on its own,
+every problem collected with the file, entry, line, field, value, rule and fix
+(:mod:`gemmar_aot.build.manifest` says what the fields mean, expands the checked tuples into
+workloads and bounds the whole manifest).
 
-A manifest lists *tuples*; each tuple is one mode at one (N, K, world, quant)
-with one or more M values. Example::
-
-    # manifests/dsv4-pro-wo_b.toml
-    [manifest]
-    name = "dsv4-pro-wo_b"        # optional; default: the file's stem
-    description = "..."           # optional
-    arch = "gfx950"               # optional; gfx950 is the only target
-    format = 1                    # optional; the only format so far
-
-    [[tuple]]
-    transport = "fused-sdma"      # see below
-    m = { start = 4096, stop = 16384, step = 1024 }
-    n = 7168
-    k = 2048
-    world = 8
-    quant = "blockscale"          # "blockscale" | "mxfp8"
-
-Top level
-    Only ``[manifest]`` and ``[[tuple]]`` are allowed, and there must be at
-    least one ``[[tuple]]``.
-
-Required tuple keys
-    ``transport``  one of :data:`gemmar_aot.workload.MODES`, the five ways mori's
-                   PR measures DSV4-Pro's wo_b plus the skinny GEMM:
-                   ``fused-sdma`` (``GemmAllReduceOp``: the GEMM pushes its
-                   output from its epilogue, then drain -> reduce -> gather),
-                   ``split-sdma`` (unfused GEMM, then the SDMA all-reduce:
-                   scatter -> reduce -> gather),
-                   ``split-lsa`` (unfused GEMM, then one LSA all-reduce kernel),
-                   ``fused-lsa`` (the GEMM's epilogue stores straight into the
-                   peers' windows, then barrier -> reduce -> gather),
-                   ``gemm-only`` (``Mxfp8GemmOp``: the GEMM alone),
-                   ``gemv`` (``Mxfp8GemvOp``: the skinny GEMM for M <= 32, one
-                   kernel per M bucket 1, 2, 4, 8, 16, 32).
-    ``m``          the M values, in one of three forms: an integer
-                   (``m = 4096``), a non-empty array (``m = [256, 512]``), or
-                   a range table ``{ start, stop, step }`` whose ``stop`` is
-                   inclusive when it falls on the grid. At most
-                   :data:`MAX_M_VALUES` values per tuple.
-    ``n``, ``k``   the GEMM's N (output columns, the all-reduced row length)
-                   and K (the reduction dimension).
-    ``world``      ranks in the all-reduce: 2, 4 or 8. For ``gemm-only`` and
-                   ``gemv`` any positive integer; it is recorded (so every tuple
-                   has the same shape) but does not change their kernels.
-    ``quant``      ``blockscale`` (1x128 / 128x128 fp32 scales, DeepSeek-V4-Pro)
-                   or ``mxfp8`` (32-wide ue8m0 scales). ``gemm-only`` and
-                   ``gemv`` are mxfp8 only.
-
-Optional tuple keys (each only where its mode has it; elsewhere it is an error)
-    ``gather_dtype``      ``"bf16"`` (default) or ``"fp8"``: what the gather
-                          leg carries. Collective modes; fp8 needs N a multiple
-                          of 1024 and is not offered by split-lsa (one LSA
-                          kernel) or fused-lsa (measured on bf16 only).
-    ``gather_transport``  ``"lsa"`` (default) or ``"sdma"``: who moves an fp8
-                          gather. Collective modes (split-lsa: ``"lsa"``).
-    ``block_m``           the GEMM's M tile; default 128 for blockscale, 256
-                          for mxfp8 (which requires 256). Not for gemv.
-    ``block_n``           the GEMM's N tile; 256 is the only legal value.
-    ``m_max``             the largest M the op instance (its window) serves. By
-                          default each group of otherwise identical tuples gets
-                          its largest padded M. Collective modes only.
-    ``sdma_queues``       SDMA queues per destination (default 1): modes whose
-                          tail runs SDMA phases (fused-sdma, split-sdma, fused-lsa).
-
-M padding
-    Collective modes pad M up to a multiple of ``world * block_m`` (whole row
-    bands per destination), exactly like ``GemmAllReduceOp.padded_m``;
-    ``gemm-only`` pads to a multiple of 64 (the packed A-scale group), ``gemv``
-    to its M bucket. A
-    :class:`~gemmar_aot.workload.Workload` keeps both the padded ``m`` and the
-    ``m_requested``. Two M values that pad to the same workload are built once
-    and reported in :attr:`Manifest.warnings`, not as errors; ``m_max`` is
-    padded the same way.
-
-Limits
-    Besides :data:`MAX_M_VALUES` per tuple, the whole manifest is bounded: at
-    most :data:`MAX_WORKLOADS` distinct workloads and :data:`MAX_GEMM_COMPILES`
-    GEMM compiles (the expensive kernels), counted before anything is planned;
-    past either the manifest is refused with the numbers.
-
-Warnings
-    Merged duplicates and a range whose ``stop`` is off its grid are not errors;
-    they are collected in :attr:`Manifest.warnings`, which ``plan`` and ``build``
-    print (and put in their ``--json`` output).
-
-Errors
-    Validation applies the op's own rules (:mod:`gemmar_aot.rules`) and collects
-    every problem before raising one :class:`~gemmar_aot.errors.ManifestError`.
-    Each problem names the file, the entry and its line, the field, the value,
-    the rule and a fix, e.g.::
-
-        smoke.toml: tuple[2] (line 14): k = 200: K must be a multiple of 128 (the block-scale group); use 256
-
-    The parser raises nothing but ManifestError, whatever the input.
+A checked tuple is a :class:`Draft`: its typed fields, every rule of its mode
+(:mod:`gemmar_aot.rules`) holding, its M values not yet expanded.
 """
 
 from __future__ import annotations
 
 import datetime
 import difflib
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-from . import rules
-from .errors import ManifestError
-from .workload import MODES, Workload
+from gemmar_aot import rules
+from gemmar_aot.build.workload import MODES
 
 #: Targets a manifest may name.
 SUPPORTED_ARCHS = ("gfx950",)
@@ -122,18 +24,7 @@ SUPPORTED_ARCHS = ("gfx950",)
 FORMAT_VERSIONS = (1,)
 #: Most M values one tuple may expand to (before padding).
 MAX_M_VALUES = 1024
-#: Most distinct workloads (tuples after padding and de-duplication) one manifest
-#: may ask for, across all its tuples.
-MAX_WORKLOADS = 4096
-#: Most GEMM compiles one manifest may ask for, across all its tuples. GEMMs are
-#: the expensive kernels (~1.5 s each on a CPU build host, phase kernels ~0.1 s):
-#: 8192 of them are about 3.4 CPU-hours. A fused GEMM is one compile per M and
-#: rank; an unfused one (split modes, gemm-only) one per shape; gemv one per bucket.
-MAX_GEMM_COMPILES = 8192
-#: Mean CPU seconds of one GEMM compile, for the limit's message.
-GEMM_COMPILE_SECONDS = 1.5
 
-_TOP_KEYS = ("manifest", "tuple")
 _MANIFEST_KEYS = ("name", "description", "arch", "format")
 _RANGE_KEYS = ("start", "stop", "step")
 
@@ -169,22 +60,6 @@ _TUPLE_HEADER_RE = re.compile(r"""^[ \t]*\[\[[ \t]*(?:tuple|"tuple"|'tuple')[ \t
 _TUPLE_ARRAY_RE = re.compile(r"""^[ \t]*(?:tuple|"tuple"|'tuple')[ \t]*=""")
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """A validated manifest.
-
-    ``workloads`` are in manifest order (tuple by tuple, M values in the order
-    written), padded, with duplicates removed; ``warnings`` says what was merged.
-    """
-
-    name: str
-    path: str  # as given, for messages
-    arch: str
-    description: str
-    workloads: tuple[Workload, ...]
-    warnings: tuple[str, ...] = ()
-
-
 # --------------------------------------------------------------------------
 # Rendering values and keys the way a TOML file spells them
 # --------------------------------------------------------------------------
@@ -208,7 +83,7 @@ def _key(k: str) -> str:
     return k if _BARE_KEY_RE.fullmatch(k) else _toml_str(k)
 
 
-def _render(v: Any, depth: int = 0) -> str:
+def render(v: Any, depth: int = 0) -> str:
     if depth > 3:
         return "..."
     if isinstance(v, bool):
@@ -218,9 +93,9 @@ def _render(v: Any, depth: int = 0) -> str:
     elif isinstance(v, float):
         text = "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
     elif isinstance(v, list):
-        text = "[" + ", ".join(_render(x, depth + 1) for x in v[:8]) + (", ...]" if len(v) > 8 else "]")
+        text = "[" + ", ".join(render(x, depth + 1) for x in v[:8]) + (", ...]" if len(v) > 8 else "]")
     elif isinstance(v, dict):
-        items = [f"{_key(str(k))} = {_render(x, depth + 1)}" for k, x in list(v.items())[:8]]
+        items = [f"{_key(str(k))} = {render(x, depth + 1)}" for k, x in list(v.items())[:8]]
         text = "{ " + ", ".join(items) + (", ... }" if len(v) > 8 else " }") if items else "{}"
     elif isinstance(v, (datetime.date, datetime.time)):
         text = v.isoformat()
@@ -231,7 +106,7 @@ def _render(v: Any, depth: int = 0) -> str:
     return text
 
 
-def _type_name(v: Any) -> str:
+def type_name(v: Any) -> str:
     if isinstance(v, bool):
         return "a boolean"
     if isinstance(v, int):
@@ -270,7 +145,7 @@ def _nearest_multiples(value: int, step: int, floor: int) -> str:
 # --------------------------------------------------------------------------
 
 
-class _Checker:
+class Checker:
     """Collects problems and warnings for one manifest."""
 
     def __init__(self, path: str, text: str):
@@ -285,7 +160,7 @@ class _Checker:
         self.problems.append(f"{self.path}: {entry}: {message}")
 
     def bad(self, entry: str, field: str, value: Any, rule: str, fix: str) -> None:
-        self.problem(entry, f"{field} = {_render(value)}: {rule}; {fix}")
+        self.problem(entry, f"{field} = {render(value)}: {rule}; {fix}")
 
     # --- typed fields ---
 
@@ -309,7 +184,7 @@ class _Checker:
                 self.bad(entry, field, value, "must be an integer, not a string", hint)
             return None
         if not isinstance(value, int):
-            self.bad(entry, field, value, f"must be an integer, not {_type_name(value)}", hint)
+            self.bad(entry, field, value, f"must be an integer, not {type_name(value)}", hint)
             return None
         if value < minimum:
             self.bad(entry, field, value, f"must be at least {minimum}", hint)
@@ -323,7 +198,7 @@ class _Checker:
     def choice(self, entry: str, field: str, value: Any, choices, *, extra: str = "") -> str | None:
         """``value`` if it is one of ``choices`` (strings), else None after reporting."""
         if not isinstance(value, str):
-            self.bad(entry, field, value, f"must be a string, not {_type_name(value)}",
+            self.bad(entry, field, value, f"must be a string, not {type_name(value)}",
                      f"use {_one_of(choices)}")
             return None
         if value in choices:
@@ -349,7 +224,7 @@ class _Checker:
         return [None] * count
 
 
-def _unknown_key(ck: _Checker, entry: str, key: Any, allowed, what: str) -> None:
+def unknown_key(ck: Checker, entry: str, key: Any, allowed, what: str) -> None:
     shown = _key(str(key))
     ck.problem(
         entry,
@@ -358,20 +233,20 @@ def _unknown_key(ck: _Checker, entry: str, key: Any, allowed, what: str) -> None
     )
 
 
-def _check_manifest_table(ck: _Checker, table: Any, default_name: str) -> tuple[str, str, str]:
+def check_manifest_table(ck: Checker, table: Any, default_name: str) -> tuple[str, str, str]:
     name, description, arch = default_name, "", "gfx950"
     entry = "[manifest]"
     if not isinstance(table, dict):
-        ck.problem("top level", f"manifest = {_render(table)}: [manifest] must be a table, not "
-                   f"{_type_name(table)}; write it as a [manifest] section")
+        ck.problem("top level", f"manifest = {render(table)}: [manifest] must be a table, not "
+                   f"{type_name(table)}; write it as a [manifest] section")
         return name, description, arch
     for key in table:
         if key not in _MANIFEST_KEYS:
-            _unknown_key(ck, entry, key, _MANIFEST_KEYS, "[manifest]")
+            unknown_key(ck, entry, key, _MANIFEST_KEYS, "[manifest]")
     if "name" in table:
         v = table["name"]
         if not isinstance(v, str):
-            ck.bad(entry, "name", v, f"must be a string, not {_type_name(v)}", 'write e.g. name = "my-model"')
+            ck.bad(entry, "name", v, f"must be a string, not {type_name(v)}", 'write e.g. name = "my-model"')
         elif not _NAME_RE.fullmatch(v):
             ck.bad(entry, "name", v,
                    "a name is 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit "
@@ -382,7 +257,7 @@ def _check_manifest_table(ck: _Checker, table: Any, default_name: str) -> tuple[
     if "description" in table:
         v = table["description"]
         if not isinstance(v, str):
-            ck.bad(entry, "description", v, f"must be a string, not {_type_name(v)}", "put it in quotes")
+            ck.bad(entry, "description", v, f"must be a string, not {type_name(v)}", "put it in quotes")
         else:
             description = v
     if "arch" in table:
@@ -401,7 +276,7 @@ def _check_manifest_table(ck: _Checker, table: Any, default_name: str) -> tuple[
     return name, description, arch
 
 
-def _m_values(ck: _Checker, entry: str, value: Any) -> Sequence[int] | None:
+def _m_values(ck: Checker, entry: str, value: Any) -> Sequence[int] | None:
     """The M values a tuple asks for, unpadded, or None after reporting (a range stays a
     ``range``: a tuple's values are made one at a time, when they are expanded)."""
     example = "m = 4096, m = [256, 512] or m = { start = 4096, stop = 16384, step = 1024 }"
@@ -409,12 +284,12 @@ def _m_values(ck: _Checker, entry: str, value: Any) -> Sequence[int] | None:
         ok = True
         for key in value:
             if key not in _RANGE_KEYS:
-                _unknown_key(ck, entry, key, _RANGE_KEYS, "an M range")
+                unknown_key(ck, entry, key, _RANGE_KEYS, "an M range")
                 ok = False
         got: dict[str, int] = {}
         for key in _RANGE_KEYS:
             if key not in value:
-                ck.problem(entry, f"m = {_render(value)}: an M range needs start, stop and step; "
+                ck.problem(entry, f"m = {render(value)}: an M range needs start, stop and step; "
                            f"add {key}, e.g. {example}")
                 ok = False
                 continue
@@ -438,7 +313,7 @@ def _m_values(ck: _Checker, entry: str, value: Any) -> Sequence[int] | None:
         if (stop - start) % step:
             last = start + (count - 1) * step
             ck.warnings.append(
-                f"{ck.path}: {entry}: m = {_render(value)}: stop {stop} is not start + a multiple of "
+                f"{ck.path}: {entry}: m = {render(value)}: stop {stop} is not start + a multiple of "
                 f"step; the last M is {last}"
             )
         return range(start, stop + 1, step)
@@ -460,7 +335,7 @@ def _m_values(ck: _Checker, entry: str, value: Any) -> Sequence[int] | None:
         iv = ck.integer(entry, "m", value, "m = 4096")
         return None if iv is None else [iv]
     ck.bad(entry, "m", value, f"M must be an integer, an array of integers or a range table, not "
-           f"{_type_name(value)}", f"write e.g. {example}")
+           f"{type_name(value)}", f"write e.g. {example}")
     return None
 
 
@@ -492,11 +367,11 @@ def _n_step(f: dict) -> int:
     return max(f.get("block_n") or rules.DEFAULT_BLOCK_N, group)
 
 
-def _check_keys(ck: _Checker, entry: str, raw: dict, transport: str | None) -> None:
+def _check_keys(ck: Checker, entry: str, raw: dict, transport: str | None) -> None:
     """Unknown keys, missing required keys, and keys the tuple's mode does not take."""
     for key in raw:
         if key not in _TUPLE_KEYS:
-            _unknown_key(ck, entry, key, tuple(_TUPLE_KEYS), "a tuple")
+            unknown_key(ck, entry, key, tuple(_TUPLE_KEYS), "a tuple")
     for key, (required, what, example) in _TUPLE_KEYS.items():
         if required and key not in raw:
             ck.problem(entry, f"{key} is missing: every tuple needs {what}; add e.g. {example}")
@@ -508,7 +383,7 @@ def _check_keys(ck: _Checker, entry: str, raw: dict, transport: str | None) -> N
                    f"(only to {_one_of(modes)})", "remove it")
 
 
-def _parse_fields(ck: _Checker, entry: str, raw: dict, transport: str | None) -> dict:
+def _parse_fields(ck: Checker, entry: str, raw: dict, transport: str | None) -> dict:
     """Every field as a typed value, its default when absent, or None when invalid (reported)."""
     def integer(key: str, default: int | None = None) -> int | None:
         if key not in raw:
@@ -554,7 +429,7 @@ def _problems_of(f: dict):
         transport=f["transport"] or "fused-sdma")
 
 
-def _apply_rules(ck: _Checker, entry: str, f: dict) -> None:
+def _apply_rules(ck: Checker, entry: str, f: dict) -> None:
     """Report every rule the fields break, each with its fix; a broken field becomes None."""
     for field, rule, why in list(_problems_of(f)):
         value = f[field]
@@ -562,7 +437,7 @@ def _apply_rules(ck: _Checker, entry: str, f: dict) -> None:
         f[field] = None
 
 
-def _padded(f: dict, m_values: Sequence[int] | None = None) -> Iterator[int]:
+def padded(f: dict, m_values: Sequence[int] | None = None) -> Iterator[int]:
     """The tuple's M values (or ``m_values``, padded by the tuple's rules) padded, in order, one at a time."""
     transport = f["transport"]
     m_values = f["m_values"] if m_values is None else m_values
@@ -574,12 +449,12 @@ def _padded(f: dict, m_values: Sequence[int] | None = None) -> Iterator[int]:
     return (rules.padded_m(m, world, block_m) for m in m_values)
 
 
-def _check_m_rules(ck: _Checker, entry: str, f: dict) -> tuple[bool, int | None]:
+def _check_m_rules(ck: Checker, entry: str, f: dict) -> tuple[bool, int | None]:
     """The M-dependent rules over the tuple's largest padded M: (all hold, the padded m_max).
     Every mode's padding is monotone, so the largest M pads to the largest padded M: one
     value is padded here, never the tuple's up to 1024."""
     biggest_req = max(f["m_values"])
-    largest = next(_padded(f, [biggest_req]))
+    largest = next(padded(f, [biggest_req]))
     n, k, m_max = f["n"], f["k"], f["m_max"]
     if f["transport"] == "gemv" and rules.check_gemv_m(biggest_req):
         ck.bad(entry, "m", biggest_req, rules.check_gemv_m(biggest_req),
@@ -609,7 +484,7 @@ def _check_m_rules(ck: _Checker, entry: str, f: dict) -> tuple[bool, int | None]
 
 
 @dataclass(frozen=True)
-class _Draft:
+class Draft:
     """A checked [[tuple]] before its M values are expanded into workloads."""
 
     fields: dict  # the parsed fields (``m_values`` unpadded)
@@ -618,11 +493,11 @@ class _Draft:
     source: str
 
 
-def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> _Draft | None:
+def check_tuple(ck: Checker, i: int, raw: Any, line: int | None) -> Draft | None:
     """One [[tuple]], checked -> its draft, or None after reporting every problem."""
     entry = f"tuple[{i}]" + (f" (line {line})" if line else "")
     if not isinstance(raw, dict):
-        ck.problem(entry, f"{_render(raw)} is {_type_name(raw)}, but each [[tuple]] must be a table; "
+        ck.problem(entry, f"{render(raw)} is {type_name(raw)}, but each [[tuple]] must be a table; "
                    "write each tuple as a [[tuple]] section")
         return []
     n_before = len(ck.problems)
@@ -636,205 +511,27 @@ def _check_tuple(ck: _Checker, i: int, raw: Any, line: int | None) -> _Draft | N
     ok, m_max_pad = _check_m_rules(ck, entry, f)
     if not ok:
         return None
-    common = {key: f[key] for key in _COMMON}
-    return _Draft(f, common, m_max_pad, f"{ck.path}:{entry}")
+    common = {key: f[key] for key in COMMON}
+    return Draft(f, common, m_max_pad, f"{ck.path}:{entry}")
 
 
-#: The workload fields a tuple's M values share, in :meth:`Workload.identity`'s order around M.
-_COMMON = ("transport", "n", "k", "world", "quant", "gather_dtype", "gather_transport", "block_m", "block_n",
-           "sdma_queues")
-#: Repeated M values warned about one by one; past this, one line counts the rest.
-MAX_REPEAT_WARNINGS = 32
-
-
-def _expand(ck: _Checker, drafts: list[_Draft]) -> list[Workload]:
-    """The distinct workloads of the checked tuples, in manifest order; [] after a refusal.
-
-    Counted as they are made: the first M past :data:`MAX_WORKLOADS` distinct ones stops the
-    expansion and refuses the manifest (a manifest of a million M values is refused after
-    4,097 of them, never all made); a repeat is counted, not made, and warned about (the first
-    :data:`MAX_REPEAT_WARNINGS` one by one)."""
-    first: dict[tuple, tuple[str, int]] = {}  # identity -> (source, m_requested) of its first
-    out: list[Workload] = []
-    repeats = 0
-    for d in drafts:
-        group = tuple(d.common[f] for f in _COMMON) + (d.m_max,)
-        for m_req, m_pad in zip(d.fields["m_values"], _padded(d.fields)):
-            ident = (group, m_pad)
-            seen = first.get(ident)
-            if seen is None:
-                if len(out) == MAX_WORKLOADS:
-                    ck.problem("top level", f"the tuples expand to more than {MAX_WORKLOADS} distinct workloads "
-                               f"(padded M values; {_entry_of(d.source, ck.path)} goes past it), more than the "
-                               f"{MAX_WORKLOADS} one manifest may ask for; split it into several manifests (each "
-                               "gets its own lock file) or use coarser M ranges")
-                    return []
-                first[ident] = (d.source, m_req)
-                out.append(Workload(m=m_pad, m_max=d.m_max, m_requested=m_req, source=d.source, **d.common))
-                continue
-            repeats += 1
-            if repeats > MAX_REPEAT_WARNINGS:
-                continue
-            src, req = seen
-            entry = _entry_of(d.source, ck.path)
-            if src == d.source:
-                ck.warnings.append(f"{ck.path}: {entry}: m = {req} and m = {m_req} both pad to {m_pad}; it is "
-                                   f"built once")
-            else:
-                ck.warnings.append(f"{ck.path}: {entry}: m = {m_req} (padded {m_pad}) repeats "
-                                   f"{_entry_of(src, ck.path)}; it is built once")
-    if repeats > MAX_REPEAT_WARNINGS:
-        ck.warnings.append(f"{ck.path}: and {repeats - MAX_REPEAT_WARNINGS} more M values repeat one above; each "
-                           "is built once")
-    return out
-
-
-def gemm_compiles(workloads) -> dict[str, int]:
-    """GEMM compiles per transport these workloads need (what MAX_GEMM_COMPILES bounds)."""
-    fused: dict[str, int] = {}
-    shared: dict[str, set] = {}
-    for w in workloads:
-        if w.transport in ("fused-sdma", "fused-lsa"):
-            fused[w.transport] = fused.get(w.transport, 0) + w.world
-        elif w.transport == "gemm-only":
-            shared.setdefault(w.transport, set()).add((w.n, w.k, rules.gemm_only_wants_narrow(w.m, w.n)))
-        elif w.transport == "gemv":
-            shared.setdefault(w.transport, set()).add((w.n, w.k, w.m))
-        else:  # split modes share one unfused GEMM per shape
-            shared.setdefault("split", set()).add((w.n, w.k, w.quant, w.block_m))
-    return {**fused, **{t: len(v) for t, v in shared.items()}}
-
-
-def _check_limits(ck: _Checker, workloads: list[Workload]) -> None:
-    """Bound the GEMM compiles the whole manifest asks for, before any of it is planned or
-    compiled (:func:`_expand` has bounded the workloads)."""
-    by_mode = gemm_compiles(workloads)
-    total = sum(by_mode.values())
-    if total > MAX_GEMM_COMPILES:
-        parts = ", ".join(f"{t} {n}" for t, n in sorted(by_mode.items(), key=lambda x: -x[1]))
-        hours = total * GEMM_COMPILE_SECONDS / 3600
-        ck.problem("top level", f"the tuples ask for {total} GEMM compiles ({parts}; about {hours:.1f} "
-                   f"CPU-hours at ~{GEMM_COMPILE_SECONDS} s each), more than the {MAX_GEMM_COMPILES} one "
-                   "manifest may ask for; split it into several manifests (each gets its own lock file), "
-                   "or ask for fewer M values or ranks")
-
-
-def _entry_of(source: str, path: str) -> str:
-    prefix = path + ":"
-    return source[len(prefix):] if source.startswith(prefix) else source
-
-
-# --------------------------------------------------------------------------
-# Entry points
-# --------------------------------------------------------------------------
-
-
-def _default_name(path: str) -> str:
-    if path.startswith("<"):
-        return "manifest"
-    return Path(path).stem or "manifest"
-
-
-def parse_manifest(text: str, path: str = "<string>") -> Manifest:
-    """Parse and validate manifest ``text``; ``path`` is only used in messages.
-
-    Raises :class:`ManifestError` listing every problem; never anything else.
-    """
-    path = str(path)
-    if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ManifestError([f"{path}: not UTF-8 text (bad byte at offset {exc.start}); "
-                                 "save the manifest as UTF-8"]) from None
-    if not isinstance(text, str):
-        raise ManifestError([f"{path}: expected the manifest's text, got {type(text).__name__}"])
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError([f"{path}: not valid TOML: {exc}; fix the syntax there"]) from None
-    except RecursionError:
-        raise ManifestError([f"{path}: not valid TOML: arrays or tables are nested too deeply "
-                             "for the parser; flatten them"]) from None
-    except Exception as exc:  # e.g. ValueError for an integer of thousands of digits
-        raise ManifestError([f"{path}: not valid TOML: the parser stopped with "
-                             f"{type(exc).__name__}: {_render(str(exc))}; fix that value"]) from None
-
-    ck = _Checker(path, text)
-    for key in data:
-        if key not in _TOP_KEYS:
-            _unknown_key(ck, "top level", key, ("[manifest]", "[[tuple]]"), "a manifest")
-    name, description, arch = _check_manifest_table(ck, data.get("manifest", {}), _default_name(path))
-
-    tuples = data.get("tuple")
-    drafts: list[_Draft] = []
-    if tuples is None:
-        ck.problem("top level", "there is no [[tuple]]: a manifest must list at least one workload; "
-                   'add e.g. [[tuple]] with transport = "fused-sdma", m, n, k, world and quant')
-    elif isinstance(tuples, dict):
-        ck.problem("top level", "[tuple] is a single table, but tuples are an array of tables; "
-                   "write the header as [[tuple]]")
-    elif not isinstance(tuples, list):
-        ck.problem("top level", f"tuple = {_render(tuples)}: tuples must be [[tuple]] sections, not "
-                   f"{_type_name(tuples)}; write each as a [[tuple]] section")
-    elif not tuples:
-        ck.problem("top level", "tuple = []: a manifest must list at least one workload; "
-                   "add a [[tuple]] section")
-    else:
-        lines = ck.tuple_lines(len(tuples))
-        for i, raw in enumerate(tuples):
-            d = _check_tuple(ck, i, raw, lines[i])
-            if d is not None:
-                drafts.append(d)
-
-    if ck.problems:
-        raise ManifestError(ck.problems)
-    workloads = _expand(ck, drafts)
-    if not ck.problems:
-        _check_limits(ck, workloads)
-    if ck.problems:
-        raise ManifestError(ck.problems)
-    return Manifest(
-        name=name,
-        path=path,
-        arch=arch,
-        description=description,
-        workloads=tuple(workloads),
-        warnings=tuple(ck.warnings),
-    )
-
-
-def load_manifest(path: str | os.PathLike) -> Manifest:
-    """Read and validate the manifest at ``path``. Raises :class:`ManifestError`."""
-    try:
-        shown = os.fspath(path)
-    except TypeError:
-        raise ManifestError([f"{path!r}: not a file path"]) from None
-    if isinstance(shown, bytes):
-        shown = shown.decode("utf-8", "replace")
-    try:
-        data = Path(shown).read_bytes()
-    except FileNotFoundError:
-        raise ManifestError([f"{shown}: no such file; check the path (the shipped manifests are "
-                             "in manifests/)"]) from None
-    except IsADirectoryError:
-        raise ManifestError([f"{shown}: is a directory; pass a manifest .toml file"]) from None
-    except (OSError, ValueError) as exc:
-        why = getattr(exc, "strerror", None) or str(exc)
-        raise ManifestError([f"{shown}: cannot read it ({why}); check the path and its "
-                             "permissions"]) from None
-    return parse_manifest(data, path=shown)
+#: The workload fields a tuple's M values share, in :meth:`~gemmar_aot.build.workload.Workload.identity`'s
+#: order around M.
+COMMON = ("transport", "n", "k", "world", "quant", "gather_dtype", "gather_transport", "block_m", "block_n",
+          "sdma_queues")
 
 
 __all__ = [
-    "MAX_GEMM_COMPILES",
-    "MAX_WORKLOADS",
-    "gemm_compiles",
+    "COMMON",
+    "Checker",
+    "Draft",
     "FORMAT_VERSIONS",
     "MAX_M_VALUES",
-    "MAX_REPEAT_WARNINGS",
-    "Manifest",
     "SUPPORTED_ARCHS",
-    "load_manifest",
-    "parse_manifest",
+    "check_manifest_table",
+    "check_tuple",
+    "padded",
+    "render",
+    "type_name",
+    "unknown_key",
 ]

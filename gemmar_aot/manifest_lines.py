@@ -1,6 +1,7 @@
 """The ``[[tuple]]`` TOML that would build missing M values into the same window layout.
 
-Used by the strict-miss error and by ``gemmar-aot coverage``. The snippet pins
+Used by the runtime's strict-miss error, by ``gemmar-aot coverage`` and by ``gemmar-aot
+suggest``: shared, so the build side prints the very lines a pod's error names. The snippet pins
 ``m_max`` to the window the existing artifacts were built for, so the new
 kernels share their layout (every offset, including each M's counter slot, is
 compiled in); when an M exceeds that window the snippet says so, because then

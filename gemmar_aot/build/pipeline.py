@@ -40,7 +40,7 @@ def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, se
     The audit compiles on this machine in workers of its own, closed after it: a compile
     worker must compile a spec at most once (FlyDSL keeps what it compiled in the process and
     would hand the build's second compile of that spec no artifact)."""
-    from gemmar_aot.audit import audit_tasks, sample
+    from gemmar_aot.build.audit import audit_tasks, sample
     from gemmar_aot.compiler.scheduler import LocalExecutor, Task
     from gemmar_aot.compiler.trace import maybe_phase
 
@@ -67,7 +67,7 @@ def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, se
 
 def _closure_keys(manifest, sha: str, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
     """(exact, latest): the action keys of this build's closure entry and of its manifest's newest."""
-    from gemmar_aot.closure import closure_key, latest_key
+    from gemmar_aot.build.closure import closure_key, latest_key
     from gemmar_aot.keys import derive_code_digest
 
     return (closure_key(manifest={"name": manifest.name, "sha256": sha}, profile=profile,
@@ -79,7 +79,7 @@ def _closure_lookup(session, closure_keys: tuple[str, str], manifest_sha: str, t
                     all_keys: set[str], missing: list[str]) -> dict:
     """Ask for the closure when anything is missing locally (else only whether the remote holds
     it: then nothing needs backfilling and nothing uploading). The summary's ``closure``."""
-    from gemmar_aot.closure import fetch_closure
+    from gemmar_aot.build.closure import fetch_closure
 
     exact, latest = closure_keys
     if not missing:  # only whether the remote holds it; the build's first request, so its probe
@@ -205,13 +205,13 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     expires (None: never). Load the keys before calling: a bad key is refused before any compile.
 
     ``audit_remote``: recompile this many of the remote hits (a sample seeded by ``audit_seed``,
-    else a fresh seed, reported) in a scratch store before trusting the rest (:mod:`gemmar_aot.audit`).
+    else a fresh seed, reported) in a scratch store before trusting the rest (:mod:`gemmar_aot.build.audit`).
     An entry that is not what its key compiles to is reported and quarantined, and then no remote
     hit of this build is trusted: all of them are compiled here (and uploaded, replacing the
     poisoned entry).
 
     ``remote``: a Bazel HTTP cache URL layered behind the local store (read-through and,
-    unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.remote_cache`).
+    unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.build.remote_session`).
     ``remote_required``: a failing remote is an error rather than one warning.
 
     ``executor``: where compiles run (``compiler.scheduler.Executor``); default: local worker
@@ -303,8 +303,8 @@ class _BuildRun:
     def prepare(self) -> None:
         from gemmar_aot.compiler.scheduler import COSTS_FILE, CostModel, LocalExecutor
         from gemmar_aot.compiler.trace import BuildTrace
-        from gemmar_aot.manifest import load_manifest
-        from gemmar_aot.plan import make_plan
+        from gemmar_aot.build.manifest import load_manifest
+        from gemmar_aot.build.plan import make_plan
         from gemmar_aot.store import Store, default_store_root
         from gemmar_aot.toolchain import load_toolchain
 
@@ -320,7 +320,7 @@ class _BuildRun:
         self.root = default_store_root(str(o.store) if o.store is not None else None)
         self.st = Store(self.root)
         if o.remote:
-            from gemmar_aot.remote_cache import RemoteSession
+            from gemmar_aot.build.remote_session import RemoteSession
             from gemmar_aot.store.errors import StoreError
             from gemmar_aot.store.remote.backend import HttpBackend
 
@@ -356,13 +356,13 @@ class _BuildRun:
                 self.keys[ids[s]] = action_key(self.ingr[ids[s]])
         selected = [s for s in specs if not self.o.only or s.kind in self.o.only]
         if self.o.shard is not None:
-            from gemmar_aot.shard import select
+            from gemmar_aot.build.shard import select
 
             selected = select(selected, *self.o.shard)
         self.selected = selected
 
     def look_up_locally(self) -> None:
-        from gemmar_aot.remote_cache import FETCH_LEVEL
+        from gemmar_aot.build.remote_session import FETCH_LEVEL
         from gemmar_aot.store import Store
 
         ids, keys, rewriter = self.ids, self.keys, None
@@ -371,7 +371,7 @@ class _BuildRun:
                 rec = self.st.get_record(keys[ids[s]], verify=True)
                 if rec is not None and not is_current(rec):
                     if rewriter is None:
-                        # Written as the remote's entries are (remote_cache.py): zstd level 3, no
+                        # Written as the remote's entries are (remote_session.py): zstd level 3, no
                         # fsync. A torn or lost record is derived again by the next build, and
                         # ``gemmar-aot optimize`` (run by every build that compiles) re-encodes it.
                         rewriter = Store(self.root, level=FETCH_LEVEL, durable=False, touch=False)
@@ -387,7 +387,7 @@ class _BuildRun:
     def look_up_remote(self) -> None:
         """What the local store lacked, from the remote: the manifest's closure first (a whole
         build), then key by key; the audit of what came; the backfill of what the remote lacks."""
-        from gemmar_aot.audit import note_fetches
+        from gemmar_aot.build.audit import note_fetches
 
         ids, keys, session, selected = self.ids, self.keys, self.session, self.selected
         missing = [keys[ids[s]] for s in selected if ids[s] not in self.records]
@@ -493,7 +493,7 @@ class _BuildRun:
         # still reads every file head. Most of it ran during the last kernels (_EarlyOptimize); this
         # repacks what it missed. Not after a build that only fetched from the remote cache: training
         # and repacking its entries took most of a fresh-clone build, and only saves local disk
-        # (remote_cache.py); the next build that compiles, or `gemmar-aot optimize`, does it.
+        # (remote_session.py); the next build that compiles, or `gemmar-aot optimize`, does it.
         from gemmar_aot.store import dictionaries
 
         st = self.st
@@ -528,7 +528,7 @@ class _BuildRun:
             closure.pop("records")
             closure["uploaded"] = False
             if self.lock_file is not None and not closure["present"]:
-                from gemmar_aot.closure import upload_closure
+                from gemmar_aot.build.closure import upload_closure
 
                 with self.phase("closure upload"):
                     up = upload_closure(self.session, self.st, self.lock, self.index, exact=self.closure_keys[0],

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gemmar_aot import rules
+from gemmar_aot.build.manifest import Manifest
+from gemmar_aot.build.workload import Workload, dedup_workloads
 from gemmar_aot.model.layout import WindowLayout
-from gemmar_aot.manifest import Manifest
 from gemmar_aot.spec import KernelSpec
-from gemmar_aot.workload import Workload, dedup_workloads
 from gemmar_aot_kernels import recipe_module
 from gemmar_aot_kernels._common import RankKernels
 

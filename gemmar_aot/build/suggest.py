@@ -54,7 +54,7 @@ def manifest_ms(manifest: Any) -> dict[tuple, set[int]]:
 def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
     """The manifest lines for the misses ``lines`` (:func:`gemmar_aot.runtime.misses.read_reports`).
     Returns ``{"groups": [...], "snippet": TOML, "already_built": [...], "misses": N}``."""
-    from gemmar_aot.runtime.manifest_lines import manifest_snippet
+    from gemmar_aot.manifest_lines import manifest_snippet
 
     wanted: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for d in lines:
@@ -85,7 +85,7 @@ def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
 def write_into(manifest_path: str | os.PathLike, snippet: str, sources: Iterable[str]) -> Path:
     """Append ``snippet`` to the manifest at ``manifest_path`` after a comment naming ``sources``;
     the result must parse as a manifest (else GemmarError, nothing written)."""
-    from gemmar_aot.manifest import parse_manifest
+    from gemmar_aot.build.manifest import parse_manifest
 
     path = Path(manifest_path)
     text = path.read_text(encoding="utf-8")
