@@ -4,7 +4,7 @@ The pods append each distinct miss to a report (:mod:`gemmar_aot.runtime.misses`
 any number of reports, groups the misses by tuple (transport, N, K, world, quant, wire, block_m,
 SDMA queues and the window's m_max), leaves out the M values the manifest already builds (the
 pod ran older artifacts: rebuild and redeploy), and writes the rest as ``[[tuple]]`` blocks in
-the form the runtime's own miss error prints (:func:`gemmar_aot.runtime.manifest_lines.manifest_snippet`),
+the form the runtime's own miss error prints (:func:`gemmar_aot.manifest_lines.manifest_snippet`),
 pinned to the pod's window so the new kernels share its layout. ``--write`` appends them to the
 manifest after a comment naming the reports, so the file keeps its comments and layout; the
 new text must parse as a manifest before it replaces the old (atomically).
