@@ -34,9 +34,7 @@ if TYPE_CHECKING:  # imported where used: the compile code imports rules, and no
     from gemmar_aot.artifact_model import WindowLayout
 
 
-# --------------------------------------------------------------------------
-# Constants
-# --------------------------------------------------------------------------
+# ---- Constants ----
 
 #: Quantisations the fused op accepts.
 QUANTS = ("blockscale", "mxfp8")
@@ -108,9 +106,7 @@ def align_up(value: int, alignment: int = ALIGN) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
-# --------------------------------------------------------------------------
-# Shape helpers
-# --------------------------------------------------------------------------
+# ---- Shape helpers ----
 
 
 def default_block_m(quant: str) -> int:
@@ -205,10 +201,7 @@ def lsa_stage(world: int, nbytes: int) -> int:
     return 2
 
 
-# --------------------------------------------------------------------------
-# Checks: each returns a reason string, or None when the rule holds.
-# Listed in the order GemmAllReduceOp applies them.
-# --------------------------------------------------------------------------
+# ---- Checks: each returns a reason string, or None when the rule holds, in the op's order ----
 
 
 def check_quant(quant: str) -> str | None:
@@ -547,9 +540,7 @@ def check_mxfp8_gemv(n: int, k: int, *, m: int | None = None) -> str | None:
     return check_gemv_m(m) or check_int32_extents(m, n, k)
 
 
-# --------------------------------------------------------------------------
-# Window layout
-# --------------------------------------------------------------------------
+# ---- Window layout ----
 
 
 def _payload_packs(m: int, n: int) -> int:
@@ -632,58 +623,25 @@ def _shared_window_layout(world: int, n: int, m_max_pad: int, block_m: int, gath
     from gemmar_aot.artifact_model import WindowLayout
 
     out = WindowLayout(**{
-        "world": world,
-        "n": n,
-        "m_max": cm,
-        "block_m": block_m,
-        "gather_dtype": gather_dtype,
-        "gather_transport": gather_transport,
-        "max_shapes": max_shapes,
-        "counter_capacity": MAX_CHUNKS,
-        "recv_slots": recv_slots,
-        "gather_bands": GATHER_BANDS,
-        "start_off": start_off,
-        "end_off": end_off,
-        "flag_off": flag_off,
-        "counter_region_off": counter_region_off,
-        "counter_set_bytes": counter_set_bytes,
-        "counter_bytes": counter_bytes,
-        "lock_off": lock_off,
-        "lock_bytes": lock_bytes,
-        "gather_counter_region_off": gather_counter_region_off,
-        "gather_counter_set_bytes": gather_counter_set_bytes,
-        "gather_counter_bytes": gather_counter_bytes,
-        "signal_bytes": signal_bytes,
-        "input_off": input_off,
-        "output_off": output_off,
-        "output_end": output_end,
-        "gout_off": gout_off,
-        "gout_scale_off": gout_scale_off,
-        "tmp_off": tmp_off,
-        "tmp_bytes": tmp_bytes,
-        "recv_off": recv_off,
-        "recv_slot_bytes": recv_slot_bytes,
+        "world": world, "n": n, "m_max": cm, "block_m": block_m, "gather_dtype": gather_dtype,
+        "gather_transport": gather_transport, "max_shapes": max_shapes, "counter_capacity": MAX_CHUNKS,
+        "recv_slots": recv_slots, "gather_bands": GATHER_BANDS, "start_off": start_off, "end_off": end_off,
+        "flag_off": flag_off, "counter_region_off": counter_region_off, "counter_set_bytes": counter_set_bytes,
+        "counter_bytes": counter_bytes, "lock_off": lock_off, "lock_bytes": lock_bytes,
+        "gather_counter_region_off": gather_counter_region_off, "gather_counter_set_bytes": gather_counter_set_bytes,
+        "gather_counter_bytes": gather_counter_bytes, "signal_bytes": signal_bytes, "input_off": input_off,
+        "output_off": output_off, "output_end": output_end, "gout_off": gout_off, "gout_scale_off": gout_scale_off,
+        "tmp_off": tmp_off, "tmp_bytes": tmp_bytes, "recv_off": recv_off, "recv_slot_bytes": recv_slot_bytes,
         "recv_slot_offs": tuple(recv_off + p * recv_slot_bytes for p in range(recv_slots)),
-        "gout_scale_slice_offs": tuple(
-            gout_scale_off + p * cap_slice_rows * 4 for p in range(world)
-        ),
+        "gout_scale_slice_offs": tuple(gout_scale_off + p * cap_slice_rows * 4 for p in range(world)),
         "window_bytes": window_bytes,
     })
     return out
 
 
-def window_layout(
-    world: int,
-    n: int,
-    m_max_pad: int,
-    block_m: int = 128,
-    gather_dtype: str = "bf16",
-    gather_transport: str = "lsa",
-    max_shapes: int | None = None,
-    m_pad: int | None = None,
-    *,
-    recv_slots: int | None = None,
-) -> WindowLayout:
+def window_layout(world: int, n: int, m_max_pad: int, block_m: int = 128, gather_dtype: str = "bf16",
+                  gather_transport: str = "lsa", max_shapes: int | None = None, m_pad: int | None = None, *,
+                  recv_slots: int | None = None) -> WindowLayout:
     """Every window offset the kernels compile in, for one op instance.
 
     Reproduces the layout ``GemmAllReduceOp`` builds: ``recv_slots = world``,
@@ -691,27 +649,10 @@ def window_layout(
     sets (default :func:`default_max_shapes`), and every payload offset taken
     from the capacity ``m_max_pad`` so it is the same for every M.
 
-    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``.
-    Fields of the returned :class:`~gemmar_aot.artifact_model.WindowLayout`:
-
-    * configuration: ``world``, ``n``, ``m_max``, ``block_m``, ``gather_dtype``,
-      ``gather_transport``, ``max_shapes``, ``counter_capacity``, ``recv_slots``,
-      ``gather_bands``;
-    * control area: ``start_off``, ``end_off``, ``flag_off``,
-      ``counter_region_off``, ``counter_set_bytes``, ``counter_bytes``,
-      ``lock_off``, ``lock_bytes``, ``gather_counter_region_off``,
-      ``gather_counter_set_bytes``, ``gather_counter_bytes``, ``signal_bytes``;
-    * payload: ``input_off``, ``output_off``, ``output_end``, ``gout_off``,
-      ``gout_scale_off``, ``tmp_off``, ``tmp_bytes``, ``recv_off``,
-      ``recv_slot_bytes``, ``recv_slot_offs`` (one per peer),
-      ``gout_scale_slice_offs`` (one per peer), ``window_bytes``.
-
-    With ``m_pad`` (a padded M this instance serves) its ``call`` holds the
-    per-call values (a :class:`~gemmar_aot.artifact_model.CallLayout`): ``m``, ``slot``, ``counter_off``, ``gather_counter_off``,
-    ``counter_chunks``, ``slice_rows``, ``num_packs``, ``packs_per_rank``,
-    ``largest_pack_part``, ``slice_bytes``, ``chunk_bytes``,
-    ``gather_slice_bytes``, ``gather_scale_slice_bytes``, ``reduce_blocks``,
-    ``lsa_stage``, ``lsa_blocks``.
+    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``; the
+    returned :class:`~gemmar_aot.model.layout.WindowLayout` documents its fields. With ``m_pad``
+    (a padded M this instance serves) its ``call`` holds that M's values
+    (:class:`~gemmar_aot.model.layout.CallLayout`).
 
     ``recv_slots`` (keyword only) overrides the landing-slot count; the op always
     uses ``world``; an LSA-only all-reduce needs none.
@@ -743,21 +684,13 @@ def window_layout(
     from gemmar_aot.artifact_model import CallLayout
 
     return replace(out, call=CallLayout(**{
-        "m": m_pad,
-        "slot": slot,
-        "counter_off": out.counter_region_off + slot * out.counter_set_bytes,
+        "m": m_pad, "slot": slot, "counter_off": out.counter_region_off + slot * out.counter_set_bytes,
         "gather_counter_off": out.gather_counter_region_off + slot * out.gather_counter_set_bytes,
-        "counter_chunks": chunks,
-        "slice_rows": slice_rows,
-        "num_packs": packs,
-        "packs_per_rank": packs_per_rank,
-        "largest_pack_part": packs_per_rank + packs % world,
-        "slice_bytes": slice_bytes,
-        "chunk_bytes": slice_bytes // chunks,
-        "gather_slice_bytes": slice_rows * n * (1 if fp8 else BF16_BYTES),
+        "counter_chunks": chunks, "slice_rows": slice_rows, "num_packs": packs, "packs_per_rank": packs_per_rank,
+        "largest_pack_part": packs_per_rank + packs % world, "slice_bytes": slice_bytes,
+        "chunk_bytes": slice_bytes // chunks, "gather_slice_bytes": slice_rows * n * (1 if fp8 else BF16_BYTES),
         "gather_scale_slice_bytes": slice_rows * 4 if fp8 else 0,
-        "reduce_blocks": max(1, min(SDMA_REDUCE_BLOCK_CAP, -(-packs_per_rank // THREADS))),
-        "lsa_stage": stage,
+        "reduce_blocks": max(1, min(SDMA_REDUCE_BLOCK_CAP, -(-packs_per_rank // THREADS))), "lsa_stage": stage,
         "lsa_blocks": max(1, min(LSA_BLOCK_CAP, -(-lsa_cover // THREADS))),
     }))
 
