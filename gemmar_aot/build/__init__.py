@@ -7,7 +7,7 @@
 -> manifest lines).
 
 This package re-exports nothing, not even ``run_build``: importing it would then import the
-pipeline and what it needs (the store, the derive code, the keys: ~0.1 s and 28 more modules)
+pipeline and what it needs (the store, the derive code, the keys: dozens more modules)
 for every light user of ``manifest`` or ``plan`` (``gemmar-aot plan``, ``suggest``).
 Import each name from its own module.
 """

@@ -1,8 +1,8 @@
 """A manifest's closure in the remote cache: everything its lock names, in one request.
 
 A fresh runner pointed at a warm remote used to fetch each kernel by key: two requests a
-kernel (~850 for the reference manifest), one small object each. At 50 ms a round trip that
-is seconds, and the CAS copies are raw code objects. But the lock already names the whole
+kernel, one small object each; over a link with a long round trip that adds up to seconds
+(``bench/bench_closure.py`` measures it), and the CAS copies are raw code objects. But the lock already names the whole
 closure of a manifest, so after a build we upload one more action-cache entry:
 
     /ac/<closure key>   an ActionResult whose outputs are
@@ -232,7 +232,7 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
     def put(k: str) -> None:
         local.put_blob(codes[k])  # blob before record
         # The record's compact canonical JSON (C speed): the indented file form is encoded in pure
-        # Python, ~1 ms a record, most of taking a closure in. Readers take either form.
+        # Python, which was most of taking a closure in. Readers take either form.
         local.put_record_json(k, canonical_json_line(recs[k]), recs[k])
 
     current = [k for k, rec in recs.items() if is_current(rec)]  # else: the per-key path re-derives it

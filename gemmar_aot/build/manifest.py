@@ -132,8 +132,8 @@ from gemmar_aot.errors import ManifestError
 #: may ask for, across all its tuples.
 MAX_WORKLOADS = 4096
 #: Most GEMM compiles one manifest may ask for, across all its tuples. GEMMs are
-#: the expensive kernels (~1.5 s each on a CPU build host, phase kernels ~0.1 s):
-#: 8192 of them are about 3.4 CPU-hours. A fused GEMM is one compile per M and
+#: the expensive kernels (an order of magnitude above a phase kernel; BENCHMARKS.md has the
+#: per-kind compile times): 8192 of them are hours of CPU. A fused GEMM is one compile per M and
 #: rank; an unfused one (split modes, gemm-only) one per shape; gemv one per bucket.
 MAX_GEMM_COMPILES = 8192
 #: Mean CPU seconds of one GEMM compile, for the limit's message.

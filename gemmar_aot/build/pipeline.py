@@ -344,8 +344,8 @@ class _BuildRun:
         return maybe_phase(self.trace, name, **args)
 
     def compute_keys(self) -> None:
-        # spec_id is sha256 over canonical JSON (~50 us): computed once per spec here rather than
-        # at each of the ~13 uses per spec below (0.2-0.3 s of a 424-spec warm build).
+        # spec_id is sha256 over canonical JSON: computed once per spec here rather than at each
+        # of its uses below (a warm build is mostly look-ups, and those uses were a visible part).
         specs = self.plan.specs
         self.ids = ids = {s: s.spec_id for s in specs}
         self.keys: dict[str, str] = {}

@@ -5,10 +5,10 @@ byte verified by the backend before it is kept -- and what this build compiles, 
 locally and the remote lacks, is written through, blob before record.
 
 - :meth:`RemoteSession.lookup` resolves the local misses against the remote: requests
-  in parallel (a warm fresh checkout is ~850 small GETs; one at a time they would
-  dominate the build), each thread writing what it fetched into the local store. Fetched
+  in parallel (a warm fresh checkout is two small GETs a kernel; one at a time they
+  would dominate the build), each thread writing what it fetched into the local store. Fetched
   entries are written at zstd level 3 and without fsync: two fsyncs and a level-19
-  compress per entry were ~40 ms, 17 s for the reference manifest, and buy nothing
+  compress per entry dominated a fresh checkout's build, and buy nothing
   here -- every local read verifies (a torn file is quarantined, not used) and the
   entry can be fetched again. ``gemmar-aot optimize`` (run by every build that compiles)
   re-encodes them with the store's level and dictionary.

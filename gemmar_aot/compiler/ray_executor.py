@@ -64,7 +64,7 @@ PROBE_TIMEOUT_S = 180.0
 #: Seconds without any usable node (alive, with CPUs, toolchain not refused) before the build stops.
 NO_CPU_TIMEOUT_S = 120.0
 #: Threads that write verified results into the store. The driver is the only writer process;
-#: a few threads keep its ~5 ms per kernel (zstd -19, two fsyncs) off the critical path of a
+#: a few threads keep its per-kernel write (zstd -19, two fsyncs) off the critical path of a
 #: cluster that returns results faster than one thread can store them.
 STORE_WRITERS = 4
 #: How often the driver looks for finished store writes while it waits on the cluster.

@@ -9,7 +9,7 @@ LocalExecutor:
 
 * Workers are ``spawn``ed (FlyDSL and MLIR hold state that does not survive fork),
   initialised once and reused. ``start()`` can be called before the task list is
-  known, so their ~5-10 s of imports overlap planning and key look-ups.
+  known, so their imports (seconds: FlyDSL, MLIR, torch) overlap planning and key look-ups.
 * Dispatch is pull-based: an idle worker gets the most expensive batch left, by the
   per-kind costs recorded from earlier builds (:class:`CostModel`) -- list scheduling,
   longest first, so the tail of a build is short phase kernels, not a GEMM.

@@ -13,12 +13,12 @@ Work FlyDSL repeats on every call that is not compilation is done once or not at
 mori's own path):
 
 * the builder's AST rewrite: FlyDSL re-parses and rewrites a kernel's source each time
-  a builder creates it (~0.06-0.14 s per kernel). The rewrite depends only on the code
+  a builder creates it. The rewrite depends only on the code
   object, so it is done once per code object per worker and re-bound to each new closure;
 * the print/re-parse of the lowered module in a fresh MLIR context to read the code
-  object back (~10-20 ms a kernel): the ``gpu.binary`` is read from the lowered module;
+  object back: the ``gpu.binary`` is read from the lowered module;
 * ``Numeric.from_ir_type`` builds a 29-entry dict of MLIR types on each of its ~2,900
-  calls per GEMM to look one up (~0.09 s a GEMM): the answer is kept per type.
+  calls per GEMM to look one up: the answer is kept per type.
 
 Not removed: FlyDSL prints the traced module and parses it back before lowering. Lowering
 the traced module in place instead aborts inside MLIR (``DictionaryAttr element names

@@ -140,9 +140,9 @@ class BlobCodec:
 
     def decompressor(self, dict_digest: str | None) -> zstandard.ZstdDecompressor:
         """This thread's decompressor for ``dict_digest`` (None: no dictionary); raises
-        DictionaryUnavailable. Kept per thread like the compressors: a new one per blob costs
-        ~16 us with a 112 KB dictionary (its context is set up again), ten times the
-        decompression of a typical code object."""
+        DictionaryUnavailable. Kept per thread like the compressors: a new one per blob sets
+        the dictionary's context up again, which costs more than decompressing a typical code
+        object."""
         tls = self._tls
         if getattr(tls, "dgeneration", None) != self._generation:
             tls.dgeneration, tls.dctx = self._generation, {}

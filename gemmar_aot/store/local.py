@@ -57,8 +57,8 @@ BLOB_SUFFIX = ".zst"
 CLAIM_SUFFIX = ".claim"
 #: zstd level for new records without a dictionary yet (cheap: a put is on the build's path).
 RECORD_LEVEL = 3
-#: zstd level for new blobs. Level 19 costs ~5 ms per 30 KB GEMM code object (the
-#: compile costs 50 ms to 2 s) and decodes as fast as level 3; see bench/bench_store.py.
+#: zstd level for new blobs. Level 19 costs little next to a compile and decodes as fast as
+#: level 3; see bench/bench_store.py and BENCHMARKS.md.
 DEFAULT_LEVEL = 19
 #: A record hit refreshes the record's mtime (the LRU clock of ``gc``) at most this often.
 TOUCH_INTERVAL_S = 3600.0

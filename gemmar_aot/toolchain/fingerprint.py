@@ -74,7 +74,7 @@ def _is_flydsl_code(rel: str) -> bool:
 
 
 def flydsl_package_digest(cache: Path | None = None) -> str:
-    """Digest of FlyDSL's .py and native .so files (~270 MB, ~1 s).
+    """Digest of FlyDSL's .py and native .so files (hundreds of MB: cached by ``cache``).
 
     ``cache`` (a JSON file) remembers the digest with a signature of the files'
     paths, sizes and mtimes, so an unchanged installation is not re-hashed.

@@ -1,8 +1,8 @@
 """``$ROCM_PATH/llvm/bin/ld.lld``: FlyDSL's ROCDL serializer links code objects with it.
 
 A two-line shell wrapper that execs zig's ld.lld (LLD 22) directly: FlyDSL links once
-per kernel, and going through ``python -m ziglang`` cost ~26 ms of interpreter start-up
-per link (~11 CPU-seconds over the reference manifest) for nothing.
+per kernel, and going through ``python -m ziglang`` cost an interpreter start-up per link
+for nothing.
 
 The toolchain carries its own ``zig`` next to the wrapper (a hard link to the installed
 ziglang's binary, a copy across file systems), and the wrapper finds it relative to itself:
