@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -121,9 +122,10 @@ class RankEntry:
     def layout(self) -> WindowLayout | None:
         return self.tuple.layout
 
-    @property
+    @cached_property
     def where(self) -> str:
-        """The lock and the manifest line this entry came from."""
+        """The lock and the manifest line this entry came from (made once: every message about the
+        entry starts with it, and verification builds them as it goes)."""
         return f"{self.lock.source} ({self.tuple.source or '?'})"
 
     def identity(self) -> tuple:

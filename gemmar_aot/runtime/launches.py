@@ -186,11 +186,17 @@ def _launch_shape(record: LaunchRecord, per_call: tuple[int, ...], where: str) -
 
 
 def _struct_for(kernel: KernelMetadata, types: tuple[str, ...], cache: dict) -> struct.Struct:
-    """:func:`kernarg_struct`, shared by kernels of one argument layout (``cache``: per construction)."""
+    """:func:`kernarg_struct`, shared by kernels of one argument layout (``cache``: per construction;
+    found by the metadata object first: the phases of every M share one, and their layout is
+    worked out once)."""
+    got = cache.get(("struct", id(kernel), types))
+    if got is not None and got[0] is kernel:
+        return got[1]
     layout = (types, kernel.kernarg_size, tuple((a.offset, a.size) for a in explicit_args(kernel)))
     st = cache.get(layout)
     if st is None:
         st = cache[layout] = kernarg_struct(kernel, types)
+    cache[("struct", id(kernel), types)] = (kernel, st)
     return st
 
 

@@ -25,8 +25,7 @@ Nothing here acquires anything; a bad artifact is refused before a module is loa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
@@ -130,9 +129,9 @@ def block_mismatch(kernel: KernelMetadata, block: tuple[int, ...]) -> str | None
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EntryPosition:
-    """Where a lock entry sits: the tuple, M and rank it is launched for, and its role there."""
+class EntryPosition(NamedTuple):
+    """Where a lock entry sits: the tuple, M and rank it is launched for, and its role there.
+    (A named tuple: an op makes one per launch entry, tens at every construction.)"""
 
     transport: str
     kind: str
