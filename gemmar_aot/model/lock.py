@@ -160,7 +160,7 @@ class Lock:
         data = bytes(data)
         if data[:4] == LOCK_ZSTD_MAGIC:
             data = _decompress_lock(data, where)
-        lines = data.split(b"\n")
+        lines = _lines(data)
         try:
             head = json.loads(lines[0])
         except (ValueError, UnicodeDecodeError) as exc:
@@ -171,6 +171,22 @@ class Lock:
                 raise LockFileError(f"{where} is not valid JSON Lines ({exc}); {_REBUILD}") from None
             return _Reader(where).lock(old, lines=[])
         return _Reader(where).lock(head, lines=lines[1:])
+
+
+def _lines(data: bytes) -> list:
+    """``data.split(b"\\n")``, the head as bytes and every later line as a view of ``data``: a rank
+    reads its own part, and the others are never copied."""
+    end = data.find(b"\n")
+    if end < 0:
+        return [data]
+    out: list = [data[:end]]
+    view = memoryview(data)
+    while True:
+        start, end = end + 1, data.find(b"\n", end + 1)
+        if end < 0:
+            out.append(view[start:])
+            return out
+        out.append(view[start:end])
 
 
 def compress_lock(lock: "Lock", level: int = 19) -> bytes:

@@ -116,6 +116,15 @@ class _LockPart:
         self.tuples: set[int] = set()  # the tuples whose head lists this rank
         self.got: tuple[_KernelTable, dict[int, tuple[tuple[str, ...], tuple[str, ...]]]] | None = None
 
+    def __getstate__(self) -> dict:
+        # ``data`` may be a view of the lock file's bytes (model.lock._lines): copied out to pickle
+        return {k: bytes(v) if isinstance(v, memoryview) else v for k in self.__slots__
+                for v in (getattr(self, k),)}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
     def load(self) -> tuple["_KernelTable", dict[int, tuple[tuple[str, ...], tuple[str, ...]]]]:
         # Two threads may both get here first: each parses the same bytes to equal values (the
         # bytes are kept, never cleared under another reader), and the first result stays.
@@ -254,7 +263,7 @@ class _DocReader:
                 raise LockFileError(f"{self.where}: rank {p.rank}'s part (line {p.index + 2}) is {got}, the head "
                                     f"names {p.ref}: the file is damaged or was edited; {_REBUILD}")
             try:
-                v = json.loads(v)
+                v = json.loads(bytes(v))  # a view of the lock file's bytes (model.lock._lines)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise self.fail(path, f"(line {p.index + 2}) is not JSON ({exc})") from None
             self.obj(v, path, _PART_KEYS)
