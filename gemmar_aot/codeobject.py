@@ -13,7 +13,7 @@ AMDGPUUsage document, "Code Object V3+ Metadata").
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgpack
 
@@ -37,8 +37,7 @@ class CodeObjectError(ValueError):
     """The bytes are not a well-formed AMDGPU code object."""
 
 
-@dataclass(frozen=True)
-class KernelArg:
+class KernelArg(NamedTuple):
     """One explicit or hidden kernel argument, as the metadata note describes it."""
 
     offset: int
@@ -57,8 +56,7 @@ class KernelArg:
         }
 
 
-@dataclass(frozen=True)
-class KernelMetadata:
+class KernelMetadata(NamedTuple):
     """One entry of ``amdhsa.kernels``."""
 
     name: str
@@ -125,9 +123,11 @@ class KernelMetadata:
         )
 
 
-@dataclass(frozen=True)
-class CodeObject:
-    """What a loader needs to know about a code object before trusting it."""
+class CodeObject(NamedTuple):
+    """What a loader needs to know about a code object before trusting it.
+
+    The three types here are named tuples (immutable, compared by value): a rank's startup
+    parses tens of code objects and makes one of each per kernel argument."""
 
     mach: int  # EF_AMDGPU_MACH value
     arch: str  # "gfx950", or "mach-0x..." when unknown
@@ -252,8 +252,11 @@ def _undefined_symbols(data: bytes, off: int, size: int, str_off: int, str_end: 
     if count == 0:
         return []
     syms = _repeated(_SYMBOL, count).unpack_from(data, off + 24)
+    shndx = syms[3::6]
+    if 0 not in shndx:  # a linked code object: every symbol is defined
+        return []
     out = []
-    for st_name, st_shndx in zip(syms[0::6], syms[3::6]):
+    for st_name, st_shndx in zip(syms[0::6], shndx):
         if st_shndx == 0 and st_name:
             end = data.find(b"\0", str_off + st_name, str_end)
             out.append(data[str_off + st_name: end].decode("ascii", "replace"))
