@@ -27,6 +27,7 @@ from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.store.blob_index import blob_index_path, build_blob_index, write_blob_index
 from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
 
 
@@ -511,11 +512,14 @@ class _BuildRun:
         with self.phase("lock file"):
             self.lock = make_lock(self.plan, self.manifest, self.keys, self.records, self.fp)
             lock_path = lock_file_path(self.root, self.manifest.name, self.tc.profile.name)
-            # The record index first, then the lock: a reader that finds the new index beside the
-            # old lock refuses it (another lock's key set), never serves a mix of the two.
+            # The indexes first, then the lock: a reader that finds a new record index beside the
+            # old lock refuses it (another lock's key set), never serves a mix of the two; one that
+            # finds a new blob index reads what that lacks from the store (each code object is
+            # checked against the digest its lock names).
             by_key = {self.keys[sid]: rec for sid, rec in self.records.items()}
             self.index = build_index(self.lock.kernels(), by_key.get, groups=lock_rank_groups(self.lock))
             write_index(index_path(lock_path), self.index)
+            write_blob_index(blob_index_path(lock_path), build_blob_index(self.lock, self.st.load_blob))
             self.lock_file = write_lock(lock_path, self.lock)
 
     def finish_remote(self) -> None:

@@ -54,6 +54,7 @@ from gemmar_aot.model.lock import ENTRY_POINT_GROUP, LOCK_SUFFIX, Lock, lock_fil
 from gemmar_aot.model.types import LaunchEntry, LockTuple, RankLaunches, TupleKey
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
+from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError, blob_index_path
 
 from gemmar_aot.signing import SignatureError, TrustSet, Verified, envelope_path, trust_from
 
@@ -142,6 +143,7 @@ class Artifacts:
     index: dict[TupleKey, dict[int, dict[int, RankEntry]]] = field(default_factory=dict)
     _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
     _indexes: dict[int, tuple[LockInfo, RecordIndex | None]] = field(default_factory=dict, repr=False)
+    _blob_indexes: dict[int, tuple[LockInfo, BlobIndex | None]] = field(default_factory=dict, repr=False)
     trust: TrustSet | None = None  # the keys every lock here was checked against (None: unauthenticated)
 
     # ---- building ----
@@ -201,6 +203,38 @@ class Artifacts:
                 raise ArtifactMismatchError(f"{exc} (lock {info.source})") from None
         self._indexes[id(info)] = (info, index)
         return index
+
+    def blob_index(self, info: LockInfo) -> BlobIndex | None:
+        """The blob index beside ``info``'s lock file (:mod:`gemmar_aot.store.blob_index`), read once;
+        None when the lock has none, or when it is damaged (said once, at WARNING: the store then
+        serves every code object)."""
+        got = self._blob_indexes.get(id(info))
+        if got is not None and got[0] is info:
+            return got[1]
+        index = None
+        if info.source.lock_path is not None:
+            try:
+                index = BlobIndex.read(blob_index_path(info.source.lock_path))
+            except BlobIndexError as exc:
+                log.warning("gemmar-aot: %s; reading the code objects from the store instead", exc)
+        self._blob_indexes[id(info)] = (info, index)
+        return index
+
+    def load_blob(self, info: LockInfo, digest: str, size: int) -> bytes:
+        """The verified code object ``digest`` of ``info``'s lock: from the lock's blob index when it
+        holds it, else from the store (which raises its errors: missing, corrupt). An index found
+        damaged, or holding other bytes, is said once and not used again."""
+        index = self.blob_index(info)
+        if index is not None:
+            try:
+                data = index.blob(digest, size)
+            except BlobIndexError as exc:
+                log.warning("gemmar-aot: %s; reading the code objects from the store instead", exc)
+                self._blob_indexes[id(info)] = (info, None)
+                data = None
+            if data is not None:
+                return data
+        return self.store(info.source).load_blob(digest, size)
 
     # ---- queries ----
 

@@ -433,7 +433,7 @@ def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position
             digest = le.blob.hash
             code = codes.get(digest)
             if code is None:
-                data = store.load_blob(digest, le.blob.size)
+                data = artifacts.load_blob(e.lock, digest, le.blob.size)
                 try:
                     code = codes[digest] = parse_code_object(data)
                 except CodeObjectError as exc:
