@@ -46,7 +46,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.layout import WindowLayout
@@ -187,38 +187,42 @@ class Artifacts:
             st = self._stores[source.store_root] = Store(source.store_root, readonly=True)
         return st
 
+    @staticmethod
+    def _beside_lock(cache: dict, info: LockInfo, read: Callable[[Path], Any]) -> Any:
+        """What ``read(lock path)`` gives for ``info``'s lock, read once per lock (``cache``); None
+        for a lock given as data."""
+        got = cache.get(id(info))
+        if got is not None and got[0] is info:
+            return got[1]
+        value = None if info.source.lock_path is None else read(info.source.lock_path)
+        cache[id(info)] = (info, value)
+        return value
+
     def record_index(self, info: LockInfo) -> RecordIndex | None:
         """The record index beside ``info``'s lock file (:mod:`gemmar_aot.store.record_index`), read
         once; None when the lock has none (an older store, a lock given as data): then its
         records are checked one by one. Raises ArtifactMismatchError when the index is damaged or
         was written for another lock."""
-        got = self._indexes.get(id(info))
-        if got is not None and got[0] is info:
-            return got[1]
-        index = None
-        if info.source.lock_path is not None:
+        def read(lock_path: Path) -> RecordIndex | None:
             try:
-                index = RecordIndex.read(index_path(info.source.lock_path))
+                return RecordIndex.read(index_path(lock_path))
             except RecordIndexError as exc:
                 raise ArtifactMismatchError(f"{exc} (lock {info.source})") from None
-        self._indexes[id(info)] = (info, index)
-        return index
+
+        return self._beside_lock(self._indexes, info, read)
 
     def blob_index(self, info: LockInfo) -> BlobIndex | None:
         """The blob index beside ``info``'s lock file (:mod:`gemmar_aot.store.blob_index`), read once;
         None when the lock has none, or when it is damaged (said once, at WARNING: the store then
         serves every code object)."""
-        got = self._blob_indexes.get(id(info))
-        if got is not None and got[0] is info:
-            return got[1]
-        index = None
-        if info.source.lock_path is not None:
+        def read(lock_path: Path) -> BlobIndex | None:
             try:
-                index = BlobIndex.read(blob_index_path(info.source.lock_path))
+                return BlobIndex.read(blob_index_path(lock_path))
             except BlobIndexError as exc:
                 log.warning("gemmar-aot: %s; reading the code objects from the store instead", exc)
-        self._blob_indexes[id(info)] = (info, index)
-        return index
+                return None
+
+        return self._beside_lock(self._blob_indexes, info, read)
 
     def load_blob(self, info: LockInfo, digest: str, size: int) -> bytes:
         """The verified code object ``digest`` of ``info``'s lock: from the lock's blob index when it

@@ -93,3 +93,12 @@ def remove_stale_temps(base: Path, older_than_s: float, *, dry_run: bool = False
                             os.unlink(p)
                         n += 1
     return n
+
+
+def read_if_present(path: Path) -> bytes | None:
+    """``path``'s bytes, or None when there is no such file (or a parent is not a directory)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None

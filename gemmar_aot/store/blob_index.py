@@ -41,6 +41,8 @@ from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.model.lock import lock_sibling
 
+from .blobfmt import FrameError, checked_frame
+from ._fs import read_if_present
 from .errors import StoreError
 
 INDEX_SCHEMA = 1
@@ -114,23 +116,14 @@ def write_blob_index(path: str | os.PathLike, data: bytes) -> Path:
 
 def _frame(data: bytes, path: Path, what: str) -> tuple[bytes, bytes]:
     """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it."""
-    import zstandard
-
-    fix = f"rebuild the manifest (gemmar-aot build) to rewrite the lock and its blob index, or delete {path}"
     try:
-        params = zstandard.get_frame_parameters(data)
-        if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
-                or params.content_size > MAX_GROUP_BYTES):
-            raise BlobIndexError(f"{path}: {what} is not a blob index frame (no checksum or no plausible "
-                                 f"size); {fix}")
-        dobj = zstandard.ZstdDecompressor().decompressobj()
-        text = dobj.decompress(data)
-        if not dobj.eof or len(text) != params.content_size:
-            raise BlobIndexError(f"{path}: {what} is truncated; {fix}")
-    except zstandard.ZstdError as exc:
-        raise BlobIndexError(f"{path}: {what} does not decompress ({exc}): the file is damaged or was "
-                             f"modified; {fix}") from None
-    return text, dobj.unused_data
+        return checked_frame(data, MAX_GROUP_BYTES)
+    except FrameError as exc:
+        why = {"unchecked": "is not a blob index frame (no checksum or no plausible size)",
+               "truncated": "is truncated"}.get(
+            exc.kind, f"does not decompress ({exc.detail}): the file is damaged or was modified")
+        raise BlobIndexError(f"{path}: {what} {why}; rebuild the manifest (gemmar-aot build) to rewrite the "
+                             f"lock and its blob index, or delete {path}") from None
 
 
 class BlobIndex:
@@ -165,12 +158,8 @@ class BlobIndex:
         """The index at ``path``; None when there is no file. Raises BlobIndexError when it is
         damaged or of another schema."""
         path = Path(path)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return cls.from_bytes(data, path)
+        data = read_if_present(path)
+        return None if data is None else cls.from_bytes(data, path)
 
     @classmethod
     def from_bytes(cls, data: bytes, path: Path) -> "BlobIndex":

@@ -96,3 +96,30 @@ def decode_frame(frame: bytes, dctx: zstandard.ZstdDecompressor, expected_size: 
 def compressor(level: int, dictionary: zstandard.ZstdCompressionDict | None = None) -> zstandard.ZstdCompressor:
     return zstandard.ZstdCompressor(level=level, dict_data=dictionary, write_checksum=True,
                                     write_content_size=True, write_dict_id=True)
+
+
+class FrameError(BlobFormatError):
+    """A frame :func:`checked_frame` refuses; ``kind`` says why: ``"unchecked"`` (no checksum, or no
+    plausible content size), ``"truncated"``, or ``"damaged"`` (zstd cannot decode it: ``detail``)."""
+
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(kind if not detail else f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
+
+
+def checked_frame(data: bytes, max_size: int) -> tuple[bytes, bytes]:
+    """The first zstd frame of ``data``, decompressed, and the bytes after it (the files beside a
+    lock are frames back to back). The frame must carry its checksum and a content size in
+    ``(0, max_size]``, and decode to exactly that size. Raises :class:`FrameError`."""
+    try:
+        params = zstandard.get_frame_parameters(data)
+        if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
+                or params.content_size > max_size):
+            raise FrameError("unchecked")
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        text = dobj.decompress(data)
+        if not dobj.eof or len(text) != params.content_size:
+            raise FrameError("truncated")
+    except zstandard.ZstdError as exc:
+        raise FrameError("damaged", str(exc)) from None
+    return text, dobj.unused_data

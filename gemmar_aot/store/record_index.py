@@ -61,6 +61,7 @@ from gemmar_aot.store.record import record_digest, record_digest_of_halves, reco
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json
 
+from ._fs import read_if_present
 from .errors import StoreError
 
 INDEX_SCHEMA = 4
@@ -267,12 +268,8 @@ class RecordIndex:
         """The index at ``path``; None when there is no file. Raises RecordIndexError when it is
         damaged or of another schema."""
         path = Path(path)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return cls.from_bytes(data, path)
+        data = read_if_present(path)
+        return None if data is None else cls.from_bytes(data, path)
 
     @staticmethod
     def _fix(path: Path) -> str:
@@ -282,22 +279,16 @@ class RecordIndex:
     @classmethod
     def _frame(cls, data: bytes, path: Path) -> tuple[bytes, bytes]:
         """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it."""
-        import zstandard
+        from .blobfmt import FrameError, checked_frame
 
         try:
-            params = zstandard.get_frame_parameters(data)
-            if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
-                    or params.content_size > MAX_INDEX_BYTES):
-                raise RecordIndexError(f"{path}: not a record index (its zstd frame has no checksum or no "
-                                       f"plausible size); {cls._fix(path)}")
-            dobj = zstandard.ZstdDecompressor().decompressobj()
-            text = dobj.decompress(data)
-            if not dobj.eof or len(text) != params.content_size:
-                raise RecordIndexError(f"{path}: the record index is truncated; {cls._fix(path)}")
-        except zstandard.ZstdError as exc:
-            raise RecordIndexError(f"{path}: the record index does not decompress ({exc}): the file is "
-                                   f"damaged or was modified; {cls._fix(path)}") from None
-        return text, dobj.unused_data
+            return checked_frame(data, MAX_INDEX_BYTES)
+        except FrameError as exc:
+            why = {"unchecked": "not a record index (its zstd frame has no checksum or no plausible size)",
+                   "truncated": "the record index is truncated"}.get(
+                exc.kind, f"the record index does not decompress ({exc.detail}): the file is damaged or was "
+                          f"modified")
+            raise RecordIndexError(f"{path}: {why}; {cls._fix(path)}") from None
 
     @classmethod
     def from_bytes(cls, data: bytes, path: Path) -> "RecordIndex":
