@@ -130,3 +130,14 @@ def test_a_lock_read_back_names_the_same_groups(smoke_store):
     lock = read_lock(_lock_path(smoke_store))
     groups = lock_rank_blob_groups(lock)
     assert len(groups) == max(r.rank for t in lock.tuples for r in t.ranks) + 1
+
+
+def test_an_index_that_cannot_be_read_is_said_and_the_store_serves(smoke_store, smoke_lock, tmp_path, caplog):
+    store = tmp_path / "store"
+    shutil.copytree(smoke_store, store)
+    path = blob_index_path(_lock_path(store))
+    path.unlink()
+    path.mkdir()  # not a file: reading it fails with an OSError
+    with caplog.at_level(logging.WARNING, logger="gemmar_aot.runtime"):
+        _op(store, smoke_lock).close()
+    assert any("cannot be read" in r.getMessage() for r in caplog.records)

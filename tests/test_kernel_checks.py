@@ -91,3 +91,36 @@ def test_a_construction_s_caches_reuse_only_what_the_same_inputs_decide(fill):
     e = prepare_launch(kind="fill", digest="0" * 64, record=RECORD, kernel=kern, function="fa",
                        fixed={1: 32, 2: 7}, per_call=(0,), where="fill", cache=cache)
     assert len({id(x.args) for x in (a, c, d, e)}) == 4 and c.args.tobytes()[8:12] == (33).to_bytes(4, "little")
+
+
+class _Counting:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, function, grid, block, args, stream):
+        self.launches.append((grid, block, args.tobytes()))
+
+
+def test_a_launch_writes_each_call_s_values_and_evaluates_a_grid_that_reads_them(fill):
+    """The standalone ops' shape of launch: M per call, the grid the record's own program of it,
+    evaluated per distinct M (a program that divides by M resolves at construction too)."""
+    rec = replace(RECORD, program=(("v0", "sdiv", 4096, "p1", "i32"),), grid=("v0", 1, 1))
+    kern = verify_code_object(fill, rec, arch="gfx950", where="fill")
+    launch = prepare_launch(kind="fill", digest="0" * 64, record=rec, kernel=kern, function="f",
+                            fixed={2: 7}, per_call=(0, 1), where="fill")
+    assert launch.grid is None  # it depends on a per-call value
+    drv = _Counting()
+    launch.launch(drv, 0, (0x1000, 64))
+    launch.launch(drv, 0, (0x2000, 128))
+    assert [(g, b) for g, b, _a in drv.launches] == [((64, 1, 1), (64, 1, 1)), ((32, 1, 1), (64, 1, 1))]
+    assert drv.launches[1][2] == bytes.fromhex("0020000000000000" "80000000" "00000000" "0700000000000000")
+
+
+def test_a_pointer_given_per_call_that_reaches_nothing_is_refused_a_length_is_not(fill):
+    rec = replace(RECORD, params=("ptr", "i32", "i64", "ptr", "len32", "stream"), stream_param=5)
+    kern = verify_code_object(fill, rec, arch="gfx950", where="fill")
+    with pytest.raises(ArtifactMismatchError, match=r"per-call pointers \[3\] of fill reach no kernel argument"):
+        prepare_launch(kind="fill", digest="0" * 64, record=rec, kernel=kern, function="f",
+                       fixed={1: 32, 2: 7, 4: 0}, per_call=(0, 3), where="fill")
+    prepare_launch(kind="fill", digest="0" * 64, record=rec, kernel=kern, function="f",
+                   fixed={1: 32, 2: 7, 3: 0}, per_call=(0, 4), where="fill")  # an unread length is harmless

@@ -216,11 +216,15 @@ class Artifacts:
         None when the lock has none, or when it is damaged (said once, at WARNING: the store then
         serves every code object)."""
         def read(lock_path: Path) -> BlobIndex | None:
+            path = blob_index_path(lock_path)
             try:
-                return BlobIndex.read(blob_index_path(lock_path))
+                return BlobIndex.read(path)
             except BlobIndexError as exc:
-                log.warning("gemmar-aot: %s; reading the code objects from the store instead", exc)
-                return None
+                why = str(exc)
+            except (OSError, RecursionError) as exc:  # unreadable, a directory, a header nested too deep
+                why = f"{path}: cannot be read ({exc!r})"
+            log.warning("gemmar-aot: %s; reading the code objects from the store instead", why)
+            return None
 
         return self._beside_lock(self._blob_indexes, info, read)
 

@@ -42,7 +42,7 @@ from .artifacts import load_artifacts
 from .driver import Driver
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .launches import Launch, prepare_launch
-from .loading import Kernels, verify_kernels
+from .loading import Kernels, check_device, check_provenance, verify_kernels
 from gemmar_aot.manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import FNUZ_REASON, check_operands
@@ -123,6 +123,11 @@ class _StandaloneOp:
                     d and w and d != w for (_, d), (_, w) in zip(kinds, self._ARGS)):
                 raise ArtifactMismatchError(f"{e.where} {e.launches[0].kind} (blob {e.launches[0].blob.hash[:12]}): "
                                             f"the launcher takes {kinds}, this op passes {self._ARGS}")
+            # a call's values go to the parameters in order: a tensor is (pointer, length), the rest one each
+            bad = [a.name for a in record.args if len(a.params) != (2 if a.kind == "tensor" else 1)]
+            if bad:
+                raise ArtifactMismatchError(f"{e.where} {e.launches[0].kind}: the launcher's arguments {bad} do not "
+                                            f"take one host parameter each (two for a tensor); rebuild it")
 
         def position(e, kind: str) -> EntryPosition:  # no window, no rank: checked for its kind, K and quant
             i = e.tuple.id
@@ -130,15 +135,16 @@ class _StandaloneOp:
                                  m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
                                  gather_transport=i.gather_transport, block_m=i.block_m)
 
-        kernels = verify_kernels(self.artifacts, list(entries.values()), launches=lambda e: e.launches[:1],
-                                 position=position)
+        ordered = list(entries.values())
+        check_provenance(ordered)  # one toolchain profile per op, and the pod's mori the artifacts'
         if driver is None:
             from .hip import HipDriver
 
             driver = HipDriver()
         self._driver = driver
         self.device = resolve_device(device)
-        kernels.check_device(driver, self.device)
+        check_device(ordered, driver, self.device)
+        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: e.launches[:1], position=position)
         from .memory import device_context
 
         with device_context(self.device):

@@ -16,8 +16,8 @@ the buffer in place. Nothing is allocated per call but Python integers.
 
 :func:`prepare_launch` checks what can be checked before a call: every host parameter has a
 value or comes per call; no kernel argument is *computed* from a per-call parameter (the
-runtime packs per-call values as they are); every per-call parameter reaches an argument, the
-grid or the block; and a grid and block that are known now are a workgroup the kernel was
+runtime packs per-call values as they are); every pointer given per call reaches an argument,
+the grid or the block; and a grid and block that are known now are a workgroup the kernel was
 compiled for (a block known only per call is checked when first evaluated).
 """
 
@@ -109,7 +109,10 @@ class _Shapes:
             p = self.params
             for j in self.reads:
                 p[self.per_call[j]] = values[j]
-            grid, block, _ = self.program.run(p)
+            try:
+                grid, block, _ = self.program.run(p)
+            except LaunchRecordError as exc:
+                raise mismatch(self.where, str(exc)) from None
             got = (tuple(int(g) for g in grid), tuple(int(b) for b in block))
             why = block_mismatch(self.kernel, got[1])
             if why:
@@ -160,7 +163,7 @@ class Launch:
 
 def _launch_shape(record: LaunchRecord, per_call: tuple[int, ...], where: str) -> tuple:
     """What :func:`prepare_launch` derives from a launch record alone: (writes, the positions of the
-    per-call values the grid and block read). Raises LaunchRecordError."""
+    per-call values the grid and block read). Raises ArtifactMismatchError."""
     deps = dependencies(record)
     position = {p: j for j, p in enumerate(per_call)}
     varying = set(per_call) | {record.stream_param}
@@ -170,18 +173,20 @@ def _launch_shape(record: LaunchRecord, per_call: tuple[int, ...], where: str) -
             writes.append((i, position[int(x[1:])]))
             reached.add(int(x[1:]))
         elif operand_deps(x, deps) & varying:
-            raise LaunchRecordError(f"{where}: argument {i} of {record.kernel} is computed from per-call "
-                                    f"parameters; the runtime packs only plain parameters per call")
+            raise mismatch(where, f"argument {i} of {record.kernel} is computed from per-call parameters; "
+                                  f"the runtime packs only plain parameters per call")
     shape_reads = set()
     for x in (*record.grid, *record.block):
         d = operand_deps(x, deps)
         if record.stream_param in d:
-            raise LaunchRecordError(f"{where}: the grid or block of {record.kernel} depends on the stream")
+            raise mismatch(where, f"the grid or block of {record.kernel} depends on the stream")
         shape_reads |= d & set(per_call)
-    unused = [p for p in per_call if p not in reached and p not in shape_reads]
+    # a pointer the kernel never sees is a record that does not describe this kernel (a length
+    # nothing reads is harmless: FlyDSL passes one with every tensor)
+    unused = [p for p in per_call if p not in reached and p not in shape_reads and record.params[p] == "ptr"]
     if unused:
-        raise LaunchRecordError(f"{where}: per-call parameters {unused} of {record.kernel} reach no kernel "
-                                f"argument, grid or block")
+        raise mismatch(where, f"per-call pointers {unused} of {record.kernel} reach no kernel argument, grid "
+                              f"or block")
     return tuple(writes), tuple(sorted(position[p] for p in shape_reads))
 
 
@@ -207,9 +212,9 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     (their values come with each call, in this order). The stream parameter is neither: it is
     passed to the driver, never packed.
 
-    Raises LaunchRecordError when an argument would need per-call evaluation or a parameter has
-    no value, and ArtifactMismatchError when a block known now is not one the kernel was compiled
-    for. ``cache`` (a dict kept for one construction) shares what depends on the record's program
+    Raises ArtifactMismatchError (naming ``where``) when the record does not fit: an argument would
+    need per-call evaluation, a parameter has no value, a pointer given per call reaches nothing,
+    the program is malformed, or a block known now is not one the kernel was compiled for. ``cache`` (a dict kept for one construction) shares what depends on the record's program
     and the kernel's argument layout alone between the launches that have them in common (a GEMM
     per M); launches without per-call parameters that resolve to the same arguments for the same
     kernel metadata (the phases of every M) share one packed argument buffer, never written again.
@@ -219,7 +224,7 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     stream = record.stream_param
     missing = [i for i in range(n) if i not in fixed and i not in per_call and i != stream]
     if missing:
-        raise LaunchRecordError(f"{where}: host parameters {missing} of {record.kernel} have no value")
+        raise mismatch(where, f"host parameters {missing} of {record.kernel} have no value")
     if cache is None:
         cache = {}
     rkey = record_key(record, cache)
@@ -228,11 +233,16 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     if derived is None:
         derived = cache[shape_key] = _launch_shape(record, per_call, where)
     writes, shape_reads = derived
-    params = tuple([fixed.get(i, 0) for i in range(n)])
+    # per-call parameters stand at 1 here (their slots are written per call, and only the fixed
+    # arguments are taken from this evaluation): a program that divides by M resolves
+    params = tuple([fixed.get(i, 1 if i in per_call else 0) for i in range(n)])
     program = cache.get((rkey, "program"))
     if program is None:
         # one compiled program per distinct record: the GEMMs of every M share theirs
-        program = cache[(rkey, "program")] = record.compiled()
+        try:
+            program = cache[(rkey, "program")] = record.compiled()
+        except LaunchRecordError as exc:
+            raise mismatch(where, str(exc)) from None
     st = _struct_for(kernel, record.kernel_arg_types, cache)
     shapes = None
     if shape_reads:
@@ -245,7 +255,10 @@ def prepare_launch(*, kind: str, digest: str, record: LaunchRecord, kernel: Kern
     if built is None or built[0] is not kernel:
         resolved = cache.get(resolved_key)
         if resolved is None:
-            resolved = cache[resolved_key] = program.run(params)
+            try:
+                resolved = cache[resolved_key] = program.run(params)
+            except LaunchRecordError as exc:
+                raise mismatch(where, str(exc)) from None
         grid, block, kvals = resolved
         if shapes is None:
             grid, block = tuple(int(g) for g in grid), tuple(int(b) for b in block)

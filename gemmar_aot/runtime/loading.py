@@ -1,16 +1,19 @@
-"""The one way every op gets its kernels: verify, then bind to the device, then load; roll back on failure.
+"""The one way every op gets its kernels: check, verify, then load; roll back on failure.
 
-1. :func:`verify_kernels` -- nothing acquired yet: one toolchain profile, the pod's mori the
-   artifacts' (:mod:`.provenance`), then every lock entry, record, blob and code object
+Cheapest checks first, and nothing acquired until every kernel is verified:
+
+1. :func:`check_provenance` -- one toolchain profile, and the pod's mori the artifacts'
+   (:mod:`.provenance`).
+2. :func:`check_device` -- the device is the arch every lock was built for.
+3. :func:`verify_kernels` -- every lock entry, record, blob and code object
    (:func:`.verify.verify_entries`). A bad artifact is refused here.
-2. :meth:`Kernels.check_device` -- the device is the arch every lock was built for.
-3. :meth:`Kernels.load` -- each code object loaded once (``hipModuleLoadData``) and its
+4. :meth:`Kernels.load` -- each code object loaded once (``hipModuleLoadData``) and its
    kernel looked up. Every module loaded is in :attr:`Kernels.modules` the moment it is
    loaded, so an op whose construction fails after any step releases exactly what was
    acquired (:meth:`Kernels.unload`, called from the op's ``close``).
 
-The ops differ in what they do around these steps (the collective op acquires its
-communicator and window between 2 and 3, and resolves a launch plan per M after 3); the
+The ops differ in what they do around these steps (the collective op checks its communicator
+after 1, acquires it and its window before 4, and resolves a launch plan per M after 4); the
 steps themselves, and what they check, are the same for every op.
 """
 
@@ -30,27 +33,13 @@ class Kernels:
     """An op's code objects: verified (:func:`verify_kernels`), then loaded (:meth:`load`).
 
     ``kernel[digest]`` is a code object's kernel metadata, ``function[digest]`` its loaded kernel
-    (after :meth:`load`); ``mori`` the toolchain profile every entry was built with."""
+    (after :meth:`load`)."""
 
-    def __init__(self, entries: Sequence[Any], images: dict[str, tuple[bytes, KernelMetadata]],
-                 mori: MoriIdentity | None):
-        self.entries = list(entries)
-        self.mori = mori
+    def __init__(self, images: dict[str, tuple[bytes, KernelMetadata]]):
         self.kernel = {d: kern for d, (_data, kern) in images.items()}
         self.function: dict[str, Any] = {}
         self.modules: list[Any] = []
         self._images: dict[str, tuple[bytes, KernelMetadata]] | None = images
-
-    def check_device(self, driver: Driver, device: Any) -> str:
-        """The device's arch, after checking it is the one every entry was compiled for."""
-        dev_arch = driver.device_arch(device)
-        base = arch_base(dev_arch)
-        for e in self.entries:
-            if e.lock.arch != base:
-                raise ArtifactMismatchError(
-                    f"the artifacts for M={e.m} were compiled for {e.lock.arch or '?'} ({e.where}) but {device} is "
-                    f"{dev_arch}; build the manifest for this GPU's arch")
-        return base
 
     def load(self, driver: Driver) -> None:
         """Load every verified code object once (on the current device) and look up its kernel.
@@ -69,13 +58,30 @@ class Kernels:
         unload_modules(driver, self.modules, errors)
 
 
+def check_provenance(entries: Sequence[Any]) -> MoriIdentity | None:
+    """Step 1 for ``entries`` (RankEntry): one toolchain profile (returned), and the pod's mori the
+    artifacts'. Raises ArtifactMismatchError."""
+    built = [(e.lock.mori, e.where) for e in entries]
+    mori = one_profile(built)
+    check_installed_mori(built)
+    return mori
+
+
+def check_device(entries: Sequence[Any], driver: Driver, device: Any) -> str:
+    """Step 2: the device's arch, after checking it is the one every entry was compiled for."""
+    dev_arch = driver.device_arch(device)
+    base = arch_base(dev_arch)
+    for e in entries:
+        if e.lock.arch != base:
+            raise ArtifactMismatchError(
+                f"the artifacts for M={e.m} were compiled for {e.lock.arch or '?'} ({e.where}) but {device} is "
+                f"{dev_arch}; build the manifest for this GPU's arch")
+    return base
+
+
 def verify_kernels(artifacts: Any, entries: Sequence[Any], *, launches: Callable[[Any], Sequence[Any]],
                    position: Callable[[Any, str], EntryPosition]) -> Kernels:
-    """Step 1 for ``entries`` (RankEntry): their profile and mori, then every launch entry
-    ``launches(e)`` checked at ``position(e, kind)`` (:func:`.verify.verify_entries`).
-    Acquires nothing; raises ArtifactMismatchError (or the store's errors) on the first problem."""
-    built = [(e.lock.mori, e.where) for e in entries]
-    mori = one_profile(built)  # one toolchain profile per op
-    check_installed_mori(built)  # and the pod's mori is the artifacts'
-    images = verify_entries(artifacts, entries, launches=launches, position=position)
-    return Kernels(entries, images, mori)
+    """Step 3 for ``entries``: every launch entry ``launches(e)`` checked at ``position(e, kind)``
+    (:func:`.verify.verify_entries`). Acquires nothing; raises ArtifactMismatchError (or the
+    store's errors) on the first problem."""
+    return Kernels(verify_entries(artifacts, entries, launches=launches, position=position))

@@ -67,7 +67,7 @@ from .driver import Driver
 from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
-from .loading import Kernels, verify_kernels
+from .loading import Kernels, check_device, check_provenance, verify_kernels
 from gemmar_aot.manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
@@ -261,22 +261,21 @@ class GemmAllReduceOp:
         self.window_bytes = check_layouts(entries, world=world, n=n, m_max=m_max_pad, block_m=block_m,
                                           block_n=block_n, gather_dtype=gather_dtype, max_shapes=max_shapes)
 
-        # ---- 3. every kernel verified (nothing acquired yet): profile, mori, records, code objects ----
+        # ---- 3. provenance (one profile per op and per communicator; the pod's mori), the device ----
         ordered = [e for _m, e in sorted(entries.items())]
-        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: (*e.launches, *e.self_test),
-                                 position=self._position)
-        # one toolchain profile per communicator, too
-        self._mori = kernels.mori
+        self._mori = check_provenance(ordered)
         COMMUNICATORS.acquire(comm, self._mori, ordered[0].where, check_only=True)
-
-        # ---- 4. the device ----
         if driver is None:
             from .hip import HipDriver
 
             driver = HipDriver()
         self._driver = driver
         self.device = communicator_device(comm)
-        self.arch = kernels.check_device(driver, self.device)
+        self.arch = check_device(ordered, driver, self.device)
+
+        # ---- 4. every kernel verified, nothing acquired yet: records, blobs, code objects ----
+        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: (*e.launches, *e.self_test),
+                                 position=self._position)
 
         # ---- 5. acquire (on the op's device); roll everything back if any step fails ----
         with device_context(self.device):
