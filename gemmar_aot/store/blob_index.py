@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from gemmar_aot.model.lock import lock_sibling
 from .blobfmt import FrameError, checked_frame
 from ._fs import read_if_present
 from .errors import StoreError
+from .record_index import lock_rank_groups
 
 INDEX_SCHEMA = 1
 INDEX_FORMAT = "gemmar-aot blob index"
@@ -66,18 +67,12 @@ def blob_index_path(lock_path: str | os.PathLike) -> Path:
     return lock_sibling(lock_path, INDEX_SUFFIX)
 
 
-def lock_rank_blob_groups(lock: Any) -> list[list[str]]:
-    """The code objects (blob digests) a lock names, grouped by rank, rank 0 first, each once per
-    rank that launches it."""
-    kernels = lock.kernels()
-    by_rank: dict[int, dict[str, None]] = {}
-    for t in lock.tuples:
-        for r in t.ranks:
-            launches, self_test = r.launch_keys()
-            group = by_rank.setdefault(r.rank, {})
-            for key in (*launches, *self_test):
-                group[kernels[key].blob.hash] = None
-    return [list(by_rank[r]) for r in sorted(by_rank)]
+def lock_rank_blob_groups(lock: Any, kernels: Mapping[str, Any] | None = None) -> list[list[str]]:
+    """The code objects (blob digests) a lock names, grouped by rank as its record index is
+    (:func:`.record_index.lock_rank_groups`), each once per rank that launches it. ``kernels``:
+    ``lock.kernels()`` when the caller has it."""
+    kernels = lock.kernels() if kernels is None else kernels
+    return [list(dict.fromkeys(kernels[k].blob.hash for k in keys)) for keys in lock_rank_groups(lock)]
 
 
 def encode_blob_index(groups: Sequence[Iterable[str]], blob_of: Callable[[str], bytes], *,
@@ -104,8 +99,9 @@ def encode_blob_index(groups: Sequence[Iterable[str]], blob_of: Callable[[str], 
 def build_blob_index(lock: Any, load_blob: Callable[[str, int], bytes]) -> bytes:
     """The blob index of ``lock``; ``load_blob(digest, size)`` gives each code object, verified
     (``Store.load_blob``)."""
-    sizes = {e.blob.hash: e.blob.size for e in lock.kernels().values()}
-    return encode_blob_index(lock_rank_blob_groups(lock), lambda d: load_blob(d, sizes[d]))
+    kernels = lock.kernels()
+    sizes = {e.blob.hash: e.blob.size for e in kernels.values()}
+    return encode_blob_index(lock_rank_blob_groups(lock, kernels), lambda d: load_blob(d, sizes[d]))
 
 
 def write_blob_index(path: str | os.PathLike, data: bytes) -> Path:
