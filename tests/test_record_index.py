@@ -9,6 +9,7 @@ accepting another record. Runs against the real smoke build.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ from fakes import FakeCommunicator, FakeHipDriver
 from index_frames import find_line, read_frames, write_frames
 from gemmar_aot.model.lock import read_lock, write_lock
 from gemmar_aot.model.types import Digest
-from gemmar_aot.store.record import RECORD_READ_MEMBERS, record_digest, record_digest_of_halves
+from gemmar_aot.store.record import RECORD_READ_MEMBERS, record_digest, record_digest_of_halves, record_halves
+from gemmar_aot.runtime import verify
+from gemmar_aot.runtime.verify import envelope
 from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
@@ -71,6 +74,26 @@ def test_the_build_writes_an_index_every_line_of_which_is_its_lock_s_record(smok
         assert "ingredients" in named and "metadata" in named
     # the build's index and one made afterwards from the store's records are the same bytes
     assert build_index_from_store(smoke_lock, store) == path.read_bytes()
+
+
+def test_every_entry_of_a_build_is_bound_by_its_envelope_and_only_the_spec_is_parsed(smoke_store, smoke_lock,
+                                                                                     monkeypatch):
+    """What the runtime expects a record to start with (the lock's blob, key and launch record,
+    as canonical JSON) is how every record the build wrote starts: the binding parses only the
+    spec. Taken from the records themselves, not from the envelope code."""
+    store = Store(smoke_store, readonly=True)
+    for key, e in smoke_lock.kernels().items():
+        read, _rest = record_halves(store.read_record_named(key, e.record))
+        assert read.startswith(envelope(e)), key
+        # and no other launch record, symbol or blob gives these bytes
+        assert not read.startswith(envelope(replace(e, launch=replace(e.launch, kernel=e.launch.kernel + "x"))))
+        assert not read.startswith(envelope(replace(e, blob=Digest(e.blob.hash, e.blob.size + 1))))
+    # and so no launch record of the index is parsed when an op gets ready
+    parsed = []
+    orig = verify.parse_lines
+    monkeypatch.setattr(verify, "parse_lines", lambda texts, path: parsed.extend(texts) or orig(texts, path))
+    _op(smoke_store, smoke_lock).close()
+    assert parsed and all(t.startswith(b'{"schema":') and b'"launch":' not in t for t in parsed)
 
 
 def test_the_runtime_reads_the_index_not_the_record_files(smoke_store, smoke_lock, monkeypatch):

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
 from gemmar_aot.launch_sequence import sequence_problems
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 from gemmar_aot.store.backend import BadRecord, check_record
-from gemmar_aot.store.record_index import RecordIndexError
+from gemmar_aot.store.record_index import RecordIndexError, parse_lines
 
 from .errors import ArtifactMismatchError
 
@@ -233,12 +234,30 @@ class RecordBinding:
 
     def use_index(self, index: Any, entries: Iterable[Any]) -> None:
         """Take the records of ``entries`` from the record ``index`` of their lock: every line
-        restored, checked against the record digest the lock names, and parsed, in one go.
-        A line that is not the named record is refused when its entry is checked."""
-        todo = [(e.key, e.record, e.blob.hash) for e in entries
-                if e.key not in self._indexed and e.key not in self._checked]
-        for key, got in index.records(todo).items():
-            self._indexed[key] = (index, got)
+        restored and checked against the record digest the lock names, in one go. A line that is
+        not the named record is refused when its entry is checked.
+
+        A verified line whose read half starts with the entry's :func:`envelope` -- the blob,
+        key and launch record the lock gives, byte for byte -- is bound by those bytes: only
+        what follows (the spec) is parsed. Any other line is parsed whole and compared member
+        by member (:meth:`check`), which names what differs."""
+        todo = {e.key: e for e in entries if e.key not in self._indexed and e.key not in self._checked}
+        got = index.verified_lines((key, e.record, e.blob.hash) for key, e in todo.items())
+        texts, parsed = [], []
+        for key, halves in got.items():
+            if type(halves) is not tuple:
+                self._indexed[key] = (index, halves, False)
+                continue
+            read, env = halves[0], envelope(todo[key])
+            enveloped = read.startswith(env)
+            texts.append(b"{" + read[len(env):] if enveloped else read)
+            parsed.append((key, enveloped))
+        if texts:
+            for (key, enveloped), record in zip(parsed, parse_lines(texts, index.path)):
+                if enveloped and type(record) is dict:  # the members the envelope stood for
+                    e = todo[key]
+                    record.update(key=key, blob={"digest": e.blob.hash, "size": e.blob.size})
+                self._indexed[key] = (index, record, enveloped)
 
     def use_indexes(self, artifacts: Any, rank_entries: Iterable[Any]) -> None:
         """:meth:`use_index` for each lock of ``rank_entries`` (RankEntry) that has a record index."""
@@ -260,7 +279,7 @@ class RecordBinding:
         if key in self._checked:
             record = self._checked[key]
         elif key in self._indexed:
-            index, got = self._indexed.pop(key)
+            index, got, enveloped = self._indexed.pop(key)
             if got is None:
                 raise self._bad(store, entry, pos, lock_where,
                                 f"the lock was made from record {entry.record.hash}, the record index beside it "
@@ -279,7 +298,7 @@ class RecordBinding:
                 raise self._bad(store, entry, pos, lock_where, f"the record is malformed ({exc})",
                                 store_where=f"{index.path} (action key {key})") from None
             self._check_record(store, entry, record, pos, lock_where, digest_checked=True,
-                               store_where=f"{index.path} (action key {key})")
+                               launch_checked=enveloped, store_where=f"{index.path} (action key {key})")
             self._checked[key] = record
         else:
             # the record file alone: the blob is loaded and verified right after, by digest.
@@ -308,7 +327,8 @@ class RecordBinding:
             raise self._bad(store, entry, pos, lock_where, "the record compiled " + "; ".join(problems))
 
     def _check_record(self, store: Any, entry: Any, record: dict, pos: EntryPosition, lock_where: str, *,
-                      digest_checked: bool = False, store_where: str | None = None) -> None:
+                      digest_checked: bool = False, launch_checked: bool = False,
+                      store_where: str | None = None) -> None:
         want = getattr(entry, "record", None)
         if want is not None and not digest_checked:
             got = record_digest(record)
@@ -324,6 +344,8 @@ class RecordBinding:
             raise self._bad(store, entry, pos, lock_where,
                             f"the lock names code object {entry.blob.hash[:16]}, the record {str(blob)[:16]}",
                             store_where=store_where)
+        if launch_checked:
+            return  # its bytes were the lock's launch record's (envelope)
         raw = record.get("launch") or {}
         if _launch_json_identity(raw) == _lock_launch_identity(entry.launch):
             return  # the same JSON (the common case, no parse); else compare them as launch records
@@ -350,6 +372,35 @@ class RecordBinding:
 
 
 _LAUNCH_IDENTITY_CACHE: dict[int, tuple] = {}
+_LAUNCH_JSON_CACHE: dict[tuple, tuple] = {}
+
+
+def envelope(entry: Any) -> bytes:
+    """How the read half of the record a lock entry names (``record_halves``) starts when it is
+    the record the lock describes: its canonical JSON up to and including the comma after the
+    launch record -- the blob, the action key and the launch record the entry gives, the
+    members sorted as canonical JSON sorts them. Nothing but those three values can fill these
+    bytes, so a verified line that starts with them agrees with the entry on all three."""
+    return b'{"blob":{"digest":"%s","size":%d},"key":"%s","launch":%s,' % (
+        entry.blob.hash.encode(), entry.blob.size, entry.key.encode(), launch_json(entry.launch))
+
+
+def launch_json(rec: Any) -> bytes:
+    """``canonical_json(rec.to_json())``, as bytes. A lock gives each kernel symbol a copy of one
+    of a few launch records (the same field objects, another ``kernel``): the rest is encoded
+    once per record and the symbol put in its sorted place (after ``grid``, before
+    ``kernel_arg_types``)."""
+    fields = (rec.args, rec.block, rec.grid, rec.kernel_arg_types, rec.kernel_args, rec.params, rec.program)
+    key = (*map(id, fields), rec.stream_param)
+    got = _LAUNCH_JSON_CACHE.get(key)
+    if got is None or any(a is not b for a, b in zip(got[0], fields)):  # the fields are kept: no id reused
+        d = rec.to_json()
+        head = canonical_json({k: v for k, v in d.items() if k < "kernel"})[:-1].encode()
+        tail = canonical_json({k: v for k, v in d.items() if k > "kernel"})[1:].encode()
+        got = _LAUNCH_JSON_CACHE[key] = (fields, head + b',"kernel":', b"," + tail)
+        if len(_LAUNCH_JSON_CACHE) > 4096:
+            _LAUNCH_JSON_CACHE.clear()
+    return got[1] + canonical_json(rec.kernel).encode() + got[2]
 
 
 def _lock_launch_identity(rec: Any) -> tuple:

@@ -359,25 +359,16 @@ class RecordIndex:
     def __len__(self) -> int:
         return self._kernels
 
-    def records(self, wanted: Iterable[tuple[str, Digest, str]], *,
-                whole: bool = False) -> dict[str, dict | Digest | None]:
+    def verified_lines(self, wanted: Iterable[tuple[str, Digest, str]]) -> dict[str, tuple[bytes, bytes] | Digest | None]:
         """For each (action key, record digest the lock names, blob digest the lock names): the
-        record when its restored line is that record -- its
-        :data:`~gemmar_aot.store.record.RECORD_READ_MEMBERS` only, unless ``whole`` -- else
-        the digest the line has, or None when the index has no line for the key (it was written
-        for another lock).
-
-        Both halves of every line are hashed; the verified lines' halves asked for are parsed
-        in one ``json.loads``."""
-        ok: list[str] = []
-        texts: list[bytes] = []
-        out: dict[str, dict | Digest | None] = {}
-        seen: set[str] = set()
+        line's two halves (:func:`~gemmar_aot.store.record.record_halves`), restored, when they
+        hash to that record digest -- else the digest they give, or None when the index has no
+        line for the key (it was written for another lock). Nothing is parsed."""
+        out: dict[str, tuple[bytes, bytes] | Digest | None] = {}
         n = self._prefix
         for key, want, blob in wanted:
-            if key in seen:
+            if key in out:
                 continue
-            seen.add(key)
             line = self._line(key[:n].encode())
             if line is None:
                 out[key] = None
@@ -386,21 +377,33 @@ class RecordIndex:
             read = _restore(read, key, blob)
             rest = _restore_rest(rest, blob)
             got = record_digest_of_halves(read, rest)
-            if got == want:
-                ok.append(key)
-                texts.append(read + b"," + rest if whole else read)
-            else:
-                out[key] = got
-        if texts:
-            try:
-                values = json.loads(b"[" + b",".join(texts) + b"]")
-            except ValueError as exc:  # pragma: no cover - verified canonical JSON always parses
-                raise RecordIndexError(f"{self.path}: verified record lines do not parse ({exc})") from None
-            if whole:
+            out[key] = (read, rest) if got == want else got
+        return out
+
+    def records(self, wanted: Iterable[tuple[str, Digest, str]], *,
+                whole: bool = False) -> dict[str, dict | Digest | None]:
+        """:meth:`verified_lines`, each verified line parsed: the record's
+        :data:`~gemmar_aot.store.record.RECORD_READ_MEMBERS` only, unless ``whole``. The
+        verified lines' halves asked for are parsed in one ``json.loads``."""
+        out: dict[str, dict | Digest | None] = self.verified_lines(wanted)  # type: ignore[assignment]
+        ok = [key for key, got in out.items() if type(got) is tuple]
+        if ok:
+            texts = [b",".join(out[key]) if whole else out[key][0] for key in ok]  # type: ignore[index]
+            values = parse_lines(texts, self.path)
+            if whole:  # two values per text
                 out.update((key, {**values[2 * i], **values[2 * i + 1]}) for i, key in enumerate(ok))
             else:
                 out.update(zip(ok, values))
         return out
+
+
+def parse_lines(texts: Sequence[bytes], path: Path) -> list:
+    """Verified JSON texts (halves of index lines, or what is left of them), parsed in one
+    ``json.loads``: the values, in order (a text of two comma-separated values gives two)."""
+    try:
+        return json.loads(b"[" + b",".join(texts) + b"]")
+    except ValueError as exc:  # pragma: no cover - verified canonical JSON always parses
+        raise RecordIndexError(f"{path}: verified record lines do not parse ({exc})") from None
 
 
 def build_index_from_store(lock: Any, store: Any) -> bytes:
