@@ -161,40 +161,33 @@ def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
     """
     if not isinstance(spec, dict):
         return ["the record has no spec"]
-    out: list[str] = []
-
-    def differs(what: str, got: Any, want: Any) -> None:
-        if got != want:
-            out.append(f"{what} {got!r} (the lock launches it as {want!r})")
-
-    differs("kind", spec.get("kind"), pos.kind)
-    params = spec.get("params") if isinstance(spec.get("params"), dict) else {}
-    builder = params.get("builder") if isinstance(params.get("builder"), dict) else {}
-    differs("rank", spec.get("rank"), pos.rank)
+    params = spec.get("params")
+    params = params if isinstance(params, dict) else {}
+    builder = params.get("builder")
+    builder = builder if isinstance(builder, dict) else {}
+    # (what, the record's value, where the lock launches it), compared in this order
+    pairs = [("kind", spec.get("kind"), pos.kind), ("rank", spec.get("rank"), pos.rank)]
     if pos.kind == "gemm" and "fuse" in builder:  # the mode is in the GEMM: fused (and over what), or not
         fused = pos.transport.startswith("fused-")
-        differs("fused GEMM", builder.get("fuse"), fused)
+        pairs.append(("fused GEMM", builder.get("fuse"), fused))
         if fused:
-            differs("GEMM transport", builder.get("transport"), pos.transport.split("-", 1)[1])
-    cfg = params.get("cfg") if isinstance(params.get("cfg"), dict) else {}
-    if builder.get("fuse", True) is False:
+            pairs.append(("GEMM transport", builder.get("transport"), pos.transport.split("-", 1)[1]))
+    cfg = params.get("cfg")
+    if not isinstance(cfg, dict) or builder.get("fuse", True) is False:
         cfg = {}  # an unfused GEMM never touches the window: its config is a placeholder
     if "world_size" in cfg:
-        differs("world", cfg.get("world_size"), pos.world)
+        pairs.append(("world", cfg.get("world_size"), pos.world))
     if cfg.get("capacity_m"):  # a config with a shape: the window map and this M's counter set
-        differs("M", cfg.get("m_pad"), pos.m)
-        differs("counter slot", cfg.get("shape_index"), pos.slot)
-        differs("window m_max", cfg.get("capacity_m"), pos.m_max)
-        differs("N", cfg.get("n"), pos.n)
-        differs("block_m", cfg.get("block_m"), pos.block_m)
-        differs("gather dtype", cfg.get("gather_dtype"), pos.gather_dtype)
+        pairs += [("M", cfg.get("m_pad"), pos.m), ("counter slot", cfg.get("shape_index"), pos.slot),
+                  ("window m_max", cfg.get("capacity_m"), pos.m_max), ("N", cfg.get("n"), pos.n),
+                  ("block_m", cfg.get("block_m"), pos.block_m),
+                  ("gather dtype", cfg.get("gather_dtype"), pos.gather_dtype)]
         if pos.gather_dtype != "bf16":
-            differs("gather transport", cfg.get("gather_transport"), pos.gather_transport)
+            pairs.append(("gather transport", cfg.get("gather_transport"), pos.gather_transport))
     if pos.kind == "gemm":
-        differs("K", builder.get("K"), pos.k)
-        differs("quant", builder.get("quant"), pos.quant)
-        differs("BLOCK_M", builder.get("BLOCK_M"), pos.block_m)
-    return out
+        pairs += [("K", builder.get("K"), pos.k), ("quant", builder.get("quant"), pos.quant),
+                  ("BLOCK_M", builder.get("BLOCK_M"), pos.block_m)]
+    return [f"{what} {got!r} (the lock launches it as {want!r})" for what, got, want in pairs if got != want]
 
 
 def check_sequences(rank_entries: Iterable[Any]) -> None:
@@ -372,7 +365,7 @@ class RecordBinding:
 
 
 _LAUNCH_IDENTITY_CACHE: dict[int, tuple] = {}
-_LAUNCH_JSON_CACHE: dict[tuple, tuple] = {}
+_LAUNCH_JSON_CACHE: dict = {}  # id(record) -> (record, bytes); field ids -> (fields, head, tail)
 
 
 def envelope(entry: Any) -> bytes:
@@ -386,21 +379,25 @@ def envelope(entry: Any) -> bytes:
 
 
 def launch_json(rec: Any) -> bytes:
-    """``canonical_json(rec.to_json())``, as bytes. A lock gives each kernel symbol a copy of one
-    of a few launch records (the same field objects, another ``kernel``): the rest is encoded
-    once per record and the symbol put in its sorted place (after ``grid``, before
-    ``kernel_arg_types``)."""
+    """``canonical_json(rec.to_json())``, as bytes, made once per record object. A lock gives each
+    kernel symbol a copy of one of a few launch records (the same field objects, another
+    ``kernel``): the rest is encoded once per record and the symbol put in its sorted place
+    (after ``grid``, before ``kernel_arg_types``)."""
+    got = _LAUNCH_JSON_CACHE.get(id(rec))
+    if got is not None and got[0] is rec:
+        return got[1]
     fields = (rec.args, rec.block, rec.grid, rec.kernel_arg_types, rec.kernel_args, rec.params, rec.program)
     key = (*map(id, fields), rec.stream_param)
-    got = _LAUNCH_JSON_CACHE.get(key)
-    if got is None or any(a is not b for a, b in zip(got[0], fields)):  # the fields are kept: no id reused
+    parts = _LAUNCH_JSON_CACHE.get(key)
+    if parts is None or any(a is not b for a, b in zip(parts[0], fields)):  # the fields are kept: no id reused
         d = rec.to_json()
         head = canonical_json({k: v for k, v in d.items() if k < "kernel"})[:-1].encode()
         tail = canonical_json({k: v for k, v in d.items() if k > "kernel"})[1:].encode()
-        got = _LAUNCH_JSON_CACHE[key] = (fields, head + b',"kernel":', b"," + tail)
-        if len(_LAUNCH_JSON_CACHE) > 4096:
-            _LAUNCH_JSON_CACHE.clear()
-    return got[1] + canonical_json(rec.kernel).encode() + got[2]
+        parts = _LAUNCH_JSON_CACHE[key] = (fields, head + b',"kernel":', b"," + tail)
+    got = _LAUNCH_JSON_CACHE[id(rec)] = (rec, parts[1] + canonical_json(rec.kernel).encode() + parts[2])
+    if len(_LAUNCH_JSON_CACHE) > 4096:
+        _LAUNCH_JSON_CACHE.clear()
+    return got[1]
 
 
 def _lock_launch_identity(rec: Any) -> tuple:

@@ -181,7 +181,7 @@ class BlobIndex:
             if (not isinstance(row, list) or len(row) != 3 or type(row[0]) is not int or row[0] <= 0
                     or not isinstance(row[1], str) or not isinstance(row[2], list)
                     or len(row[1]) != PREFIX_HEX * len(row[2])
-                    or any(type(s) is not int or s < 0 for s in row[2])):
+                    or row[2] and (set(map(type, row[2])) != {int} or min(row[2]) < 0)):
                 raise damaged
             groups.append((rest[pos:pos + row[0]], row[1], row[2]))
             pos += row[0]

@@ -31,9 +31,20 @@ def record_halves(record: Mapping[str, Any]) -> tuple[bytes, bytes]:
 
 def record_digest_of_halves(read: bytes, rest: bytes) -> Digest:
     """The record digest of a record whose halves (:func:`record_halves`) are these bytes: the
-    Digest of ``{"read": sha256(read), "rest": sha256(rest)}`` in canonical JSON."""
-    return Digest.of(b'{"read":"' + hashlib.sha256(read).hexdigest().encode() + b'","rest":"'
-                     + hashlib.sha256(rest).hexdigest().encode() + b'"}')
+    Digest of :func:`record_digest_text`."""
+    return Digest.of(record_digest_text(read, rest))
+
+
+def record_digest_text(read: bytes, rest: bytes) -> bytes:
+    """What the record digest of a record with these halves is the digest of:
+    ``{"read": sha256(read), "rest": sha256(rest)}`` in canonical JSON."""
+    return (b'{"read":"' + hashlib.sha256(read).hexdigest().encode() + b'","rest":"'
+            + hashlib.sha256(rest).hexdigest().encode() + b'"}')
+
+
+def is_record_digest(text: bytes, want: Digest) -> bool:
+    """Whether ``want`` is the Digest of ``text`` (:func:`record_digest_text`), without making one."""
+    return len(text) == want.size and hashlib.sha256(text).hexdigest() == want.hash
 
 
 def record_digest(record: Mapping[str, Any]) -> Digest:

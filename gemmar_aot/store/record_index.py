@@ -57,7 +57,9 @@ from typing import Any
 
 from gemmar_aot.model.lock import lock_sibling
 from gemmar_aot.model.types import Digest
-from gemmar_aot.store.record import record_digest, record_digest_of_halves, record_halves
+from gemmar_aot.store.record import (
+    is_record_digest, record_digest, record_digest_text, record_halves
+)
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json
 
@@ -376,8 +378,8 @@ class RecordIndex:
             read, _sep, rest = line[n:].partition(_SEP)
             read = _restore(read, key, blob)
             rest = _restore_rest(rest, blob)
-            got = record_digest_of_halves(read, rest)
-            out[key] = (read, rest) if got == want else got
+            text = record_digest_text(read, rest)
+            out[key] = (read, rest) if is_record_digest(text, want) else Digest.of(text)
         return out
 
     def records(self, wanted: Iterable[tuple[str, Digest, str]], *,
