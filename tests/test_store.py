@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -254,6 +255,34 @@ def test_valid_zstd_of_other_bytes_is_caught_by_the_digest(store):
     with pytest.raises(CorruptArtifactError, match="sha256"):
         store.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
     assert store.get_record(key_of("swap")) is None
+
+
+def test_a_frame_expected_alone_reads_as_the_streaming_decoder_reads_it(monkeypatch):
+    """``checked_frame(alone=True)`` (the one-call decoder, for a group of an index) gives what the
+    streaming path gives, and refuses every bad frame with the same kind; bytes after the frame are
+    handed back, not dropped. The one call is the path taken for a good frame."""
+    data = bytes(range(256)) * 600 + b"tail" * 1000
+    frame = zstandard.ZstdCompressor(level=19, write_checksum=True, write_content_size=True).compress(data)
+    flipped = bytearray(frame)
+    flipped[len(frame) // 2] ^= 0xFF
+    cases = {"good": frame, "extra": frame + b"next frame", "truncated": frame[:-7], "flipped": bytes(flipped),
+             "unchecked": zstandard.ZstdCompressor(write_checksum=False).compress(data)}
+    for name, raw in cases.items():
+        got = []
+        for alone in (False, True):
+            try:
+                got.append(blobfmt.checked_frame(raw, 1 << 20, alone=alone))
+            except blobfmt.FrameError as exc:
+                got.append(exc.kind)
+        assert got[0] == got[1], name
+        assert got[0] == {"good": (data, b""), "extra": (data, b"next frame"), "truncated": "truncated",
+                          "flipped": "damaged", "unchecked": "unchecked"}[name]
+    streamed = []
+    real = zstandard.ZstdDecompressor.decompressobj
+    monkeypatch.setattr(zstandard.ZstdDecompressor, "decompressobj",
+                        lambda self, *a, **k: streamed.append(1) or real(self, *a, **k))
+    assert blobfmt.checked_frame(frame, 1 << 20, alone=True) == (data, b"") and not streamed
+    assert blobfmt.checked_frame(frame + b"x", 1 << 20, alone=True) == (data, b"x") and streamed
 
 
 def test_wrong_size_from_the_caller_is_refused_without_harming_the_blob(store):

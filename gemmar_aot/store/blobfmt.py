@@ -107,15 +107,29 @@ class FrameError(BlobFormatError):
         self.kind, self.detail = kind, detail
 
 
-def checked_frame(data: bytes, max_size: int) -> tuple[bytes, bytes]:
+def checked_frame(data: bytes, max_size: int, *, alone: bool = False) -> tuple[bytes, bytes]:
     """The first zstd frame of ``data``, decompressed, and the bytes after it (the files beside a
     lock are frames back to back). The frame must carry its checksum and a content size in
-    ``(0, max_size]``, and decode to exactly that size. Raises :class:`FrameError`."""
+    ``(0, max_size]``, and decode to exactly that size. Raises :class:`FrameError`.
+
+    ``alone``: ``data`` is expected to be that one frame and nothing after it (a group of a
+    lock's index). It is then decoded in one call, into a buffer of its content size -- the
+    streaming decoder takes ~5x as long on a rank's code objects (0.45 against 0.09 ms, 624 KB)
+    -- and anything that one call refuses (bytes after the frame, a truncated or damaged frame)
+    takes the streaming path, which says which it is."""
     try:
         params = zstandard.get_frame_parameters(data)
         if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
                 or params.content_size > max_size):
             raise FrameError("unchecked")
+        if alone:
+            try:  # libzstd checks the checksum and the content size
+                text = zstandard.ZstdDecompressor().decompress(data, allow_extra_data=False)
+            except zstandard.ZstdError:
+                pass
+            else:
+                if len(text) == params.content_size:
+                    return text, b""
         dobj = zstandard.ZstdDecompressor().decompressobj()
         text = dobj.decompress(data)
         if not dobj.eof or len(text) != params.content_size:
