@@ -58,6 +58,27 @@ def test_a_rank_gets_ready_from_the_index_alone(smoke_store, smoke_lock, tmp_pat
         op.close()
 
 
+def test_with_both_indexes_beside_the_lock_the_store_is_never_opened(smoke_store, smoke_lock, monkeypatch):
+    """Every record and code object of a rank comes from the lock's two indexes: getting ready opens
+    no store (it would read its format file for nothing). Without the indexes it is opened."""
+    opened = []
+    real = Store.__init__
+    monkeypatch.setattr(Store, "__init__", lambda self, *a, **k: opened.append(a) or real(self, *a, **k))
+    _op(smoke_store, smoke_lock).close()
+    assert opened == []
+
+
+def test_a_store_is_opened_when_an_index_lacks_what_a_rank_needs(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    shutil.copytree(smoke_store, store)
+    blob_index_path(_lock_path(store)).unlink()
+    opened = []
+    real = Store.__init__
+    monkeypatch.setattr(Store, "__init__", lambda self, *a, **k: opened.append(a) or real(self, *a, **k))
+    _op(store, smoke_lock).close()
+    assert [a[0] for a in opened] == [store]
+
+
 def test_without_the_index_the_store_serves(smoke_store, smoke_lock, tmp_path):
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)

@@ -25,7 +25,7 @@ Nothing here acquires anything; a bad artifact is refused before a module is loa
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from gemmar_aot.canonical_json import canonical_json
 from gemmar_aot.store.record import record_digest
@@ -450,6 +450,21 @@ def record_key(record: LaunchRecord, cache: dict) -> _RecordKey:
     return got[1]
 
 
+class StoreOnDemand:
+    """A lock's store (``open(source)``), opened when first used: a lock whose record and blob
+    indexes serve every record and code object never opens it (a stat and a file read)."""
+
+    __slots__ = ("_open", "_source", "_store")
+
+    def __init__(self, open: Callable[[Any], Any], source: Any):
+        self._open, self._source, self._store = open, source, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._store is None:
+            self._store = self._open(self._source)
+        return getattr(self._store, name)
+
+
 def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position) -> dict[str, tuple[bytes, Any]]:
     """What every op verifies before it loads anything, in one place: for each lock entry (a
     ``RankEntry``) the mode's launch sequence (:func:`check_sequences`), then for each of its
@@ -467,8 +482,11 @@ def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position
     codes: dict[str, CodeObject] = {}
     verified: set[str] = set()  # action keys: one key is one (code object, launch record) pair
     checked: dict = {}  # what verify_code_object found, by what it depends on
+    stores: dict = {}  # store root -> its store, opened when first used
     for e in entries:
-        store = artifacts.store(e.lock.source)
+        store = stores.get(e.lock.source.store_root)
+        if store is None:
+            store = stores[e.lock.source.store_root] = StoreOnDemand(artifacts.store, e.lock.source)
         placed: set[str] = set()  # keys checked at this entry: a self-test repeats launches at their position
         for le in launches(e):
             # every position: one key may sit at several (M, role), and each must be its record's
