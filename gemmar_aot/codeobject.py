@@ -13,6 +13,7 @@ AMDGPUUsage document, "Code Object V3+ Metadata").
 from __future__ import annotations
 
 import struct
+from operator import add as _add
 from typing import NamedTuple
 
 import msgpack
@@ -136,7 +137,6 @@ class CodeObject(NamedTuple):
     sramecc: str
     target: str  # amdhsa.target, e.g. "amdgcn-amd-amdhsa--gfx950"
     kernels: tuple[KernelMetadata, ...]
-    comment: str  # .comment section (names the linker), "" if absent
     #: Symbols the object references but does not define. A loadable kernel has
     #: none: an unresolved cco device function means the bitcode was not linked.
     undefined_symbols: tuple[str, ...] = ()
@@ -177,57 +177,43 @@ def parse_code_object(data: bytes) -> CodeObject:
     if e_shoff == 0 or e_shentsize != 64 or e_shoff + e_shnum * 64 > len(data):
         raise CodeObjectError("section header table is missing or truncated")
 
-    # The section table in one unpack, read by column (sh_name, sh_type, sh_offset, sh_size, sh_link).
+    # The section table in one unpack, read by column (sh_type, sh_offset, sh_size, sh_link).
     table = _repeated(_SECTION, e_shnum).unpack_from(data, e_shoff)
-    names, types, offsets, sizes, links = table[0::10], table[1::10], table[4::10], table[5::10], table[6::10]
+    types, offsets, sizes, links = table[1::10], table[4::10], table[5::10], table[6::10]
     n = len(data)
-    for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):
-        if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS
-            raise CodeObjectError(f"section {i} extends past the end of the file (truncated?)")
+    if e_shnum and max(map(_add, offsets, sizes)) > n:  # one C pass; the slow one names the section
+        for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):
+            if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS
+                raise CodeObjectError(f"section {i} extends past the end of the file (truncated?)")
     if e_shstrndx >= e_shnum:
         raise CodeObjectError("bad section-name string table index")
-    str_off, str_end = offsets[e_shstrndx], offsets[e_shstrndx] + sizes[e_shstrndx]
 
     meta: tuple[str, tuple[KernelMetadata, ...]] | None = None  # the last metadata note's
     undefined: set[str] = set()
     for i, sh_type in enumerate(types):
-        if sh_type in (SHT_SYMTAB, SHT_DYNSYM) and links[i] < e_shnum:
-            undefined.update(_undefined_symbols(data, offsets[i], sizes[i], offsets[links[i]],
-                                                offsets[links[i]] + sizes[links[i]]))
-        elif sh_type == SHT_NOTE:
+        if sh_type not in _READ_TYPES:
+            continue
+        if sh_type == SHT_NOTE:
             got = _metadata_note(data, offsets[i], offsets[i] + sizes[i])
             if got is not None:
                 meta = got
+        elif links[i] < e_shnum:
+            undefined.update(_undefined_symbols(data, offsets[i], sizes[i], offsets[links[i]],
+                                                offsets[links[i]] + sizes[links[i]]))
     if meta is None:
         raise CodeObjectError("no NT_AMDGPU_METADATA note (not a code object v3+?)")
-    # .comment is the one section looked up by name: a name is ".comment" when its offset in the
-    # string table starts the bytes ".comment\0" (names may share a tail: every occurrence counts)
-    comment = ""
-    at = data.find(b".comment\0", str_off, str_end)
-    if at >= 0:
-        starts = set()
-        while at >= 0:
-            starts.add(at - str_off)
-            at = data.find(b".comment\0", at + 1, str_end)
-        for i, name in enumerate(names):
-            if name in starts:
-                comment = " ".join(s.decode("utf-8", "replace")
-                                   for s in data[offsets[i]: offsets[i] + sizes[i]].split(b"\0") if s)
     target, kernels = meta
     mach = e_flags & EF_AMDGPU_MACH
-    return CodeObject(
-        mach=mach,
-        arch=MACH_NAMES.get(mach, f"mach-0x{mach:x}"),
-        code_object_version=cov,
-        xnack=_XNACK.get(e_flags & EF_AMDGPU_FEATURE_XNACK_V4),
-        sramecc=_SRAMECC.get(e_flags & EF_AMDGPU_FEATURE_SRAMECC_V4),
-        target=target,
-        kernels=kernels,
-        comment=comment,
-        undefined_symbols=tuple(sorted(undefined)),
-    )
+    arch = MACH_NAMES.get(mach)
+    # positional, in field order: a named tuple made by keyword costs twice as much
+    return CodeObject(mach, arch if arch is not None else f"mach-0x{mach:x}", cov,
+                      _XNACK.get(e_flags & EF_AMDGPU_FEATURE_XNACK_V4),
+                      _SRAMECC.get(e_flags & EF_AMDGPU_FEATURE_SRAMECC_V4), target, kernels,
+                      tuple(sorted(undefined)))
 
 
+#: The sections read: the symbol tables (undefined symbols) and the notes (the metadata).
+_READ_TYPES = frozenset({SHT_SYMTAB, SHT_DYNSYM, SHT_NOTE})
 _SECTION = "IIQQQQIIQQ"  # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
 _SYMBOL = "IBBHQQ"  # Elf64_Sym: name, info, other, shndx, value, size
 _XNACK = {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}
@@ -310,34 +296,31 @@ def forget_parsed_notes() -> None:
 
 
 def _kernel_meta(k: dict) -> KernelMetadata:
+    # positional, in field order (KernelArg, KernelMetadata): a named tuple made by keyword costs
+    # twice as much, and a rank's first notes make hundreds of arguments
     try:
-        args = tuple(
-            KernelArg(
-                offset=int(a[".offset"]),
-                size=int(a[".size"]),
-                value_kind=str(a[".value_kind"]),
-                name=str(a.get(".name", "")),
-                address_space=str(a.get(".address_space", "")),
-            )
+        args = tuple([
+            KernelArg(int(a[".offset"]), int(a[".size"]), str(a[".value_kind"]), str(a.get(".name", "")),
+                      str(a.get(".address_space", "")))
             for a in k.get(".args", [])
-        )
+        ])
         reqd = k.get(".reqd_workgroup_size")
         return KernelMetadata(
-            name=str(k[".name"]),
-            symbol=str(k[".symbol"]),
-            kernarg_size=int(k[".kernarg_segment_size"]),
-            kernarg_align=int(k[".kernarg_segment_align"]),
-            args=args,
-            vgpr_count=int(k.get(".vgpr_count", 0)),
-            sgpr_count=int(k.get(".sgpr_count", 0)),
-            agpr_count=int(k.get(".agpr_count", 0)),
-            vgpr_spill_count=int(k.get(".vgpr_spill_count", 0)),
-            sgpr_spill_count=int(k.get(".sgpr_spill_count", 0)),
-            lds_bytes=int(k.get(".group_segment_fixed_size", 0)),
-            scratch_bytes=int(k.get(".private_segment_fixed_size", 0)),
-            max_flat_workgroup_size=int(k.get(".max_flat_workgroup_size", 0)),
-            wavefront_size=int(k.get(".wavefront_size", 64)),
-            reqd_workgroup_size=tuple(int(x) for x in reqd) if reqd else None,
+            str(k[".name"]),
+            str(k[".symbol"]),
+            int(k[".kernarg_segment_size"]),
+            int(k[".kernarg_segment_align"]),
+            args,
+            int(k.get(".vgpr_count", 0)),
+            int(k.get(".sgpr_count", 0)),
+            int(k.get(".agpr_count", 0)),
+            int(k.get(".vgpr_spill_count", 0)),
+            int(k.get(".sgpr_spill_count", 0)),
+            int(k.get(".group_segment_fixed_size", 0)),  # lds_bytes
+            int(k.get(".private_segment_fixed_size", 0)),  # scratch_bytes
+            int(k.get(".max_flat_workgroup_size", 0)),
+            int(k.get(".wavefront_size", 64)),
+            tuple(int(x) for x in reqd) if reqd else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CodeObjectError(f"kernel metadata entry is malformed: {exc!r}") from exc
