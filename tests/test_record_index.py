@@ -226,6 +226,30 @@ def test_a_group_holding_other_lines_than_its_header_names_is_refused(smoke_stor
         _op(root, smoke_lock)
 
 
+def test_a_prefix_two_groups_name_finds_a_line_that_must_still_be_the_named_record(smoke_store, smoke_lock,
+                                                                                   tmp_path):
+    """A group that also names another rank's key (a damaged or forged header): whichever line a
+    look-up finds under the prefix is checked against the record digest the lock names, so the
+    forged one is refused (its digest handed back), never taken for the record."""
+    root, lock_path = _copy(smoke_store, tmp_path)
+    path = index_path(lock_path)
+    head, groups = read_frames(path)
+    n = head["prefix_hex"]
+    kernels = smoke_lock.kernels()
+    victim = groups[0][0][:n].decode()
+    key = next(k for k in kernels if k.startswith(victim))
+    other = groups[1][0]  # rank 1's first line, put in group 1 again under the victim's prefix
+    groups[1] = sorted([*groups[1], victim.encode() + other[n:]])
+    head["groups"][1][1] = "".join(line[:n].decode() for line in groups[1])
+    head["kernels"] += 1
+    write_frames(path, head, groups)
+    index = RecordIndex.read(path)
+    rank1 = [(k, e.record, e.blob.hash) for k, e in kernels.items() if k[:n].encode() == other[:n]]
+    assert isinstance(index.records(rank1)[rank1[0][0]], dict)  # group 1 read: its forged line too
+    got = index.records([(key, kernels[key].record, kernels[key].blob.hash)])[key]
+    assert isinstance(got, Digest) and got != kernels[key].record
+
+
 @pytest.mark.parametrize("schema", [1, 2])
 def test_an_index_of_an_older_schema_is_refused_with_the_fix(smoke_store, smoke_lock, tmp_path, schema):
     """Schemas 1 and 2 held whole records for the record digests of older locks."""
@@ -262,7 +286,7 @@ def test_a_lock_whose_records_are_all_in_the_index_is_served(smoke_store, smoke_
     _op(root, smoke_lock).close()
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "schema"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "schema", "miscount"])
 def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_lock, tmp_path, damage):
     root, lock_path = _copy(smoke_store, tmp_path)
     path = index_path(lock_path)
@@ -275,7 +299,8 @@ def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_loc
         path.write_bytes(bytes(data[: len(data) // 2]))
     else:
         head, groups = read_frames(path)
-        write_frames(path, {**head, "schema": 99}, groups)
+        write_frames(path, {**head, "schema": 99} if damage == "schema" else {**head, "kernels": head["kernels"] + 1},
+                     groups)
     with pytest.raises(ArtifactMismatchError, match="delete .*smoke.records.zst to check the records one by one"):
         _op(root, smoke_lock)
 

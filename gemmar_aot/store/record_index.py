@@ -259,11 +259,14 @@ class RecordIndex:
         self.path = path
         self._lines = lines  # prefix -> line, for the groups read so far
         self._prefix = prefix_hex
-        # a group not read yet: its frame and its prefixes; prefix -> group number
+        # a group not read yet: its frame and its prefixes
         self._groups: list[tuple[bytes, bytes] | None] = list(groups)
-        self._group_of = {p[i:i + prefix_hex]: g for g, (_f, p) in enumerate(groups)
-                          for i in range(0, len(p), prefix_hex)}
-        self._kernels = len(lines) + len(self._group_of) if kernels is None else kernels
+        # prefix -> group number, for the groups mapped so far: a look-up maps groups in order until
+        # it finds its prefix (rank 0's first), so a rank maps little more than its own group
+        self._group_of: dict[bytes, int] = {}
+        self._mapped = 0
+        self._kernels = (len(lines) + sum(len(p) for _f, p in groups) // prefix_hex if kernels is None
+                         else kernels)
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "RecordIndex | None":
@@ -326,11 +329,12 @@ class RecordIndex:
         if pos != len(rest):
             how = "truncated" if pos > len(rest) else "longer than its header says"
             raise RecordIndexError(f"{path}: the record index is {how}; {fix}")
-        index = cls(path, {}, n, groups, kernels)
-        if len(index._group_of) != kernels:
-            raise RecordIndexError(f"{path}: two record lines share a key prefix, or the header miscounts "
-                                   f"them; {fix}")
-        return index
+        if sum(len(p) for _f, p in groups) != kernels * n:
+            raise RecordIndexError(f"{path}: the header names {kernels} record lines and groups of "
+                                   f"{sum(len(p) for _f, p in groups) // n}; {fix}")
+        # (two lines under one prefix are refused when their group is read; a prefix a wrong group
+        # also names finds that group's line, which is not the record the lock names: refused)
+        return cls(path, {}, n, groups, kernels)
 
     @staticmethod
     def _by_prefix(lines: list[bytes], n: int, path: Path) -> dict[bytes, bytes]:
@@ -350,10 +354,22 @@ class RecordIndex:
                                    f"header names; {self._fix(self.path)}")
         self._lines.update(self._by_prefix(lines, n, self.path))
 
+    def _map_group(self, g: int) -> None:
+        """Add group ``g``'s prefixes to the look-up (a prefix named by an earlier group keeps it)."""
+        self._mapped = g + 1
+        group = self._groups[g]
+        if group is not None:
+            n, prefixes = self._prefix, group[1]
+            for i in range(0, len(prefixes), n):
+                self._group_of.setdefault(prefixes[i:i + n], g)
+
     def _line(self, prefix: bytes) -> bytes | None:
         line = self._lines.get(prefix)
         if line is None:
             g = self._group_of.get(prefix)
+            while g is None and self._mapped < len(self._groups):
+                self._map_group(self._mapped)
+                g = self._group_of.get(prefix)
             if g is not None and self._groups[g] is not None:
                 self._read_group(g)
                 line = self._lines.get(prefix)
