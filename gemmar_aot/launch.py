@@ -147,12 +147,6 @@ class LaunchRecord:
 _WIDTH = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 
 
-def _wrap(v: int, bits: int) -> int:
-    """Two's-complement wrap to ``bits`` and read back as signed."""
-    v &= (1 << bits) - 1
-    return v - (1 << bits) if bits > 1 and v >> (bits - 1) else v
-
-
 def _sdiv(x: int, y: int) -> int:
     """Signed division truncating toward zero (LLVM's ``sdiv``), on exact integers."""
     if y == 0:
@@ -226,17 +220,18 @@ class Program:
                 src = _WIDTH.get(xs[1]) if len(xs) == 2 and isinstance(xs[1], str) else None
                 if src is None:
                     raise LaunchRecordError(f"{where}: zext takes a value and its source width, got {xs}")
-                steps.append((_ZEXT, (index(xs[0]),), (1 << src) - 1, bits))
+                steps.append((_ZEXT, None, index(xs[0]), 0, 0, (1 << src) - 1, *_wrap_of(bits)))
             else:
                 icmp = isinstance(op, str) and op.startswith("icmp_")
                 arity = 3 if op == "select" else 1 if op in ("sext", "trunc") else 2
-                fn = (_SELECT if op == "select" else _SAME if arity == 1 else
-                      _ICMP.get(op[5:]) if icmp else _BINARY.get(op))
-                if fn is None:
+                kind = _SELECT_STEP if arity == 3 else _UNARY if arity == 1 else _BINARY_STEP
+                fn = (_ICMP.get(op[5:]) if icmp else _BINARY.get(op)) if arity == 2 else None
+                if arity == 2 and fn is None:
                     raise LaunchRecordError(f"unknown op {op!r} in a grid program")
                 if len(xs) != arity:
                     raise LaunchRecordError(f"{where}: {op} takes {arity} operands, got {len(xs)}")
-                steps.append((fn, tuple(index(x) for x in xs), None, 0 if icmp else bits))
+                ix = [index(x) for x in xs] + [0] * (3 - arity)
+                steps.append((kind, fn, *ix, 0, *_wrap_of(0 if icmp else bits)))
             if not isinstance(dst, str) or dst in at:
                 raise LaunchRecordError(f"{where}: result {dst!r} is defined twice or names a parameter")
             at[dst] = n + len(literals) + len(steps) - 1  # results after the literals, in order
@@ -249,22 +244,41 @@ class Program:
         if len(params) != self.nparams:
             raise LaunchRecordError(f"{self.kernel}: {len(params)} host parameters given, record has {self.nparams}")
         v = [*params, *self.consts]
-        for fn, args, extra, bits in self.steps:
-            r = fn(*[v[i] for i in args]) if extra is None else v[args[0]] & extra
-            if bits:
-                r &= (1 << bits) - 1
-                if bits > 1 and r >> (bits - 1):
-                    r -= 1 << bits
-            v.append(r)
+        append = v.append
+        # one branch per operand count: no argument list built per step (a GEMM's grid is 20 steps)
+        for kind, fn, a, b, c, extra, mask, top in self.steps:
+            if kind == _BINARY_STEP:
+                r = fn(v[a], v[b])
+            elif kind == _UNARY:  # sext, trunc: the value, wrapped to the result width
+                r = v[a]
+            elif kind == _SELECT_STEP:
+                r = v[b] if v[a] & 1 else v[c]
+            else:  # zext: the value masked to its source width, then wrapped
+                r = v[a] & extra
+            if mask:  # two's-complement wrap to the result width and read back as signed
+                r &= mask
+                if r & top:
+                    r -= mask + 1
+            append(r)
         grid, block, kargs = self.outputs
         return (tuple([v[i] for i in grid]), tuple([v[i] for i in block]),  # type: ignore[return-value]
                 tuple([v[i] for i in kargs]))
+
+
+def _wrap_of(bits: int) -> tuple[int, int]:
+    """(mask, sign bit) of a result ``bits`` wide (0: an icmp's 0 or 1, never wrapped; a 1-bit
+    result is masked, never negative)."""
+    if not bits:
+        return 0, 0
+    return (1 << bits) - 1, (1 << (bits - 1)) if bits > 1 else 0
 
 
 def _is_literal(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-_ZEXT = object()  # zext: the value masked to its source width (``extra``), then wrapped
-_SELECT = lambda c, x, y: x if c & 1 else y  # noqa: E731
-_SAME = lambda x: x  # noqa: E731 - sext and trunc: the value, wrapped to the result width
+# What a compiled step does (Program.run branches on it, most common first).
+_BINARY_STEP = 0  # fn(x, y): an op of _BINARY or _ICMP
+_UNARY = 1  # sext, trunc: the value, wrapped to the result width
+_SELECT_STEP = 2  # select(c, x, y): x if c & 1 else y
+_ZEXT = 3  # the value masked to its source width (``extra``), then wrapped
