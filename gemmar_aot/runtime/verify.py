@@ -25,6 +25,7 @@ Nothing here acquires anything; a bad artifact is refused before a module is loa
 
 from __future__ import annotations
 
+from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from gemmar_aot.canonical_json import canonical_json
@@ -394,7 +395,8 @@ def launch_json(rec: Any) -> bytes:
         head = canonical_json({k: v for k, v in d.items() if k < "kernel"})[:-1].encode()
         tail = canonical_json({k: v for k, v in d.items() if k > "kernel"})[1:].encode()
         parts = _LAUNCH_JSON_CACHE[key] = (fields, head + b',"kernel":', b"," + tail)
-    got = _LAUNCH_JSON_CACHE[id(rec)] = (rec, parts[1] + canonical_json(rec.kernel).encode() + parts[2])
+    # the symbol as canonical_json writes a string (ASCII, escaped), without making an encoder
+    got = _LAUNCH_JSON_CACHE[id(rec)] = (rec, parts[1] + _json_string(rec.kernel).encode() + parts[2])
     if len(_LAUNCH_JSON_CACHE) > 4096:
         _LAUNCH_JSON_CACHE.clear()
     return got[1]
