@@ -33,7 +33,7 @@ from gemmar_aot.store.record import record_digest
 from gemmar_aot.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
 from gemmar_aot.launch_sequence import sequence_problems
 from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
-from gemmar_aot.store.backend import BadRecord, check_record
+from gemmar_aot.store.backend import RECORD_SCHEMA, BadRecord, check_record
 from gemmar_aot.store.record_index import RecordIndexError, parse_lines
 
 from .errors import ArtifactMismatchError
@@ -287,7 +287,8 @@ class RecordBinding:
                                 store_where=f"{index.path} (action key {key})")
             record = got
             try:
-                check_record(record, key)
+                if not enveloped or record.get("schema") != RECORD_SCHEMA:
+                    check_record(record, key)  # (enveloped: its key and blob are the entry's own)
             except BadRecord as exc:
                 raise self._bad(store, entry, pos, lock_where, f"the record is malformed ({exc})",
                                 store_where=f"{index.path} (action key {key})") from None
@@ -445,10 +446,17 @@ class _RecordKey:
 
 
 def record_key(record: LaunchRecord, cache: dict) -> _RecordKey:
-    """``record``'s identity key, made once per record object within one construction (``cache``)."""
+    """``record``'s identity key, made once per record object within one construction (``cache``),
+    and shared by the records whose fields are the same objects (a lock gives each kernel symbol
+    a copy of one launch record): a record's hash walks every argument and instruction."""
     got = cache.get(id(record))
     if got is None or got[0] is not record:
-        got = cache[id(record)] = (record, _RecordKey(launch_identity(record)))
+        ident = launch_identity(record)
+        fields = ("fields", *map(id, ident))
+        shared = cache.get(fields)
+        if shared is None or any(a is not b for a, b in zip(shared[0], ident)):  # kept: no id reused
+            shared = cache[fields] = (ident, _RecordKey(ident))
+        got = cache[id(record)] = (record, shared[1])
     return got[1]
 
 
