@@ -163,12 +163,17 @@ class Artifacts:
         self.locks.append(info)
         for t in lock.tuples:
             key, m = t.id.key, t.id.m
+            by_rank = self.index.setdefault(key, {}).setdefault(m, {})
             for r in t.ranks:
-                self.add_entry(RankEntry(key=key, m=m, rank=r.rank, tuple=t, kernels=r, lock=info))
+                self._place(by_rank, RankEntry(key, m, r.rank, t, r, info))
 
     def add_entry(self, entry: RankEntry) -> None:
         """Index one (tuple, M, rank); a duplicate must name the same kernels."""
-        by_rank = self.index.setdefault(entry.key, {}).setdefault(entry.m, {})
+        self._place(self.index.setdefault(entry.key, {}).setdefault(entry.m, {}), entry)
+
+    @staticmethod
+    def _place(by_rank: dict[int, RankEntry], entry: RankEntry) -> None:
+        """Put ``entry`` in its (tuple, M)'s ranks; a duplicate must name the same kernels."""
         old = by_rank.get(entry.rank)
         if old is None:
             by_rank[entry.rank] = entry
