@@ -257,32 +257,58 @@ def test_valid_zstd_of_other_bytes_is_caught_by_the_digest(store):
     assert store.get_record(key_of("swap")) is None
 
 
-def test_a_frame_expected_alone_reads_as_the_streaming_decoder_reads_it(monkeypatch):
-    """``checked_frame(alone=True)`` (the one-call decoder, for a group of an index) gives what the
-    streaming path gives, and refuses every bad frame with the same kind; bytes after the frame are
-    handed back, not dropped. The one call is the path taken for a good frame."""
-    data = bytes(range(256)) * 600 + b"tail" * 1000
-    frame = zstandard.ZstdCompressor(level=19, write_checksum=True, write_content_size=True).compress(data)
-    flipped = bytearray(frame)
-    flipped[len(frame) // 2] ^= 0xFF
-    cases = {"good": frame, "extra": frame + b"next frame", "truncated": frame[:-7], "flipped": bytes(flipped),
-             "unchecked": zstandard.ZstdCompressor(write_checksum=False).compress(data)}
+def _streamed(raw: bytes, max_size: int):
+    """The oracle: what zstd's streaming decoder reads from ``raw`` -- the first frame and the bytes
+    after it -- or why it refuses (the kinds of ``blobfmt.FrameError``)."""
+    try:
+        p = zstandard.get_frame_parameters(raw)
+        if not p.has_checksum or p.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN) or p.content_size > max_size:
+            return "unchecked"
+        d = zstandard.ZstdDecompressor().decompressobj()
+        text = d.decompress(raw)
+        return (text, d.unused_data) if d.eof and len(text) == p.content_size else "truncated"
+    except zstandard.ZstdError:
+        return "damaged"
+
+
+def test_a_frame_is_read_as_the_streaming_decoder_reads_it_without_streaming(monkeypatch):
+    """``checked_frame`` finds the frame by its block headers and decodes it in one call: for any
+    bytes -- several blocks, raw and RLE blocks, another frame or bytes after it, truncated, one
+    byte changed anywhere (block headers too) -- it gives what zstd's streaming decoder gives, or
+    refuses with the kind it would. A whole frame, with or without bytes after it, never streams."""
+    rng = random.Random(7)
+    cctx = zstandard.ZstdCompressor(level=19, write_checksum=True, write_content_size=True)
+    bodies = {"text": bytes(range(256)) * 600 + b"tail" * 1000, "zeros": bytes(300_000),
+              "random": rng.randbytes(200_000), "mixed": rng.randbytes(5000) + bytes(140_000) + b"ab" * 9000}
+    cases = {}
+    for name, body in bodies.items():
+        frame = cctx.compress(body)
+        cases[name] = frame
+        cases[name + "+bytes"] = frame + b"next"
+        cases[name + "+frame"] = frame + cctx.compress(b"second")
+        cases[name + " truncated"] = frame[:-7]
+        cases[name + " header only"] = frame[:12]
+        for i in range(40):
+            b = bytearray(frame)
+            b[rng.randrange(min(len(frame), 64)) if i % 2 else rng.randrange(len(frame))] ^= 1 << rng.randrange(8)
+            cases[f"{name} flip {i}"] = bytes(b)
+    cases["unchecked"] = zstandard.ZstdCompressor(write_checksum=False).compress(b"x" * 1000)
+    cases["too large"] = cctx.compress(b"x" * 5000)
     for name, raw in cases.items():
-        got = []
-        for alone in (False, True):
-            try:
-                got.append(blobfmt.checked_frame(raw, 1 << 20, alone=alone))
-            except blobfmt.FrameError as exc:
-                got.append(exc.kind)
-        assert got[0] == got[1], name
-        assert got[0] == {"good": (data, b""), "extra": (data, b"next frame"), "truncated": "truncated",
-                          "flipped": "damaged", "unchecked": "unchecked"}[name]
+        max_size = 4000 if name == "too large" else 1 << 20
+        try:
+            got = blobfmt.checked_frame(raw, max_size)
+        except blobfmt.FrameError as exc:
+            got = exc.kind
+        assert got == _streamed(raw, max_size), name
     streamed = []
     real = zstandard.ZstdDecompressor.decompressobj
     monkeypatch.setattr(zstandard.ZstdDecompressor, "decompressobj",
                         lambda self, *a, **k: streamed.append(1) or real(self, *a, **k))
-    assert blobfmt.checked_frame(frame, 1 << 20, alone=True) == (data, b"") and not streamed
-    assert blobfmt.checked_frame(frame + b"x", 1 << 20, alone=True) == (data, b"x") and streamed
+    for name in bodies:
+        for raw in (cases[name], cases[name + "+bytes"], cases[name + "+frame"]):
+            blobfmt.checked_frame(raw, 1 << 20)
+    assert not streamed
 
 
 def test_wrong_size_from_the_caller_is_refused_without_harming_the_blob(store):

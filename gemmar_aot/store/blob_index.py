@@ -110,11 +110,10 @@ def write_blob_index(path: str | os.PathLike, data: bytes) -> Path:
     return Path(path)
 
 
-def _frame(data: bytes, path: Path, what: str, *, alone: bool = False) -> tuple[bytes, bytes]:
-    """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it
-    (``alone``: expected to be none; see ``checked_frame``)."""
+def _frame(data: bytes, path: Path, what: str) -> tuple[bytes, bytes]:
+    """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it."""
     try:
-        return checked_frame(data, MAX_GROUP_BYTES, alone=alone)
+        return checked_frame(data, MAX_GROUP_BYTES)
     except FrameError as exc:
         why = {"unchecked": "is not a blob index frame (no checksum or no plausible size)",
                "truncated": "is truncated"}.get(
@@ -196,7 +195,7 @@ class BlobIndex:
         """Group ``g``'s bytes, decompressed once (the frame is dropped then); raises BlobIndexError."""
         text = self._texts.get(g)
         if text is None:
-            text, rest = _frame(self._frames[g], self.path, f"group {g}", alone=True)
+            text, rest = _frame(self._frames[g], self.path, f"group {g}")
             if rest:
                 raise BlobIndexError(f"{self.path}: group {g} holds more than one frame; rebuild the manifest "
                                      f"(gemmar-aot build) or delete {self.path}")

@@ -282,13 +282,12 @@ class RecordIndex:
                 f"delete {path} to check the records one by one")
 
     @classmethod
-    def _frame(cls, data: bytes, path: Path, *, alone: bool = False) -> tuple[bytes, bytes]:
-        """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it
-        (``alone``: expected to be none; see ``checked_frame``)."""
+    def _frame(cls, data: bytes, path: Path) -> tuple[bytes, bytes]:
+        """The first zstd frame of ``data``, decompressed and its checksum checked, and the bytes after it."""
         from .blobfmt import FrameError, checked_frame
 
         try:
-            return checked_frame(data, MAX_INDEX_BYTES, alone=alone)
+            return checked_frame(data, MAX_INDEX_BYTES)
         except FrameError as exc:
             why = {"unchecked": "not a record index (its zstd frame has no checksum or no plausible size)",
                    "truncated": "the record index is truncated"}.get(
@@ -346,7 +345,7 @@ class RecordIndex:
     def _read_group(self, g: int) -> None:
         frame, prefixes = self._groups[g]
         self._groups[g] = None
-        text, rest = self._frame(frame, self.path, alone=True)
+        text, rest = self._frame(frame, self.path)
         lines = text.split(b"\n")
         n = self._prefix
         if rest or [line[:n] for line in lines] != [prefixes[i:i + n] for i in range(0, len(prefixes), n)]:
