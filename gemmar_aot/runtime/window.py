@@ -7,16 +7,11 @@ other: a window one byte different is a different, wrong, layout.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from gemmar_aot import rules
-from gemmar_aot.model.layout import WindowLayout
 
 from .errors import ArtifactMismatchError
-
-#: A window layout's fields but the per-M values (``call``): what one window's M values share.
-SHARED_WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(WindowLayout) if f.name != "call")
 
 
 def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128, gather_dtype: str = "bf16",
@@ -39,7 +34,6 @@ def check_layouts(entries: Mapping[int, Any], *, world: int, n: int, m_max: int,
     """Every M of ``entries`` (padded M -> RankEntry) must share one window layout, the one
     recomputed here for the op's shape. Returns the window's bytes; raises ArtifactMismatchError."""
     first: Any = None
-    first_shared: list = []
     for m, e in sorted(entries.items()):
         lay = e.layout
         if lay is None or lay.call is None:
@@ -58,17 +52,18 @@ def check_layouts(entries: Mapping[int, Any], *, world: int, n: int, m_max: int,
             raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.id.block_n}")
         if first is None:
             first = e
-            first_shared = [getattr(lay, f) for f in SHARED_WINDOW_FIELDS]
-        elif [getattr(lay, f) for f in SHARED_WINDOW_FIELDS] != first_shared:
-            # Only the per-M values (lay.call) may differ between the M values of one window.
+        want = rules.window_layout(world, n, m_max, block_m, gather_dtype, e.tuple.id.gather_transport,
+                                   max_shapes, m_pad=m)
+        # Every M's recomputed layout shares the first's window (only m_pad differs), so a layout
+        # equal to its own is one the first's shares; one that is not is first compared with the
+        # first M's, whose window it must share (only the per-M values, lay.call, may differ).
+        if lay != want and first is not e:
             diff = differing_fields(first.layout.shared().flat(), lay.shared().flat())
             if diff:
                 raise ArtifactMismatchError(
                     f"the artifacts' window layouts differ between M={first.m} ({first.where}) and "
                     f"M={m} ({e.where}) in {diff}: one window cannot serve both. Rebuild them together "
                     f"from one manifest")
-        want = rules.window_layout(world, n, m_max, block_m, gather_dtype, e.tuple.id.gather_transport,
-                                   max_shapes, m_pad=m)
         if lay != want:
             raise ArtifactMismatchError(
                 f"{e.where}: the recorded window layout for M={m} is not the one this runtime computes "
