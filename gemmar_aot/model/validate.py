@@ -122,10 +122,10 @@ class _KernelTable:
             launch = self.by_symbol.get((idx, symbol))
             if launch is None:
                 launch = self.by_symbol[idx, symbol] = _with_symbol(self.records[idx], symbol)
-            b, r = k["blob"], k["record"]
+            # the digests' JSON objects hold exactly a Digest's fields (kernels_valid checked them)
             e = self.entries_by_key[key] = _validated(LaunchEntry, {
-                "kind": k["kind"], "key": key, "blob": _validated(Digest, {"hash": b["hash"], "size": b["size"]}),
-                "launch": launch, "record": _validated(Digest, {"hash": r["hash"], "size": r["size"]})})
+                "kind": k["kind"], "key": key, "blob": _validated(Digest, k["blob"]), "launch": launch,
+                "record": _validated(Digest, k["record"])})
         return e
 
     def entries(self, keys: tuple[str, ...]) -> tuple[LaunchEntry, ...]:

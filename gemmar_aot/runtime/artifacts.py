@@ -253,14 +253,11 @@ class Artifacts:
 
     def m_values(self, key: TupleKey, rank: int | None = None, world: int | None = None) -> tuple[int, ...]:
         """Padded M values held for ``key``: for ``rank``, or (rank None) for every rank of the world."""
-        out = []
-        for m, ranks in self.index.get(key, {}).items():
-            if rank is not None:
-                if rank in ranks:
-                    out.append(m)
-            elif all(r in ranks for r in range(world if world is not None else key.world)):
-                out.append(m)
-        return tuple(sorted(out))
+        by_m = self.index.get(key, {})
+        if rank is not None:
+            return tuple(sorted(m for m, ranks in by_m.items() if rank in ranks))
+        every = set(range(world if world is not None else key.world))
+        return tuple(sorted(m for m, ranks in by_m.items() if ranks.keys() >= every))
 
     def entry(self, key: TupleKey, m: int, rank: int) -> RankEntry | None:
         return self.index.get(key, {}).get(m, {}).get(rank)
