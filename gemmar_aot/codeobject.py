@@ -165,8 +165,7 @@ def parse_code_object(data: bytes) -> CodeObject:
     if data[4] != 2 or data[5] != 1:
         raise CodeObjectError("not a 64-bit little-endian ELF")
     osabi, abiversion = data[7], data[8]
-    (e_type, e_machine, _ver, _entry, _phoff, e_shoff, e_flags, _ehsize, _phentsize,
-     _phnum, e_shentsize, e_shnum, e_shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", data, 16)
+    e_machine, e_shoff, e_flags, e_shentsize, e_shnum, e_shstrndx = _ELF_HEADER.unpack_from(data, 16)
     if e_machine != EM_AMDGPU:
         raise CodeObjectError(f"ELF machine is {e_machine}, not EM_AMDGPU ({EM_AMDGPU})")
     if osabi != ELFOSABI_AMDGPU_HSA:
@@ -177,9 +176,10 @@ def parse_code_object(data: bytes) -> CodeObject:
     if e_shoff == 0 or e_shentsize != 64 or e_shoff + e_shnum * 64 > len(data):
         raise CodeObjectError("section header table is missing or truncated")
 
-    # The section table in one unpack, read by column (sh_type, sh_offset, sh_size, sh_link).
+    # The section table in one unpack of the four fields read, by column (sh_type, sh_offset,
+    # sh_size, sh_link).
     table = _repeated(_SECTION, e_shnum).unpack_from(data, e_shoff)
-    types, offsets, sizes, links = table[1::10], table[4::10], table[5::10], table[6::10]
+    types, offsets, sizes, links = table[0::4], table[1::4], table[2::4], table[3::4]
     n = len(data)
     if e_shnum and max(map(_add, offsets, sizes)) > n:  # one C pass; the slow one names the section
         for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):
@@ -214,8 +214,14 @@ def parse_code_object(data: bytes) -> CodeObject:
 
 #: The sections read: the symbol tables (undefined symbols) and the notes (the metadata).
 _READ_TYPES = frozenset({SHT_SYMTAB, SHT_DYNSYM, SHT_NOTE})
-_SECTION = "IIQQQQIIQQ"  # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
-_SYMBOL = "IBBHQQ"  # Elf64_Sym: name, info, other, shndx, value, size
+#: Elf64_Ehdr from e_type: the machine, the section table's offset, the flags, and the section
+#: table's entry size, count and string-table index (the rest skipped).
+_ELF_HEADER = struct.Struct("<2xH20xQI6xHHH")
+#: Elf64_Shdr: type, offset, size, link (name, flags, addr, info, addralign, entsize skipped).
+_SECTION = "4xI16xQQI20x"
+#: Elf64_Sym: name, shndx (info, other, value, size skipped).
+_SYMBOL = "I2xH16x"
+_NOTE_HEADER = struct.Struct("<III")  # Elf64_Nhdr: namesz, descsz, type
 _XNACK = {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}
 _SRAMECC = {0x000: "unsupported", 0x400: "any", 0x800: "off", 0xC00: "on"}
 _STRUCTS: dict[tuple[str, int], struct.Struct] = {}
@@ -238,11 +244,11 @@ def _undefined_symbols(data: bytes, off: int, size: int, str_off: int, str_end: 
     if count == 0:
         return []
     syms = _repeated(_SYMBOL, count).unpack_from(data, off + 24)
-    shndx = syms[3::6]
+    shndx = syms[1::2]
     if 0 not in shndx:  # a linked code object: every symbol is defined
         return []
     out = []
-    for st_name, st_shndx in zip(syms[0::6], shndx):
+    for st_name, st_shndx in zip(syms[0::2], shndx):
         if st_shndx == 0 and st_name:
             end = data.find(b"\0", str_off + st_name, str_end)
             out.append(data[str_off + st_name: end].decode("ascii", "replace"))
@@ -253,7 +259,7 @@ def _metadata_note(data: bytes, pos: int, end: int) -> tuple[str, tuple[KernelMe
     """The last NT_AMDGPU_METADATA note of the note section ``data[pos:end]``, parsed, or None."""
     meta = None
     while pos + 12 <= end:
-        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        namesz, descsz, ntype = _NOTE_HEADER.unpack_from(data, pos)
         pos += 12
         nname = data[pos: pos + namesz].rstrip(b"\0")
         pos += (namesz + 3) & ~3
