@@ -334,10 +334,10 @@ class GemmAllReduceOp:
 
     def _position(self, e: RankEntry, kind: str) -> EntryPosition:
         """Where a lock entry sits, for checking it against its record."""
-        i = e.tuple.id
-        return EntryPosition(transport=i.transport, kind=kind, rank=e.rank, world=i.world, m=e.m,
-                             slot=e.layout.call.slot, m_max=e.layout.m_max, n=i.n, k=i.k, quant=i.quant,
-                             gather_dtype=i.gather_dtype, gather_transport=i.gather_transport, block_m=i.block_m)
+        i, lay = e.tuple.id, e.tuple.layout
+        # positional, in field order: made per launch entry, and a named tuple by keyword costs twice as much
+        return EntryPosition(i.transport, kind, e.rank, i.world, e.m, lay.call.slot, lay.m_max, i.n, i.k, i.quant,
+                             i.gather_dtype, i.gather_transport, i.block_m)
 
     def _make_plan(self, e: RankEntry, kernels: Kernels, shared: dict | None = None) -> _Plan:
         m = e.m
