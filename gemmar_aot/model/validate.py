@@ -72,7 +72,7 @@ _LAUNCH_FIELDS = tuple(f.name for f in fields(LaunchRecord))
 
 def _with_symbol(record: LaunchRecord, symbol: str) -> LaunchRecord:
     """A lock's (symbol-free, checked) launch record for kernel ``symbol``: its field values
-    shared, as ``dataclasses.replace`` would, at a fifth of the cost (nothing to re-check)."""
+    shared, as ``dataclasses.replace`` would, at less than half the cost (nothing to re-check)."""
     values = {f: getattr(record, f) for f in _LAUNCH_FIELDS}
     values["kernel"] = symbol
     return _validated(LaunchRecord, values)

@@ -329,8 +329,8 @@ class RecordIndex:
             how = "truncated" if pos > len(rest) else "longer than its header says"
             raise RecordIndexError(f"{path}: the record index is {how}; {fix}")
         if sum(len(p) for _f, p in groups) != kernels * n:
-            raise RecordIndexError(f"{path}: the header names {kernels} record lines and groups of "
-                                   f"{sum(len(p) for _f, p in groups) // n}; {fix}")
+            raise RecordIndexError(f"{path}: the header counts {kernels} record lines, its groups name "
+                                   f"{sum(len(p) for _f, p in groups) / n:g}; {fix}")
         # (two lines under one prefix are refused when their group is read; a prefix a wrong group
         # also names finds that group's line, which is not the record the lock names: refused)
         return cls(path, {}, n, groups, kernels)
