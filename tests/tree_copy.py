@@ -110,15 +110,15 @@ def edit_comments_and_docstrings(path: Path) -> None:
 
 def rewrite_parser(tree: Path) -> Path:
     """Rewrite the copy's code-object parser without changing what it returns for any input: the
-    section bounds checked by an index loop instead of ``zip`` (a real
+    section bounds that fail the one-pass check named by an index loop instead of ``zip`` (a real
     edit of derive code, as a performance change would make it). Returns ``tree``."""
     co = tree / "gemmar_aot" / "codeobject.py"
     src = co.read_text()
-    old = ("    for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):\n"
-           "        if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS\n")
-    new = ("    for i in range(e_shnum):\n"
-           "        sh_type, off, size = types[i], offsets[i], sizes[i]\n"
-           "        if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS\n")
+    old = ("        for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):\n"
+           "            if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS\n")
+    new = ("        for i in range(e_shnum):\n"
+           "            sh_type, off, size = types[i], offsets[i], sizes[i]\n"
+           "            if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS\n")
     if old not in src:
         raise AssertionError("codeobject.py's section walk changed: update tree_copy.rewrite_parser's edit")
     co.write_text(src.replace(old, new, 1))
