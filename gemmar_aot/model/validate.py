@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import fields
-from operator import itemgetter
 from typing import Any, Sequence
 
 from gemmar_aot.launch import LaunchRecord, LaunchRecordError
@@ -25,22 +24,6 @@ from gemmar_aot.model.schema import (
 )
 
 _KEYSETS: dict[tuple, frozenset] = {}
-
-
-def _values_of(fields: tuple[str, ...]) -> itemgetter:
-    """The values of ``fields`` of a dict holding them, in one C call: always a tuple, its first
-    value repeated at the end (so one field gives a tuple too; checks of types and bounds and
-    ``zip`` with ``fields`` are blind to it)."""
-    return itemgetter(*fields, fields[0])
-
-
-_TUPLE_ID_INTS_OF = _values_of(_TUPLE_ID_INTS)
-_TUPLE_ID_STRS_OF = _values_of(_TUPLE_ID_STRS)
-_TUPLE_ID_OPT_INTS_OF = _values_of(_TUPLE_ID_OPT_INTS)
-_WINDOW_INTS_OF = _values_of(_WINDOW_INT_FIELDS)
-_WINDOW_SEQS_OF = _values_of(_WINDOW_TUPLE_FIELDS)
-_WINDOW_STRS_OF = _values_of(_WINDOW_STR_FIELDS)
-_CALL_OF = _values_of(_CALL_FIELDS)
 _INT = frozenset({int})
 _STR = frozenset({str})
 _STR_INT = frozenset({str, int})
@@ -425,8 +408,9 @@ class _DocReader:
         try:
             if type(v) is not dict or v.keys() != _keyset(_TUPLE_KEYS):
                 return None
-            ints, strs, opts = _TUPLE_ID_INTS_OF(v), _TUPLE_ID_STRS_OF(v), _TUPLE_ID_OPT_INTS_OF(v)
-            opts = [x for x in opts if x is not None]
+            ints = [v[f] for f in _TUPLE_ID_INTS]
+            strs = [v[f] for f in _TUPLE_ID_STRS]
+            opts = [v[f] for f in _TUPLE_ID_OPT_INTS if v[f] is not None]
             if (_types(ints) != _INT or min(ints) < 1 or _types(strs) != _STR or not all(strs)
                     or any(v[f] not in choices for f, choices in _TUPLE_ID_CHOICES.items())
                     or type(v["source"]) is not str or opts and (_types(opts) != _INT or min(opts) < 1)):
@@ -452,7 +436,9 @@ class _DocReader:
     def window_fast(self, v: Any) -> WindowLayout | None:
         if type(v) is not dict or v.keys() != _keyset(_WINDOW_KEYS):
             return None
-        ints, seqs, strs = _WINDOW_INTS_OF(v), _WINDOW_SEQS_OF(v), _WINDOW_STRS_OF(v)
+        ints = [v[f] for f in _WINDOW_INT_FIELDS]
+        seqs = [v[f] for f in _WINDOW_TUPLE_FIELDS]
+        strs = [v[f] for f in _WINDOW_STR_FIELDS]
         if (_types(ints) != _INT or min(ints) < 0 or _types(strs) != _STR or not all(strs)
                 or _types(seqs) != {list} or any([x and (_types(x) != _INT or min(x) < 0) for x in seqs])):
             return None
@@ -461,7 +447,7 @@ class _DocReader:
         if c is not None:
             if type(c) is not dict or c.keys() != _keyset(_CALL_FIELDS):
                 return None
-            cv = _CALL_OF(c)
+            cv = [c[f] for f in _CALL_FIELDS]
             if _types(cv) != _INT or min(cv) < 0:
                 return None
             call = _validated(CallLayout, c)

@@ -367,7 +367,8 @@ class RecordBinding:
 
 
 _LAUNCH_IDENTITY_CACHE: dict[int, tuple] = {}
-_LAUNCH_JSON_CACHE: dict = {}  # id(record) -> (record, bytes); field ids -> (fields, head, tail)
+_LAUNCH_JSON_CACHE: dict[int, tuple] = {}  # id(record) -> (record, its canonical JSON)
+_LAUNCH_JSON_PARTS: dict[tuple, tuple] = {}  # its fields' ids -> (fields, JSON before the symbol, after)
 
 
 def envelope(entry: Any) -> bytes:
@@ -390,16 +391,18 @@ def launch_json(rec: Any) -> bytes:
         return got[1]
     fields = (rec.args, rec.block, rec.grid, rec.kernel_arg_types, rec.kernel_args, rec.params, rec.program)
     key = (*map(id, fields), rec.stream_param)
-    parts = _LAUNCH_JSON_CACHE.get(key)
+    parts = _LAUNCH_JSON_PARTS.get(key)
     if parts is None or any(a is not b for a, b in zip(parts[0], fields)):  # the fields are kept: no id reused
         d = rec.to_json()
         head = canonical_json({k: v for k, v in d.items() if k < "kernel"})[:-1].encode()
         tail = canonical_json({k: v for k, v in d.items() if k > "kernel"})[1:].encode()
-        parts = _LAUNCH_JSON_CACHE[key] = (fields, head + b',"kernel":', b"," + tail)
+        if len(_LAUNCH_JSON_PARTS) >= 4096:
+            _LAUNCH_JSON_PARTS.clear()
+        parts = _LAUNCH_JSON_PARTS[key] = (fields, head + b',"kernel":', b"," + tail)
+    if len(_LAUNCH_JSON_CACHE) >= 4096:
+        _LAUNCH_JSON_CACHE.clear()
     # the symbol as canonical_json writes a string (ASCII, escaped), without making an encoder
     got = _LAUNCH_JSON_CACHE[id(rec)] = (rec, parts[1] + _json_string(rec.kernel).encode() + parts[2])
-    if len(_LAUNCH_JSON_CACHE) > 4096:
-        _LAUNCH_JSON_CACHE.clear()
     return got[1]
 
 

@@ -124,7 +124,7 @@ def checked_frame(data: bytes, max_size: int) -> tuple[bytes, bytes]:
         if (not params.has_checksum or params.content_size in (0, zstandard.CONTENTSIZE_UNKNOWN)
                 or params.content_size > max_size):
             raise FrameError("unchecked")
-        dctx = _decompressor()
+        dctx = plain_decompressor()
         size = frame_size(data)
         if size is not None:
             try:  # libzstd checks the checksum, the content size, and that nothing follows
@@ -167,9 +167,10 @@ def frame_size(data: bytes) -> int | None:
 _TLS = threading.local()
 
 
-def _decompressor() -> zstandard.ZstdDecompressor:
-    """This thread's decompressor without a dictionary: making one costs ~20 us, more than
-    decoding an index header, and an instance must not be used by two threads at once."""
+def plain_decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor without a dictionary, for every reader of plain frames (the
+    store's codec too): making one costs ~20 us, more than decoding an index header, and an
+    instance must not be used by two threads at once."""
     d = getattr(_TLS, "dctx", None)
     if d is None:
         d = _TLS.dctx = zstandard.ZstdDecompressor()

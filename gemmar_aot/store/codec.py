@@ -143,13 +143,14 @@ class BlobCodec:
         DictionaryUnavailable. Kept per thread like the compressors: a new one per blob sets
         the dictionary's context up again, which costs more than decompressing a typical code
         object."""
+        if dict_digest is None:
+            return blobfmt.plain_decompressor()
         tls = self._tls
         if getattr(tls, "dgeneration", None) != self._generation:
             tls.dgeneration, tls.dctx = self._generation, {}
         d = tls.dctx.get(dict_digest)
         if d is None:
-            dd = None if dict_digest is None else self.dictionary(dict_digest)
-            d = tls.dctx[dict_digest] = zstandard.ZstdDecompressor(dict_data=dd)
+            d = tls.dctx[dict_digest] = zstandard.ZstdDecompressor(dict_data=self.dictionary(dict_digest))
         return d
 
     # ---- encode ----
