@@ -17,6 +17,12 @@ round, interleaved, three builds of the manifest, each in a process of its own:
 
 Reported per arm: wall seconds of the whole build (median), requests, bytes down, and for the
 closure the pack's bytes; beside them the speed reference of ``bench_runtime.py``.
+
+And what a fed store is worth afterwards (issue 31): ``gemmar-aot verify`` on each fed store
+(exit code, damage and degraded counts), then, offline, a build of the manifest by a copy of
+the code whose derive code changed (``tests/tree_copy.rewrite_parser``): how many kernels it
+compiles and how many it derives again. ``pack_bytes_without_launchers`` is the same closure
+pack encoded without the launchers, for the bytes they add.
 """
 
 from __future__ import annotations
@@ -53,6 +59,40 @@ def build(manifest: Path, store: Path, remote: str | None, read_only: bool = Fal
     r = s.get("remote") or {}
     return {"wall_s": wall, "build_wall_s": s["wall_seconds"], "requests": r.get("requests", 0),
             "bytes_down": r.get("bytes_down", 0), "closure": s.get("closure")}
+
+
+def verify(store: Path) -> dict:
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", "verify", "--store", str(store), "--json"],
+                       capture_output=True, text=True, cwd=ROOT)
+    v = json.loads(p.stdout)
+    return {"exit": p.returncode, "damage": len(v["problems"]),
+            "degraded_records": sum(g["count"] for g in v["degraded"])}
+
+
+def fed_store_report(manifest: Path, store: Path, tree_dir: Path) -> dict:
+    """verify on a fed store, then an offline build by a copy whose derive code changed."""
+    import tree_copy
+
+    out = {"verify": verify(store)}
+    tree = tree_copy.rewrite_parser(tree_copy.copy_tree(tree_dir))
+    s = tree_copy.build(tree, manifest, store)
+    out["derive_code_change_offline"] = {"compiled": s["compiled"], "rederived": s["rederived"], "hits": s["hits"]}
+    return out
+
+
+def pack_without_launchers(store: Path, name: str) -> int:
+    """The bytes of the manifest's closure pack as encoded without the launchers."""
+    from gemmar_aot.model.lock import read_lock
+    from gemmar_aot.model.types import Digest
+    from gemmar_aot.store import Store
+    from gemmar_aot.store.pack_encode import pack_closure
+
+    lock = read_lock(store / "locks" / f"{name}.lock.json").check_parts()
+    st = Store(store, readonly=True)
+    lock_bytes, index_bytes = lock.to_bytes(), (store / "locks" / f"{name}.records.zst").read_bytes()
+    raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
+    extra = {Digest.of(b).hash: b for b in (lock_bytes, index_bytes)}
+    return len(pack_closure(raws, extra))
 
 
 def main() -> int:
@@ -93,6 +133,9 @@ def main() -> int:
                     finally:
                         for p, data in closure_files.items():
                             p.write_bytes(data)
+            fed = {"closure": tmp / f"closure{a.rounds - 1}", "per_key": tmp / f"perkey{a.rounds - 1}"}
+            after_fill = {name: fed_store_report(a.manifest, store, tmp / f"tree-{name}") for name, store in fed.items()}
+            without = pack_without_launchers(warm, a.manifest.stem)
         finally:
             server.stop()
     speed_after = python_speed_ms()
@@ -108,7 +151,10 @@ def main() -> int:
            "python_speed_ms": {"before": speed_before, "after": speed_after},
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "commit": commit()}
+    out["after_fill"] = after_fill
+    out["pack_bytes_without_launchers"] = without
     c = out["closure"]
+    out["launcher_bytes_in_pack"] = c["closure"]["pack_bytes"] - without
     out["closure_vs_warm_local_wall"] = round(c["wall_s_median"] / out["warm_local"]["wall_s_median"], 2)
     out["closure_bytes_vs_pack"] = round(c["bytes_down"] / max(1, c["closure"]["pack_bytes"]), 3)
     return emit(out, a.json_out)

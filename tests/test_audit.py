@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
+from store_health import assert_verifies_clean
 from click.testing import CliRunner
 
 from test_remote_build import SMOKE, _a_cheap_kernel_with_its_own_blob, _build, _lock_bytes, _lock_entries
@@ -94,6 +95,7 @@ def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock
     pred = json.loads(base64.b64decode(env["payload"]))["predicate"]
     audit = pred["buildDefinition"]["internalParameters"]["remote_audit"]
     assert audit == {"remote": True, "remote_hits": 0, "audited": 3, "seed": seed, "findings": 1}
+    assert_verifies_clean(tmp_path / "audited")  # the audit's repair leaves a whole store
 
 
 def test_a_clean_remote_passes_its_audit_and_its_hits_are_trusted(smoke_store, warm_remote, tmp_path):

@@ -80,7 +80,7 @@ def test_concurrent_builders_compile_each_spec_once(tmp_path):
         store / "locks" / "b.lock.json").action_keys()
     assert read_lock(store / "locks" / "b.lock.json").action_keys() <= union
     assert sum(o["compiled"] for o in outs) == len(union)  # every key compiled exactly once
-    assert inventory.verify(Store(store)) == []
+    assert inventory.verify(Store(store)).clean
 
 
 def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path):
@@ -104,7 +104,7 @@ def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path)
     # find it verified in the store under their own records.
     assert summary["compiled"] >= 1 and summary["compiled"] + summary["hits"] == summary["selected_specs"]
     assert summary["compiled"] <= len(users)
-    assert inventory.verify(Store(st_root)) == []
+    assert inventory.verify(Store(st_root)).clean
     assert blob.exists()
 
 
@@ -119,7 +119,7 @@ def test_gc_keeps_what_the_lock_references(smoke_build, tmp_path):
     after = {r["key"] for r in inventory.ls(Store(st_root))}
     assert after == before - {"e" * 64}
     assert after == read_lock(st_root / "locks" / "smoke.lock.json").action_keys()
-    assert inventory.verify(Store(st_root)) == []
+    assert inventory.verify(Store(st_root)).clean
 
 
 def test_export_import_round_trip(smoke_build, tmp_path):
@@ -178,7 +178,7 @@ def test_interrupted_build_keeps_finished_kernels(tmp_path):
     assert p.returncode == 130, err[-2000:]
     assert "interrupted" in err and "run the same command again" in err
     kept = len(inventory.ls(Store(store)))
-    assert kept >= 1 and inventory.verify(Store(store)) == []
+    assert kept >= 1 and inventory.verify(Store(store)).clean
     summary = run_build(SMOKE, store=store, jobs=1, progress=False)
     assert summary["failed"] == 0
     assert summary["hits"] + summary["compiled"] == summary["distinct_specs"]

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from store_health import assert_verifies_clean
 from nginx_server import FaultProxy
 
 from test_remote_build import SMOKE, _build, _lock_bytes, _lock_entries
@@ -107,7 +108,7 @@ def test_a_manifest_one_tuple_away_takes_the_latest_closure_and_looks_up_only_th
     missing = len(full) - c["entries"]
     assert c["status"] == "partial" and 0 < missing == c["per_key_lookups"]
     assert s["compiled"] == 0 and s["remote_hits"] == len(full)
-    assert c["per_key_requests"] == 2 * missing and c["per_key_bytes"] > 0
+    assert c["per_key_requests"] == 3 * missing and c["per_key_bytes"] > 0  # record, code object, launcher
     assert _lock_bytes(tmp_path / "full") == _lock_bytes(smoke_store)
     assert c["uploaded"]
 
@@ -227,5 +228,6 @@ def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, war
     s = _build(tmp_path / "audited", warm_remote.url, audit_remote=3, audit_seed=seed)
     assert [f["key"] for f in s["audit"]["findings"]] == [victim]
     assert s["closure"]["uploaded"] and _lock_bytes(tmp_path / "audited") == _lock_bytes(smoke_store)
+    assert_verifies_clean(tmp_path / "audited")  # the audit's repair leaves a whole store
     again = _build(tmp_path / "fresh", warm_remote.url)
     assert again["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from store_health import assert_verifies_clean
 
 from gemmar_aot.device_abi import REQUIRED, DeviceAbiUnknown, device_abi_digest, device_abi_files
 from gemmar_aot.errors import ToolchainError
@@ -476,6 +477,7 @@ def test_profile_move_report_on_a_store_holding_both(two_profile_store):
     assert {w["ingredient"] for w in r["why"]} >= {"generator.mori_version", "toolchain.cco_bitcode_sha256"}
     text = format_report(r)
     assert "to compile" in text and "code objects differ" in text
+    assert_verifies_clean(store)  # a store filled under two profiles
 
 
 @pytest.mark.compile

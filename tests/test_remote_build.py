@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from store_health import assert_verifies_clean
 from nginx_server import FaultProxy, Nginx
 
 from gemmar_aot.build.pipeline import run_build
@@ -115,6 +116,10 @@ def test_sharded_builds_and_a_final_job_give_the_single_build_lock(smoke_store, 
     assert final["closure"]["status"] == "miss" and final["closure"]["uploaded"]  # shards upload none
     fresh = _build(tmp_path / "fresh", nginx.url)
     assert fresh["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)
+    for i in range(1, 5):
+        assert_verifies_clean(tmp_path / f"shard{i}")
+    assert_verifies_clean(tmp_path / "final")
+    assert_verifies_clean(tmp_path / "fresh")
 
 
 @pytest.mark.parametrize("fault", [("truncate", 9), ("flip", 200)], ids=["truncated", "altered"])

@@ -150,7 +150,7 @@ def test_concurrent_builders_compile_each_key_once(tmp_path):
     compiled = sorted(m.name.split(".")[0] for m in markers.iterdir())
     assert compiled == sorted(keys), "every key compiled exactly once"
     store = Store(root)
-    assert inventory.verify(store) == []
+    assert inventory.verify(store).clean
     for i, k in enumerate(keys):
         rec, code = store.load(k)
         assert code == code_object(i % 5)
@@ -202,7 +202,7 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
     store = Store(root)
     assert store.get_record(k) is None
     assert inventory.ls(store) == []
-    assert inventory.verify(store) == []  # temp debris is not an entry, so not a problem
+    assert inventory.verify(store).clean  # temp debris is not an entry, so not a problem
     temps = [f for f in root.rglob("*.tmp")]
     # The kill hit where it was meant to: the blob's temp file, or the record's after the blob.
     assert [t.name.split(".")[2] for t in temps] == ["zst" if stage == "blob" else "json"]
@@ -344,19 +344,19 @@ def test_unreadable_record_is_quarantined_and_a_miss(store):
 
 def test_verify_reports_and_quarantines_every_bad_blob(store):
     recs = [store.put(key_of(f"v{i}"), code_object(i), fields(i)) for i in range(4)]
-    assert inventory.verify(store) == []
+    assert inventory.verify(store).clean
     bad = store.blob_path(recs[2]["blob"]["digest"])
     flip_byte(bad)
-    problems = inventory.verify(store)
+    problems = inventory.verify(store).damage
     assert [(p["kind"], p["path"]) for p in problems] == [
         ("blob", str(bad)), ("record", str(store.record_path(key_of("v2"))))]
     assert problems[0]["quarantined_to"] and "missing" in problems[1]["problem"]
     assert store.get_record(key_of("v2")) is None
     assert store.get_record(key_of("v1")) is not None
     # The dangling record stays reported (it is a miss) until gc removes it.
-    assert [p["kind"] for p in inventory.verify(store)] == ["record"]
+    assert [p["kind"] for p in inventory.verify(store).damage] == ["record"]
     assert gc.gc(store, keep_blobs=set())["removed_record_reasons"] == {"blob missing": 1}
-    assert inventory.verify(store) == []
+    assert inventory.verify(store).clean
 
 
 # ---- gc ----
@@ -372,7 +372,7 @@ def test_gc_keeps_every_referenced_entry_and_removes_the_rest(store):
         assert store.load_blob(recs[i]["blob"]["digest"]) == code_object(i)
     for i in (3, 4, 5):
         assert not store.has_blob(recs[i]["blob"]["digest"])
-    assert inventory.verify(store) == []
+    assert inventory.verify(store).clean
 
 
 def test_gc_lru_cap_and_age(store):
@@ -427,7 +427,7 @@ def test_dictionary_training_repack_and_verified_loads(store):
     assert blobfmt.split(store.blob_path(new["blob"]["digest"]).read_bytes())[0] == report["trained"]
     gc.gc(store, keep_blobs={new["blob"]["digest"]}, keep_keys=set())
     assert Store(store.root).load_blob(new["blob"]["digest"]) == code_object(99)
-    assert inventory.verify(store) == []
+    assert inventory.verify(store).clean
     assert dictionaries.optimize(store)["repacked"] == 0  # nothing to do the second time
 
 
@@ -456,7 +456,7 @@ def test_records_get_a_dictionary_of_their_own(store):
     new = fresh.put(key_of("rd-new"), code_object(77), _big_fields(77))
     assert blobfmt.split(fresh.record_path(key_of("rd-new")).read_bytes())[0] == report["trained_records"]
     gc.gc(fresh, keep_blobs={new["blob"]["digest"]}, keep_keys={key_of("rd-new")})
-    assert Store(store.root).get_record(key_of("rd-new")) == new and inventory.verify(Store(store.root)) == []
+    assert Store(store.root).get_record(key_of("rd-new")) == new and inventory.verify(Store(store.root)).clean
     assert dictionaries.optimize(Store(store.root))["records_repacked"] == 0
 
 
@@ -471,13 +471,13 @@ def test_one_damaged_dictionary_copy_costs_nothing(store):
         assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
     assert fresh.local.counters["dictionaries_restored"] == 1
     assert spare.read_bytes() == store.blob_path(digest).read_bytes()  # restored from the spare
-    assert inventory.verify(Store(store.root)) == []
+    assert inventory.verify(Store(store.root)).clean
     # A damaged spare costs nothing either; verify finds it and rewrites it from the blob.
     flip_byte(spare, 30)
     assert Store(store.root).load_blob(recs[1]["blob"]["digest"]) == code_object(1)
-    problems = inventory.verify(Store(store.root))
+    problems = inventory.verify(Store(store.root)).damage
     assert [p["kind"] for p in problems] == ["dictionary spare"]
-    assert inventory.verify(Store(store.root)) == []
+    assert inventory.verify(Store(store.root)).clean
 
 
 def test_corrupt_dictionary_makes_its_blobs_misses(store):
@@ -502,7 +502,7 @@ def test_corrupt_dictionary_makes_its_blobs_misses(store):
                 c.put(code_object(i), fields(i))
     # Training is deterministic: the same samples give the same (content-addressed) dictionary.
     assert dictionaries.optimize(fresh)["trained"] == digest
-    assert fresh.has_blob(digest) and inventory.verify(Store(store.root)) == []
+    assert fresh.has_blob(digest) and inventory.verify(Store(store.root)).clean
     assert Store(store.root).load(key_of("cd7"))[1] == code_object(7)
 
 
@@ -537,7 +537,7 @@ def test_export_import_round_trip(tmp_path, store, with_dictionary):
         assert other.get_record(k) == r
         assert other.load(k)[1] == store.load(k)[1]
     assert {r["key"] for r in inventory.ls(other)} == set(wanted)
-    assert inventory.verify(other) == []
+    assert inventory.verify(other).clean
     assert transfer.import_(other, tmp_path / "export")["records_added"] == 0  # idempotent
 
 
@@ -607,7 +607,7 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     assert (root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n" and st2.format == STORE_FORMAT
     assert not old_lock.exists() and not old_lock.parent.exists() and manifest_lock.exists()
     assert Store(root).load(key_of("m")) == (rec, code_object(5))
-    assert inventory.verify(Store(root)) == []
+    assert inventory.verify(Store(root)).clean
 
 
 def test_layered_remote_reads_through_and_writes_through(tmp_path):

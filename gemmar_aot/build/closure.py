@@ -8,9 +8,10 @@ closure of a manifest, so after a build we upload one more action-cache entry:
     /ac/<closure key>   an ActionResult whose outputs are
                         gemmar-aot/closure.pack       one pack (:mod:`.store.pack`): every code
                                                       object the lock names (dictionary-compressed,
-                                                      as an artifact wheel ships them), the lock's
-                                                      canonical bytes and its record index, each
-                                                      under its own sha256
+                                                      as an artifact wheel ships them), the launcher
+                                                      each record names (with a dictionary of their
+                                                      own), the lock's canonical bytes and its record
+                                                      index, each under its own sha256
                         gemmar-aot/closure/lock.json  the lock (its plain bytes), and
                         gemmar-aot/closure/records.zst its record index, for other clients
     /ac/<latest key>    the same ActionResult: the newest closure of this manifest name,
@@ -21,8 +22,8 @@ the toolchain profile and digest, every action key, the derive code (records nam
 the lock and index schemas. A build asks for it before its per-key look-ups: on a hit it
 unpacks, checks the lock against the manifest it is building (manifest digest, toolchain,
 the very set of action keys), takes every record from the index (each verified against the
-lock's record digest) and every code object from the pack (each verified against its
-digest), writes them into the local store, and has nothing left to look up: two requests
+lock's record digest) and every code object and launcher from the pack (each verified against
+its digest), writes them into the local store, and has nothing left to look up: two requests
 (the entry, which is also the build's probe, and the pack). A manifest that differs from the latest closure by a few
 tuples takes what that closure has of it and looks up only the rest, one key at a time.
 
@@ -30,6 +31,11 @@ Nothing in a closure is trusted: a pack whose bytes do not match its digest, tha
 decode, whose lock was built from another manifest or toolchain, or whose record or code
 object does not match the lock is refused, its bytes quarantined, and the build goes on
 with per-key look-ups as before.
+
+The launchers travel so that a store filled from a closure is whole: it can derive every
+entry again offline when the derive code changes (compiling nothing), and ``verify`` finds
+nothing degraded. They add ~2 KB of MLIR text a kernel before compression (schema 2; a schema-1
+closure, which lacked them, is no longer asked for).
 
 The remote's per-key entries stay as they are (other clients, partial hits); the pack is one
 more ``/cas/`` object. bazel-remote's ``/ac/`` validation accepts the entry: its outputs are
@@ -48,7 +54,7 @@ from gemmar_aot.model.types import Digest
 from gemmar_aot.canonical_json import canonical_json
 
 #: Bump when what a closure entry holds, or how its key is made, changes.
-CLOSURE_SCHEMA = 1
+CLOSURE_SCHEMA = 2
 PACK_PATH = "gemmar-aot/closure.pack"
 LOCK_PATH = "gemmar-aot/closure/lock.json"
 INDEX_PATH = "gemmar-aot/closure/records.zst"
@@ -202,6 +208,7 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
           manifest_sha256: str, toolchain_digest: str, where: str) -> dict[str, dict]:
     """Every entry of the closure that ``need`` names, verified, into the local store."""
     from gemmar_aot.compiler.derive import is_current
+    from gemmar_aot.store.backend import record_launcher
     from gemmar_aot.store.errors import StoreError
 
     kernels = lock.kernels()
@@ -225,12 +232,22 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
     out: dict[str, dict] = {}
     try:
         codes = {k: reader.load_blob(e.blob.hash, e.blob.size) for k, e in take.items()}
+        launchers = {}
+        for k in take:
+            ln = record_launcher(recs[k])
+            # A launcher its producer's store lacked is not in the pack: the entry is still
+            # served, degraded (``verify`` says so; a remote can mend it).
+            if ln is not None and ln.hash not in launchers and reader.contains_blob(ln.hash):
+                launchers[ln.hash] = reader.load_blob(ln.hash, ln.size)
     except StoreError as e:
         raise ClosureRefused(f"{where}: {e}") from None
     from gemmar_aot.canonical_json import canonical_json_line
 
+    for data in launchers.values():
+        local.put_blob(data)
+
     def put(k: str) -> None:
-        local.put_blob(codes[k])  # blob before record
+        local.put_blob(codes[k])  # blobs before record
         # The record's compact canonical JSON (C speed): the indented file form is encoded in pure
         # Python, which was most of taking a closure in. Readers take either form.
         local.put_record_json(k, canonical_json_line(recs[k]), recs[k])
@@ -244,9 +261,12 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
     return out
 
 
-def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, *, exact: str, latest: str) -> dict:
-    """Upload the closure of ``lock`` (its code objects from the local store ``st``) as ``exact`` and
-    as ``latest``. Returns what was sent; a failure is counted by the session, never raised."""
+def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, records: Iterable[Mapping[str, Any]], *,
+                   exact: str, latest: str) -> dict:
+    """Upload the closure of ``lock`` (its code objects, and the launchers its ``records`` name,
+    from the local store ``st``) as ``exact`` and as ``latest``. Returns what was sent; a failure
+    is counted by the session, never raised."""
+    from gemmar_aot.store.backend import record_launcher
     from gemmar_aot.store.remote import reapi
     from gemmar_aot.store.pack_encode import pack_closure
 
@@ -256,8 +276,10 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, *, exa
     try:
         lock_bytes = lock.to_bytes()
         raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
+        lns = {ln.hash: ln.size for ln in map(record_launcher, records) if ln is not None}
+        launchers = {d: st.load_blob(d, size) for d, size in lns.items() if st.has_blob(d)}
         lock_d, index_d = Digest.of(lock_bytes), Digest.of(index_bytes)
-        pack = pack_closure(raws, {lock_d.hash: lock_bytes, index_d.hash: index_bytes})
+        pack = pack_closure(raws, {lock_d.hash: lock_bytes, index_d.hash: index_bytes}, launchers=launchers)
         pack_d = Digest.of(pack)
         for d, data in ((pack_d, pack), (lock_d, lock_bytes), (index_d, index_bytes)):
             backend.client.put("cas", d.hash, data)  # outputs before the entry that names them
@@ -269,4 +291,5 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, *, exa
     except Exception as e:  # noqa: BLE001 - a failed upload costs the next runner a per-key build
         session.problem("closure upload", e)
         return {"uploaded": False, "problem": str(e)}
-    return {"uploaded": True, "pack_bytes": len(pack), "pack": pack_d.hash}
+    return {"uploaded": True, "pack_bytes": len(pack), "pack": pack_d.hash, "launchers": len(launchers),
+            "launchers_missing": len(lns) - len(launchers)}

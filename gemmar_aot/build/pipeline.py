@@ -535,9 +535,10 @@ class _BuildRun:
                 from gemmar_aot.build.closure import upload_closure
 
                 with self.phase("closure upload"):
-                    up = upload_closure(self.session, self.st, self.lock, self.index, exact=self.closure_keys[0],
-                                        latest=self.closure_keys[1])
+                    up = upload_closure(self.session, self.st, self.lock, self.index, self.records.values(),
+                                        exact=self.closure_keys[0], latest=self.closure_keys[1])
                 closure["uploaded"] = up["uploaded"]
+                closure["launchers"] = up.get("launchers", 0)
         with self.phase("remote uploads"):
             self.remote_summary = self.session.finish()
 

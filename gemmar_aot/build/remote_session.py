@@ -145,15 +145,17 @@ class RemoteSession:
                     with self._lock:
                         self.counts["record_without_blob"] += 1  # evicted: a miss, not an error
                     return key, None
-                launcher = None
-                if not is_current(got[0]):
-                    # Derived by other derive code: never trusted as is, never a miss. Derived
-                    # again here from its verified blobs, so its launcher comes too.
-                    ln = record_launcher(got[0])
-                    launcher = None if ln is None else self.backend.get_blob(ln)
-                    if launcher is None:
-                        with self._lock:
-                            self.counts["stale_without_launcher"] += 1  # a miss: compiled again
+                # The launcher comes with every entry (a third request, in parallel with the
+                # others): without it the local store could not derive the entry again offline,
+                # and ``verify`` would call it degraded.
+                ln = record_launcher(got[0])
+                launcher = None if ln is None else self.backend.get_blob(ln)
+                current = is_current(got[0])
+                if launcher is None and (ln is not None or not current):
+                    with self._lock:
+                        # Current: a hit all the same (degraded). Stale: a miss, compiled again.
+                        self.counts["without_launcher" if current else "stale_without_launcher"] += 1
+                    if not current:
                         return key, None
             except CorruptArtifactError as e:
                 self.problem(f"entry {key}", e)  # refused; on_corrupt quarantined the bytes
@@ -161,9 +163,13 @@ class RemoteSession:
             except Exception as e:  # noqa: BLE001 - a remote failure is a miss, never fatal here
                 self.problem(f"lookup of {key}", e)
                 return key, None
-            if launcher is None:
-                local.put_blob(code)  # blob before record
+            if current:
+                if launcher is not None:
+                    local.put_blob(launcher)
+                local.put_blob(code)  # blobs before record
                 return key, local.put_record_json(key, got[1])
+            # Derived by other derive code: never trusted as is, never a miss. Derived again
+            # here from its verified blobs.
             try:
                 rec = with_derived(got[0], code, launcher)
             except DeriveError as e:
@@ -195,7 +201,7 @@ class RemoteSession:
             return
         try:
             ln = record_launcher(rec)
-            if ln is not None:
+            if ln is not None and self.store.has_blob(ln.hash):  # else degraded here: the remote may have it
                 self.backend.put_blob(self.store.load_blob(ln.hash, ln.size))
             blob = rec["blob"]
             code = self.store.load_blob(blob["digest"], blob["size"])

@@ -27,6 +27,20 @@ def _open(store: Path | None, *, must_exist: bool = True):
     return st
 
 
+def _read_only_remote(remote: str):
+    """The remote cache a ``--remote [URL]`` option names (the URL, or ``$GEMMAR_AOT_REMOTE`` when
+    given alone), opened read-only."""
+    from gemmar_aot.store.remote.backend import HttpBackend, remote_url
+
+    url = remote_url(remote or None)
+    if url is None:
+        raise click.UsageError("--remote needs a URL (or $GEMMAR_AOT_REMOTE)")
+    try:
+        return HttpBackend(url, writable=False)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def _emit(data, as_json: bool, text) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -187,15 +201,8 @@ def stats(store, as_json, remote):
     data["last_build"] = st.last_build_stats()
     if remote is not None:
         from gemmar_aot.build.remote_session import remote_stats
-        from gemmar_aot.store.remote.backend import HttpBackend, remote_url
 
-        url = remote_url(remote or None)
-        if url is None:
-            raise click.UsageError("--remote needs a URL (or $GEMMAR_AOT_REMOTE)")
-        try:
-            backend = HttpBackend(url, writable=False)
-        except ValueError as e:
-            raise click.UsageError(str(e)) from None
+        backend = _read_only_remote(remote)
         data["remote"] = remote_stats(st, backend)
         backend.close()
 
@@ -234,19 +241,40 @@ def optimize(store, as_json):
 @click.option("--trusted-keys", "trusted_keys", default=None, metavar="PATH", envvar="GEMMAR_AOT_TRUSTED_KEYS",
               help="Also verify each lock's signature against these public keys (a PEM file or a directory), as "
                    "a pod would. [env: GEMMAR_AOT_TRUSTED_KEYS]")
-def verify(store, as_json, trusted_keys):
+@click.option("--strict", is_flag=True,
+              help="Fail (exit 1) on a degraded store too: entries that cannot be derived again offline.")
+@click.option("--remote", "remote", metavar="URL", is_flag=False, flag_value="", default=None,
+              help="Mend what the network can: fetch the launchers this store lacks from this remote cache "
+                   "(URL, or $GEMMAR_AOT_REMOTE when given alone), each checked against its digest.")
+def verify(store, as_json, trusted_keys, strict, remote):
     """Decompress and check every blob and record; quarantine what is bad. Show who signed each
-    lock (and, with trusted keys, whether the signature verifies)."""
+    lock (and, with trusted keys, whether the signature verifies).
+
+    Two kinds of finding: damage (corrupt, mismatched, foreign or missing code; exit 1) and
+    degraded (entries served as they are that cannot be derived again without the network;
+    printed with their cost and fix, exit 0 unless --strict)."""
     from .trust import signature_lines
 
     st = _open(store)
-    problems = inventory.verify(st)
+    health = inventory.verify(st)
+    fetched = None
+    if remote is not None and health.degraded:
+        fetched = _fetch_launchers(st, health, remote)
+        health = inventory.verify(st)
     locks = _lock_signatures(st.root, trusted_keys or None)
     bad_sigs = [lk for lk in locks if lk["problem"]]
+    ok = not health.damage and not bad_sigs and not (strict and health.degraded)
 
     def text(d):
         for p in d["problems"]:
             click.echo(f"BAD {p['kind']} {p['path']}: {p['problem']}")
+        if d["fetched"] is not None:
+            f = d["fetched"]
+            click.echo(f"fetched {f['fetched']} launcher(s) from {f['url']}"
+                       + (f"; {len(f['absent'])} no longer there" if f["absent"] else "")
+                       + (f"; {len(f['failed'])} failed (first: {f['failed'][0]})" if f["failed"] else ""))
+        for g in d["degraded"]:
+            click.echo(f"DEGRADED {g['kind']}: {g['problem']}\n  fix: {g['fix']}")
         for lk in d["locks"]:
             click.echo(f"lock {lk['lock']}")
             for line in signature_lines(lk["signature"]):
@@ -254,11 +282,27 @@ def verify(store, as_json, trusted_keys):
             if lk["problem"]:
                 click.echo(f"  NOT VOUCHED FOR: {lk['problem']}")
         ps = d["problems"]
-        click.echo("store verified: no problems" if not ps else f"{len(ps)} problem(s); bad "
-                   f"entries were quarantined and the next build recompiles them")
+        if ps:
+            click.echo(f"{len(ps)} problem(s); bad entries were quarantined and the next build recompiles them")
+        elif d["degraded"]:
+            click.echo("store verified: no damage; degraded as said above"
+                       + (" (--strict: a failure)" if strict else ""))
+        else:
+            click.echo("store verified: no problems")
 
-    _emit({"problems": problems, "locks": locks, "ok": not problems and not bad_sigs}, as_json, text)
-    sys.exit(0 if not problems and not bad_sigs else 1)
+    _emit({"problems": health.damage, "degraded": health.degraded, "fetched": fetched, "locks": locks,
+           "ok": ok}, as_json, text)
+    sys.exit(0 if ok else 1)
+
+
+def _fetch_launchers(st, health, remote: str) -> dict:
+    """``verify --remote``: fetch the launchers of ``health``'s degraded finding from the remote."""
+    backend = _read_only_remote(remote)
+    try:
+        out = inventory.fetch_launchers(st, health.degraded[0], backend)
+    finally:
+        backend.close()
+    return {"url": backend.name, **out}
 
 
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:

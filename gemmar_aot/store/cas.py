@@ -33,7 +33,7 @@ from typing import Any
 
 from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
-from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_blob
+from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_blob, record_launcher
 from .codec import BadBlob, SizeMismatch, check_content
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError
 from .local import (
@@ -309,6 +309,9 @@ class Store:
         if raw is None:
             self.counters["remote_record_without_blob"] += 1
             return None  # a record whose blob is missing is a miss
+        ln = record_launcher(rec)
+        if ln is not None and not self.local.contains_blob(ln.hash) and self._remote_blob(ln) is None:
+            self.counters["remote_record_without_launcher"] += 1  # a hit, degraded: cannot re-derive offline
         if not self.readonly:
             self.local.put_record(key, rec)
         self.counters["remote_hits"] += 1

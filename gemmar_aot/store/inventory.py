@@ -144,9 +144,33 @@ def _problem(kind: str, path: Path, problem: str, q: Path | None = None) -> dict
             "quarantined_to": str(q) if q is not None else None}
 
 
-def verify(store: Store) -> list[dict]:
-    """Decode and check every blob and record. Bad files are quarantined. Returns the problems."""
+@dataclass
+class Health:
+    """What :func:`verify` found, in two kinds that are never mixed:
+
+    - ``damage``: corrupt, mismatched, foreign or missing code -- a file that cannot be used
+      as it is (quarantined where it is a file of its own). A store with damage fails ``verify``.
+    - ``degraded``: the store serves every entry it holds, but some of them cannot be derived
+      again without the network -- records whose launcher blob is not here (a remote cache's
+      per-key hits before launchers travelled, an import of such a store). It costs
+      recompiles at the next change of derive code, unless a remote cache serves the launchers
+      then; ``gemmar-aot verify --remote URL`` fetches them now. Never damage: ``verify`` passes
+      unless ``--strict``.
+    """
+
+    damage: list[dict]
+    degraded: list[dict]
+
+    @property
+    def clean(self) -> bool:
+        """Neither damage nor anything degraded."""
+        return not self.damage and not self.degraded
+
+
+def verify(store: Store) -> Health:
+    """Decode and check every blob and record. Bad files are quarantined. Returns what was found."""
     problems: list[dict] = []
+    no_launcher: list[dict] = []
     for p in iter_stray(store.blob_dir, BLOB_SUFFIX):
         problems.append(_problem("stray", p, "not a blob file name; ignored by the store"))
     for p in iter_stray(store.ac_dir, RECORD_SUFFIX):
@@ -196,8 +220,8 @@ def verify(store: Store) -> list[dict]:
             continue
         ln = record_launcher(rec)
         if ln is not None and not store.blob_path(ln.hash).is_file():
-            problems.append(_problem("record", p, f"its launcher {ln.hash} is missing: the record cannot be "
-                                     f"derived again (a change of derive code recompiles it)"))
+            no_launcher.append({"key": key, "launcher": ln.hash, "size": ln.size,
+                                "compile_seconds": rec.get("compile_seconds")})
         d, size = rec["blob"]["digest"], rec["blob"]["size"]
         if not store.blob_path(d).is_file():
             problems.append(_problem("record", p, f"its blob {d} is missing: the key is a miss (gc removes it)"))
@@ -210,4 +234,51 @@ def verify(store: Store) -> list[dict]:
             problems.append(_problem("dictionary", store.root / pointer,
                                      f"names dictionary {info['digest']}, which is not in the store; new "
                                      f"{kind} are written without a dictionary"))
-    return problems
+    return Health(problems, [missing_launchers(store, no_launcher)] if no_launcher else [])
+
+
+def missing_launchers(store: Store, entries: list[dict]) -> dict:
+    """The ``degraded`` finding for records whose launcher is not in the store: how many, what
+    that costs (the compile time their records measured), and the fix."""
+    secs = sum(e["compile_seconds"] or 0 for e in entries)
+    return {
+        "kind": "launcher",
+        "count": len(entries),
+        "entries": sorted(entries, key=lambda e: e["key"]),
+        "compile_seconds": round(secs, 1),
+        "problem": (f"{len(entries)} record(s) have no launcher in this store: they are served as they are, "
+                    f"but cannot be derived again without the network; a change of derive code recompiles "
+                    f"them (~{secs:.0f} s of compile, as their records measured) unless a remote cache "
+                    f"serves their launchers then"),
+        "fix": (f"gemmar-aot verify --store {store.root} --remote URL fetches the {len(entries)} launcher(s) "
+                f"from the remote cache that served these entries (each checked against its digest)"),
+    }
+
+
+def fetch_launchers(store: Store, finding: dict, backend) -> dict:
+    """Fetch the launchers of a :func:`missing_launchers` finding from ``backend`` (a remote
+    cache backend; its blobs are verified by it and again by the local store's write).
+    Returns {"fetched", "absent", "failed": [reason]}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gemmar_aot.model.types import Digest
+
+    def one(e):
+        try:
+            data = backend.get_blob(Digest(e["launcher"], e["size"]))
+        except Exception as exc:  # noqa: BLE001 - reported per launcher, the others go on
+            return "failed", f"{e['launcher']}: {exc}"
+        if data is None:
+            return "absent", e["launcher"]
+        store.local.put_blob(data)
+        return "fetched", e["launcher"]
+
+    out: dict = {"fetched": 0, "absent": [], "failed": []}
+    wanted = {e["launcher"]: e for e in finding["entries"]}  # records may share a launcher
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="launcher") as pool:
+        for status, what in pool.map(one, wanted.values()):
+            if status == "fetched":
+                out["fetched"] += 1
+            else:
+                out[status].append(what)
+    return out

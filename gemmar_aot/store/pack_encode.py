@@ -41,16 +41,20 @@ def encode_blobs(raws: Mapping[str, bytes], level: int) -> tuple[dict[str, bytes
     }
 
 
-def pack_closure(raws: Mapping[str, bytes], extra: Mapping[str, bytes], level: int = 19) -> bytes:
+def pack_closure(raws: Mapping[str, bytes], extra: Mapping[str, bytes], level: int = 19, *,
+                 launchers: Mapping[str, bytes] | None = None) -> bytes:
     """A closure's pack (``gemmar_aot.build.closure``): the code objects ``raws`` (digest -> raw) with a
-    dictionary trained on them, and ``extra`` (digest -> raw: the lock, its record index) without
+    dictionary trained on them, the ``launchers`` (digest -> raw) with one of their own (MLIR text
+    shares little with ELF), and ``extra`` (digest -> raw: the lock, its record index) without
     one; each read back and checked before the pack is returned."""
     files, _encoding = encode_blobs(raws, level)
+    launchers = {d: b for d, b in (launchers or {}).items() if d not in files}
+    files.update(encode_blobs(launchers, level)[0])
     plain = blobfmt.compressor(level)
     for d, data in extra.items():
         files[d] = blobfmt.encode(data, plain, None)
     pack = write_pack({d: [data] for d, data in files.items()})
     reader = PackBackend(".", data=pack, where="<closure pack>")
-    for d, data in (*raws.items(), *extra.items()):
+    for d, data in (*raws.items(), *launchers.items(), *extra.items()):
         reader.load_blob(d, len(data))
     return pack
