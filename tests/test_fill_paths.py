@@ -56,6 +56,8 @@ def test_per_key_hits_bring_the_launchers_and_verify_clean(smoke_store, per_key_
     n = len(_lock_entries(smoke_store))
     s = _build(tmp_path / "b", per_key_remote.url)
     assert (s["compiled"], s["remote_hits"]) == (0, n)
+    # two requests a kernel, and one per launcher: kernels of one builder call share theirs
+    assert s["closure"]["per_key_requests"] == 2 * n + len(_launchers(smoke_store))
     assert_verifies_clean(tmp_path / "b")
 
 

@@ -70,6 +70,8 @@ class RemoteSession:
         self._lock = threading.Lock()
         self._uploads = ThreadPoolExecutor(max_workers=max(1, jobs // 2), thread_name_prefix="upload")
         self._pending: list = []
+        #: launcher digest -> [done, bytes or None, exception]: one fetch per launcher (_launcher).
+        self._launchers: dict[str, list] = {}
         self.backend.on_corrupt = self._quarantine
 
     # ---- reporting ----
@@ -145,11 +147,10 @@ class RemoteSession:
                     with self._lock:
                         self.counts["record_without_blob"] += 1  # evicted: a miss, not an error
                     return key, None
-                # The launcher comes with every entry (a third request, in parallel with the
-                # others): without it the local store could not derive the entry again offline,
-                # and ``verify`` would call it degraded.
+                # The launcher comes with the entry: without it the local store could not derive
+                # the entry again offline, and ``verify`` would call it degraded.
                 ln = record_launcher(got[0])
-                launcher = None if ln is None else self.backend.get_blob(ln)
+                launcher = None if ln is None else self._launcher(ln)
                 current = is_current(got[0])
                 if launcher is None and (ln is not None or not current):
                     with self._lock:
@@ -164,9 +165,7 @@ class RemoteSession:
                 self.problem(f"lookup of {key}", e)
                 return key, None
             if current:
-                if launcher is not None:
-                    local.put_blob(launcher)
-                local.put_blob(code)  # blobs before record
+                local.put_blob(code)  # blobs (the launcher in _launcher) before record
                 return key, local.put_record_json(key, got[1])
             # Derived by other derive code: never trusted as is, never a miss. Derived again
             # here from its verified blobs.
@@ -175,7 +174,6 @@ class RemoteSession:
             except DeriveError as e:
                 self.problem(f"re-deriving {key}", e)  # this derive code refuses it: compile it
                 return key, None
-            local.put_blob(launcher)
             local.put_blob(code)
             local.put_record(key, rec)
             with self._lock:
@@ -190,6 +188,41 @@ class RemoteSession:
                     found[key] = rec
         self.counts["remote_hits"] += len(found)
         return found
+
+    def _launcher(self, ln) -> bytes | None:
+        """The verified bytes of launcher ``ln``, now in the local store: from the local store when
+        it has them, else fetched from the remote once per build (a launcher serves every kernel
+        of its builder call: 58 of them serve the reference manifest's 424 kernels). None when
+        the remote has none. Raises what the remote raises (a corrupt blob, a failure)."""
+        with self._lock:
+            slot = self._launchers.get(ln.hash)
+            mine = slot is None
+            if mine:
+                slot = self._launchers[ln.hash] = [threading.Event(), None, None]
+        if not mine:
+            slot[0].wait()
+            if slot[2] is not None:
+                raise slot[2]
+            return slot[1]
+        try:
+            local = self.writer.local
+            data = None
+            if local.contains_blob(ln.hash):
+                try:
+                    data = local.load_blob(ln.hash, ln.size)
+                except StoreError:
+                    data = None  # damaged here (quarantined by the read): fetched again
+            if data is None:
+                data = self.backend.get_blob(ln)  # verified, or raises
+                if data is not None:
+                    local.put_blob(data)
+            slot[1] = data
+            return data
+        except BaseException as e:
+            slot[2] = e
+            raise
+        finally:
+            slot[0].set()
 
     def upload(self, key: str, rec: dict) -> None:
         """Queue ``key`` (already in the local store) for upload; returns at once."""
