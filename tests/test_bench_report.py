@@ -55,7 +55,7 @@ def test_a_path_that_does_not_resolve_is_refused_naming_entry_file_and_path(copy
 
 
 def test_a_missing_result_file_is_refused_naming_entry_and_file(copy, capsys):
-    _replace_in_index(copy, 'file = "closure-2026-12-03-73020f0.json"',
+    _replace_in_index(copy, 'file = "closure-2026-12-05-3d1f324.json"',
                       'file = "closure-2026-12-03-0000000.json"')
     assert _report().main(["--check", "--root", str(copy)]) == 2
     err = capsys.readouterr().err
