@@ -128,6 +128,7 @@ RECIPE_CODE = {
     "gemm-only": ("gemmar_aot_kernels.gemm_only",),
     "gemv": ("gemmar_aot_kernels.gemv", "gemmar_aot.rules"),
     "sdma-phases": ("gemmar_aot_kernels.sdma_phases",),
+    "ep": ("gemmar_aot_kernels.ep",),
 }
 
 #: Derive code: what turns a code object and its launcher into the record's derived

@@ -253,6 +253,11 @@ class FakeWindow(_Handle):
         super().__init__(comm, "window")
         self.mem, self.ptr, self.size, self.handle = mem, ptr, size, next(self._handles)
 
+    @property
+    def local_ptr(self) -> int:
+        """This rank's address of the window (``mori.cco`` windows carry it; mori's EP arena reads it)."""
+        return self.ptr
+
 
 class FakeDevComm(_Handle):
     _ptrs = itertools.count(0xDC000000, 0x1000)

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "action-keys.json"
 #: The reference manifest, every mode (modes), and the tests' (smoke); the fp8 wires' manifest adds
 #: 1,160 keys of the same recipes and is left out to keep the pin small.
-MANIFESTS = ("manifests/dsv4-pro-wo_b.toml", "manifests/dsv4-pro-wo_b-modes.toml", "manifests/smoke.toml")
+MANIFESTS = ("manifests/dsv4-pro-wo_b.toml", "manifests/dsv4-pro-wo_b-modes.toml", "manifests/smoke.toml",
+             "manifests/dsv4-pro-ep.toml")
 
 
 def current_keys() -> dict:
@@ -65,6 +66,7 @@ def test_the_pin_covers_every_kernel_of_the_shipped_manifests():
     pinned = json.loads(FIXTURE.read_text())
     counts = {m: len(pinned["manifests"][m]) for m in MANIFESTS}
     assert counts["manifests/dsv4-pro-wo_b.toml"] == 424 and counts["manifests/smoke.toml"] == 94, counts
+    assert counts["manifests/dsv4-pro-ep.toml"] == 184, counts
 
 
 if __name__ == "__main__":

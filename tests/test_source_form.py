@@ -191,9 +191,10 @@ def test_a_compile_worker_imports_only_the_compile_code_its_recipe_lists():
     from gemmar_aot.build.plan import make_plan
 
     one = {}
-    for s in make_plan(load_manifest(ROOT / "manifests" / "smoke.toml")).specs:
-        one.setdefault(s.recipe, s)
-    assert set(one) == set(keys.RECIPE_CODE), "smoke.toml builds a kernel of every recipe"
+    for m in ("smoke.toml", "dsv4-pro-ep.toml"):
+        for s in make_plan(load_manifest(ROOT / "manifests" / m)).specs:
+            one.setdefault(s.recipe, s)
+    assert set(one) == set(keys.RECIPE_CODE), "smoke.toml and dsv4-pro-ep.toml build a kernel of every recipe"
     imported_only_seen = set()
     for recipe, spec in sorted(one.items()):
         p = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spec.to_json())], capture_output=True,

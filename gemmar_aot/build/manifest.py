@@ -19,8 +19,10 @@ with one or more M values. Example::
     quant = "blockscale"          # "blockscale" | "mxfp8"
 
 Top level
-    Only ``[manifest]`` and ``[[tuple]]`` are allowed, and there must be at
-    least one ``[[tuple]]``.
+    Only ``[manifest]``, ``[[tuple]]`` and ``[[ep]]`` are allowed, and there must be at
+    least one ``[[tuple]]`` or ``[[ep]]``. An ``[[ep]]`` entry is one configuration of
+    mori's EP dispatch/combine v2 (:mod:`gemmar_aot.build.manifest_ep` says what it holds);
+    each counts as one workload, and its kernels (every rank's) as compiles.
 
 Required tuple keys
     ``transport``  one of :data:`gemmar_aot.build.workload.MODES`, the five ways mori's
@@ -107,6 +109,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:  # Python >= 3.11
     import tomllib
@@ -125,6 +128,7 @@ from gemmar_aot.build.manifest_check import (
     type_name,
     unknown_key,
 )
+from gemmar_aot.build.manifest_ep import EpEntry, check_ep, entry_lines
 from gemmar_aot.build.workload import Workload
 from gemmar_aot.errors import ManifestError
 
@@ -141,7 +145,10 @@ GEMM_COMPILE_SECONDS = 1.5
 #: Repeated M values warned about one by one; past this, one line counts the rest.
 MAX_REPEAT_WARNINGS = 32
 
-_TOP_KEYS = ("manifest", "tuple")
+#: Most EP kernel compiles (every rank's variants of every [[ep]] entry) one manifest may ask for.
+MAX_EP_COMPILES = 8192
+
+_TOP_KEYS = ("manifest", "tuple", "ep")
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,7 @@ class Manifest:
     description: str
     workloads: tuple[Workload, ...]
     warnings: tuple[str, ...] = ()
+    eps: tuple[EpEntry, ...] = ()  # the [[ep]] entries, in manifest order, repeats removed
 
 
 # --------------------------------------------------------------------------
@@ -237,6 +245,44 @@ def _check_limits(ck: Checker, workloads: list[Workload]) -> None:
                    "or ask for fewer M values or ranks")
 
 
+def _check_eps(ck: Checker, eps: Any, room: int) -> list[EpEntry]:
+    """The checked ``[[ep]]`` entries, repeats removed (warned about), bounded by ``room``
+    workloads and :data:`MAX_EP_COMPILES` kernels."""
+    from gemmar_aot.model.ep import variants
+
+    if isinstance(eps, dict):
+        ck.problem("top level", "[ep] is a single table, but EP entries are an array of tables; write the header "
+                   "as [[ep]]")
+        return []
+    if not isinstance(eps, list):
+        ck.problem("top level", f"ep = {render(eps)}: EP entries must be [[ep]] sections, not {type_name(eps)}")
+        return []
+    lines = entry_lines(ck, len(eps))
+    out: list[EpEntry] = []
+    seen: dict = {}
+    compiles = 0
+    for i, raw in enumerate(eps):
+        e = check_ep(ck, i, raw, lines[i])
+        if e is None:
+            continue
+        if e.config in seen:
+            ck.warnings.append(f"{ck.path}: {_entry_of(e.source, ck.path)}: repeats "
+                               f"{_entry_of(seen[e.config], ck.path)}; it is built once")
+            continue
+        seen[e.config] = e.source
+        c = e.config
+        disp, comb = variants(c)
+        compiles += c.world * (len(disp) * (2 if c.replay else 1) + len(comb) + 1 + (2 if c.std_moe else 0))
+        out.append(e)
+    if len(out) > room:
+        ck.problem("top level", f"the [[ep]] entries and the tuples make more than {MAX_WORKLOADS} distinct "
+                   f"workloads, more than one manifest may ask for; split it into several manifests")
+    elif compiles > MAX_EP_COMPILES:
+        ck.problem("top level", f"the [[ep]] entries ask for {compiles} kernel compiles (every rank's variants), "
+                   f"more than the {MAX_EP_COMPILES} one manifest may ask for; split it into several manifests")
+    return out
+
+
 def _entry_of(source: str, path: str) -> str:
     prefix = path + ":"
     return source[len(prefix):] if source.startswith(prefix) else source
@@ -281,14 +327,17 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     ck = Checker(path, text)
     for key in data:
         if key not in _TOP_KEYS:
-            unknown_key(ck, "top level", key, ("[manifest]", "[[tuple]]"), "a manifest")
+            unknown_key(ck, "top level", key, ("[manifest]", "[[tuple]]", "[[ep]]"), "a manifest")
     name, description, arch = check_manifest_table(ck, data.get("manifest", {}), _default_name(path))
 
     tuples = data.get("tuple")
     drafts: list[Draft] = []
-    if tuples is None:
+    if tuples is None and "ep" in data:
+        pass  # an EP-only manifest
+    elif tuples is None:
         ck.problem("top level", "there is no [[tuple]]: a manifest must list at least one workload; "
-                   'add e.g. [[tuple]] with transport = "fused-sdma", m, n, k, world and quant')
+                   'add e.g. [[tuple]] with transport = "fused-sdma", m, n, k, world and quant (or an [[ep]] '
+                   "entry)")
     elif isinstance(tuples, dict):
         ck.problem("top level", "[tuple] is a single table, but tuples are an array of tables; "
                    "write the header as [[tuple]]")
@@ -305,11 +354,16 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
             if d is not None:
                 drafts.append(d)
 
+    eps = _check_eps(ck, data["ep"], MAX_WORKLOADS) if "ep" in data else []
     if ck.problems:
         raise ManifestError(ck.problems)
     workloads = _expand(ck, drafts)
     if not ck.problems:
         _check_limits(ck, workloads)
+        if len(workloads) + len(eps) > MAX_WORKLOADS:
+            ck.problem("top level", f"the tuples and [[ep]] entries make {len(workloads) + len(eps)} distinct "
+                       f"workloads, more than the {MAX_WORKLOADS} one manifest may ask for; split it into "
+                       "several manifests (each gets its own lock file)")
     if ck.problems:
         raise ManifestError(ck.problems)
     return Manifest(
@@ -319,6 +373,7 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
         description=description,
         workloads=tuple(workloads),
         warnings=tuple(ck.warnings),
+        eps=tuple(eps),
     )
 
 
@@ -345,6 +400,7 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
 
 
 __all__ = [
+    "MAX_EP_COMPILES",
     "MAX_GEMM_COMPILES",
     "MAX_WORKLOADS",
     "gemm_compiles",

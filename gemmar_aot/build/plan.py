@@ -18,10 +18,12 @@ from typing import Mapping
 
 from gemmar_aot import rules
 from gemmar_aot.build.manifest import Manifest
+from gemmar_aot.build.manifest_ep import EpEntry
 from gemmar_aot.build.workload import Workload, dedup_workloads
+from gemmar_aot.model.ep import Arena, arena_layout, variants
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.spec import KernelSpec
-from gemmar_aot_kernels import recipe_module
+from gemmar_aot_kernels import ep as ep_recipe, recipe_module
 from gemmar_aot_kernels._common import RankKernels
 
 #: Environment variables that change generated code, read at plan time and
@@ -51,6 +53,29 @@ class TuplePlan:
 
 
 @dataclass(frozen=True)
+class EpPlan:
+    """One ``[[ep]]`` entry planned: its configuration, window layout and every rank's kernels
+    (in the order of ``gemmar_aot_kernels.ep.specs``)."""
+
+    entry: EpEntry
+    arena: Arena
+    ranks: tuple[RankKernels, ...]
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(len(r.launches) for r in self.ranks)
+
+    def to_json(self) -> dict:
+        disp, comb = variants(self.entry.config)
+        return {**self.entry.config.to_json(), "source": self.entry.source,
+                "schedule": [list(b) for b in self.entry.config.schedule],
+                "variants": {"dispatch": [list(v) for v in disp], "combine": [list(v) for v in comb]},
+                "arena": self.arena.to_json(),
+                "ranks": [{"rank": r.rank, "launches": [{"kind": s.kind, "spec_id": s.spec_id} for s in r.launches]}
+                          for r in self.ranks]}
+
+
+@dataclass(frozen=True)
 class Plan:
     manifest: str
     arch: str
@@ -58,10 +83,11 @@ class Plan:
     specs: tuple[KernelSpec, ...]  # distinct, sorted by (recipe, kind, rank, spec_id)
     env: tuple[tuple[str, str | None], ...]
     warnings: tuple[str, ...] = ()  # the manifest's (merged duplicates, off-grid range stops)
+    eps: tuple[EpPlan, ...] = ()
 
     @property
     def instances(self) -> int:
-        return sum(t.kernel_count for t in self.tuples)
+        return sum(t.kernel_count for t in self.tuples) + sum(e.kernel_count for e in self.eps)
 
     @property
     def dedup_ratio(self) -> float:
@@ -92,6 +118,7 @@ class Plan:
                 }
                 for t in self.tuples
             ],
+            **({"ep": [e.to_json() for e in self.eps]} if self.eps else {}),
             "kernel_instances": self.instances,
             "distinct_specs": len(self.specs),
             "dedup_ratio": round(self.dedup_ratio, 3),
@@ -128,8 +155,10 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
         ranks = recipe_module(w.transport).specs(w, layout, code_env)
         tuples.append(TuplePlan(workload=w, layout=layout, ranks=ranks))
 
+    eps = tuple(EpPlan(entry=e, arena=arena_layout(e.config), ranks=ep_recipe.rank_kernels(e.config))
+                for e in manifest.eps)
     distinct: dict[str, KernelSpec] = {}
-    for t in tuples:
+    for t in (*tuples, *eps):
         for r in t.ranks:
             for s in r.launches + r.self_test:
                 distinct.setdefault(s.spec_id, s)
@@ -141,4 +170,5 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
         specs=specs,
         env=tuple(sorted(code_env.items())),
         warnings=tuple(manifest.warnings),
+        eps=eps,
     )

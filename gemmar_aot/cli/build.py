@@ -57,6 +57,18 @@ def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
         if verbose:
             for r in t.ranks:
                 click.echo(f"      rank {r.rank}: " + ", ".join(f"{s.kind}={s.spec_id[:12]}" for s in r.launches))
+    if p.eps:
+        click.echo(f"{len(p.eps)} EP entries (mori's dispatch/combine v2, FlyDSL):")
+    for e in p.eps:
+        c, j = e.entry.config, e.to_json()
+        dt = c.dispatch_dtype if c.combine_dtype == c.dispatch_dtype else f"{c.dispatch_dtype}->{c.combine_dtype}"
+        click.echo(f"  ep world={c.world} hidden={c.hidden} max_tokens={c.max_tokens} experts={c.experts} "
+                   f"topk={c.topk} {dt} {c.combine_mode}" + (f" quant={c.quant_type}" if c.quant_type != "none" else "")
+                   + f" {c.device}: window {e.arena.total:,} B; dispatch {j['variants']['dispatch']}, combine "
+                   f"{j['variants']['combine']}; {len(e.ranks)} rank(s) x {len(e.ranks[0].launches)} kernels")
+        if verbose:
+            for r in e.ranks:
+                click.echo(f"      rank {r.rank}: " + ", ".join(f"{s.kind}={s.spec_id[:12]}" for s in r.launches))
     click.echo(f"kernel instances: {p.instances}; distinct specs: {len(p.specs)}; "
                f"dedup ratio {p.dedup_ratio:.2f}")
     for kind, n in p.distinct_by_kind().items():
