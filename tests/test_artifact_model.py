@@ -118,7 +118,9 @@ def test_one_action_key_is_one_kernel(lock):
 # ---- schema ----
 
 @pytest.mark.parametrize("schema, match", [
-    (4, "lock schema 4 was written by a newer gemmar-aot; this one reads lock schema 3: upgrade gemmar-aot"),
+    (5, "lock schema 5 was written by a newer gemmar-aot; this one reads lock schemas 3 and 4: upgrade "
+        "gemmar-aot"),
+    (4, "\\$ has no 'ep' \\(a required field\\)"),  # schema 4 is a lock with [[ep]] entries
     (2, "lock schema 2 was written by an older gemmar-aot; this one reads lock schema 3 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
     (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 3 .*rebuild it with "
@@ -239,7 +241,7 @@ def test_parts_and_tuples_must_agree_on_ranks(doc):
     unused = copy.deepcopy(doc)
     for t in unused["tuples"]:
         t["ranks"].remove(1)
-    _refuse(unused, r"\$\.parts\[1\] is rank 1's part, but no tuple lists rank 1")
+    _refuse(unused, r"\$\.parts\[1\] is rank 1's part, but no tuple or EP entry lists rank 1")
 
 
 def test_a_rank_reads_its_own_part_and_a_damaged_part_fails_the_ranks_that_use_it(lock, tmp_path):

@@ -226,3 +226,72 @@ def test_ep_bytes_equal_moris_own_path_for_every_rank_and_variant(ep_build):
     # the rank is compiled in, the symbol is not: identity must come from the record
     d0, d3 = (st.load(action_key(ingredients(e.ranks[r].launches[0], fp))) for r in (0, 3))
     assert d0[1] != d3[1] and d0[0]["launch"]["kernel"] == d3[0]["launch"]["kernel"] == "ep_dispatch_0"
+
+
+# ---- the lock ----
+
+@pytest.mark.compile
+def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
+    import dataclasses
+
+    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.model.lock import Lock, read_lock
+    from gemmar_aot.store.record_index import lock_rank_groups
+    from gemmar_aot.toolchain import load_toolchain
+
+    summary, store, plan = ep_build
+    path = Path(summary["lock_file"])
+    data = path.read_bytes()
+    lock = read_lock(path).check_parts()
+    assert json.loads(data.split(b"\n")[0])["schema"] == 4 and lock.tuples == ()
+    (le,), (pe,) = lock.eps, plan.eps
+    assert le.config == pe.entry.config and le.arena == pe.arena and le.source.endswith(":ep[0] (line 17)")
+    fp = load_toolchain().fingerprint
+    for lr, pr in zip(le.ranks, pe.ranks, strict=True):
+        assert [e.key for e in lr.launches] == [action_key(ingredients(s, fp)) for s in pr.launches]
+        assert [e.kind for e in lr.launches] == [s.kind for s in pr.launches] and lr.self_test == ()
+    assert len(lock.kernels()) == 104 and [len(g) for g in lock_rank_groups(lock)] == [13] * 8
+    assert Lock.from_bytes(data).to_bytes() == data  # canonical: read back, written again, the same bytes
+    # a lock without [[ep]] entries is still written as schema 3
+    assert dataclasses.replace(lock, eps=()).to_json()["schema"] == 3
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("edit, where", [
+    (lambda h: h["ep"][0]["arena"].update(total=h["ep"][0]["arena"]["total"] + 256), "$.ep[0].arena"),
+    (lambda h: h["ep"][0]["config"].update(hidden=7164), "$.ep[0].config.hidden"),
+    (lambda h: h["ep"][0].update(ranks=list(range(7))), "$.ep[0].ranks"),
+    (lambda h: h.update(schema=3), "$"),
+], ids=["arena", "config", "ranks", "schema"])
+def test_ep_lock_whose_head_was_edited_is_refused_naming_the_place(ep_build, edit, where):
+    from gemmar_aot.model.lock import Lock
+    from gemmar_aot.model.schema import LockFileError
+
+    summary, _store, _plan = ep_build
+    head, rest = Path(summary["lock_file"]).read_bytes().split(b"\n", 1)
+    h = json.loads(head)
+    edit(h)
+    with pytest.raises(LockFileError) as e:
+        Lock.from_bytes(json.dumps(h, sort_keys=True, separators=(",", ":")).encode() + b"\n" + rest, "x.lock.json")
+    assert f"x.lock.json: {where}" in str(e.value), str(e.value)
+
+
+@pytest.mark.compile
+def test_ep_closure_serves_a_fresh_runner_the_same_lock_in_two_requests(ep_build, nginx, tmp_path):
+    """The remote cache covers EP with no special case: a seed build uploads the kernels and the
+    closure, a fresh store gets every EP kernel (and its launcher) from one pack and writes the
+    same lock bytes, and verifies clean."""
+    from store_health import assert_verifies_clean
+    from test_remote_build import _copy_store
+
+    from gemmar_aot.build.pipeline import run_build
+
+    summary, store, _plan = ep_build
+    manifest = Path(summary["lock_file"]).parents[2] / "dsv4-pro-ep-first.toml"
+    seed = run_build(manifest, store=_copy_store(store, tmp_path / "seed"), jobs=2, progress=False, remote=nginx.url)
+    assert seed["compiled"] == 0 and seed["uploads"] == 104 and seed["closure"]["uploaded"]
+    fresh = run_build(manifest, store=tmp_path / "fresh", jobs=2, progress=False, remote=nginx.url)
+    assert fresh["closure"]["status"] == "hit" and fresh["remote"]["requests"] == 2 and fresh["compiled"] == 0
+    name = Path(summary["lock_file"]).name
+    assert (tmp_path / "fresh" / "locks" / name).read_bytes() == Path(summary["lock_file"]).read_bytes()
+    assert_verifies_clean(tmp_path / "fresh")

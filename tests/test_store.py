@@ -671,7 +671,7 @@ def test_lock_file_refusals(tmp_path):
     from synth_lock import synthetic_lock
 
     p = tmp_path / "l.json"
-    p.write_text(json.dumps({"schema": LOCK_SCHEMA + 1}))
+    p.write_text(json.dumps({"schema": LOCK_SCHEMA + 2}))  # LOCK_SCHEMA + 1: a lock with [[ep]] entries
     with pytest.raises(LockFileError, match="newer"):
         read_lock(p).check_parts()
     p.write_text(json.dumps({"launches": []}))

@@ -44,7 +44,7 @@ def diff_keys(store, a: str, b: str) -> dict:
 
 
 def _launch_index(lock: Lock) -> dict[tuple, LaunchEntry]:
-    """(tuple identity, rank, role, position) -> launch entry."""
+    """(tuple or EP entry identity, rank, role, position) -> launch entry."""
     out = {}
     for t in lock.tuples:
         ident = tuple(t.id.to_json().values())
@@ -52,6 +52,11 @@ def _launch_index(lock: Lock) -> dict[tuple, LaunchEntry]:
             for role in ("launches", "self_test"):
                 for i, e in enumerate(getattr(r, role)):
                     out[ident + (r.rank, role, i)] = e
+    for ep in lock.eps:
+        ident = ("ep", *ep.config.to_json().values())
+        for r in ep.ranks:
+            for i, e in enumerate(r.launches):
+                out[ident + (r.rank, "launches", i)] = e
     return out
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gemmar_aot.model.lock import Lock, lock_file_path, write_lock
-from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
+from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
@@ -129,6 +129,11 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
             ranks=tuple(RankLaunches(r.rank, tuple(entry(s) for s in r.launches),
                                      tuple(entry(s) for s in r.self_test)) for r in t.ranks),
         ))
+    eps = tuple(LockEp(config=e.entry.config, source=e.entry.source.replace(str(manifest.path),
+                                                                            Path(manifest.path).name),
+                       arena=e.arena, ranks=tuple(RankLaunches(r.rank, tuple(entry(s) for s in r.launches), ())
+                                                  for r in e.ranks))
+                for e in plan.eps)
     text = Path(manifest.path).read_bytes()
     return Lock(
         manifest=ManifestRef(manifest.name, manifest.arch, hashlib.sha256(text).hexdigest()),
@@ -137,6 +142,7 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
         toolchain=ToolchainInfo(fp["digest"], toolchain_ingredients(fp), fp.get("profile")),
         env=dict(plan.env),
         tuples=tuple(tuples),
+        eps=eps,
     )
 
 

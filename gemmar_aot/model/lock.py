@@ -11,8 +11,8 @@ from typing import Any, Iterator, Mapping
 
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes
-from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, ToolchainInfo
-from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError, _REBUILD, _TOP
+from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
+from gemmar_aot.model.schema import LOCK_SCHEMA, LOCK_SCHEMA_EP, LockFileError, _REBUILD, _TOP, _TOP_EP
 from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
 from gemmar_aot.model.validate import _DocReader, _show, _type_name
 
@@ -46,9 +46,10 @@ class Lock:
     toolchain: ToolchainInfo
     env: Mapping[str, str | None]  # code-changing environment values the build read
     tuples: tuple[LockTuple, ...]
+    eps: tuple[LockEp, ...] = ()  # the [[ep]] entries (lock schema 4)
 
     def __hash__(self) -> int:
-        return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples))
+        return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples, self.eps))
 
     # ---- queries ----
 
@@ -59,6 +60,10 @@ class Lock:
                 for role in ("launches", "self_test"):
                     for n, e in enumerate(getattr(r, role)):
                         yield f"$.tuples[{i}].ranks[{j}].{role}[{n}]", e
+        for i, ep in enumerate(self.eps):
+            for j, r in enumerate(ep.ranks):
+                for n, e in enumerate(r.launches):
+                    yield f"$.ep[{i}].ranks[{j}].launches[{n}]", e
 
     def kernels(self) -> dict[str, LaunchEntry]:
         """Action key -> entry, for every distinct kernel the lock launches (sorted by key)."""
@@ -80,7 +85,7 @@ class Lock:
     def check_parts(self) -> "Lock":
         """Check every rank's part now (a lock read from bytes checks a part when it is first
         used). Raises LockFileError naming the first bad one; returns the lock."""
-        for t in self.tuples:
+        for t in (*self.tuples, *self.eps):
             for r in t.ranks:
                 r.launch_keys()
         return self
@@ -117,8 +122,18 @@ class Lock:
                 part["launches"].append([ti, *map(list, seqs)])
                 for key in (*seqs[0], *seqs[1]):
                     part["kernels"][key] = table[key]
+        for ei, ep in enumerate(self.eps):  # a part's launch items index tuples, then ep
+            for r in ep.ranks:
+                part = parts.setdefault(r.rank, {"rank": r.rank, "kernels": {}, "launches": []})
+                seqs = r.launch_keys()
+                part["launches"].append([len(self.tuples) + ei, *map(list, seqs)])
+                for key in seqs[0]:
+                    part["kernels"][key] = table[key]
+        eps = {"ep": [{"config": ep.config.to_json(), "source": ep.source, "arena": ep.arena.to_json(),
+                       "ranks": [r.rank for r in ep.ranks]} for ep in self.eps]} if self.eps else {}
         return {
-            "schema": LOCK_SCHEMA,
+            **eps,
+            "schema": LOCK_SCHEMA_EP if self.eps else LOCK_SCHEMA,
             "manifest": {"name": self.manifest.name, "arch": self.manifest.arch, "sha256": self.manifest.sha256},
             "arch": self.arch,
             "code_object_version": self.code_object_version,
@@ -256,18 +271,18 @@ class _Reader(_DocReader):
         if type(schema) is not int:
             raise LockFileError(f"{self.where}: $.schema is {_show(schema)}, not an integer lock schema: it is not a "
                                 f"gemmar-aot lock file (this gemmar-aot reads lock schema {LOCK_SCHEMA})")
-        if schema > LOCK_SCHEMA:
+        if schema > LOCK_SCHEMA_EP:
             raise LockFileError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
-                                f"reads lock schema {LOCK_SCHEMA}: upgrade gemmar-aot")
+                                f"reads lock schemas {LOCK_SCHEMA} and {LOCK_SCHEMA_EP}: upgrade gemmar-aot")
         if 1 <= schema < LOCK_SCHEMA:
             raise LockFileError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
                                 f"reads lock schema {LOCK_SCHEMA} and does not convert old locks: rebuild it "
                                 f"with `gemmar-aot build MANIFEST` (the store's kernels are reused, nothing is "
                                 f"recompiled)")
-        if schema != LOCK_SCHEMA:
+        if schema not in (LOCK_SCHEMA, LOCK_SCHEMA_EP):
             raise LockFileError(f"{self.where}: unknown lock schema {schema} (this gemmar-aot reads lock schema "
                                 f"{LOCK_SCHEMA}); {_REBUILD}")
-        self.obj(v, "$", _TOP)
+        self.obj(v, "$", _TOP_EP if schema == LOCK_SCHEMA_EP else _TOP)
         m = self.obj(v["manifest"], "$.manifest", ("name", "arch", "sha256"))
         manifest = ManifestRef(self.str(m["name"], "$.manifest.name"), self.str(m["arch"], "$.manifest.arch"),
                                self.hex64(m["sha256"], "$.manifest.sha256"))
@@ -292,10 +307,17 @@ class _Reader(_DocReader):
         parts = self.parts(v["parts"], lines, records)
         tuples = tuple(self.tuple(t, f"$.tuples[{i}]", i, parts)
                        for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
+        eps = ()
+        if schema == LOCK_SCHEMA_EP:
+            eps = tuple(self.ep(x, f"$.ep[{i}]", len(tuples) + i, parts)
+                        for i, x in enumerate(self.list(v["ep"], "$.ep")))
+            if not eps:
+                raise self.fail("$.ep", "is empty: a lock without [[ep]] entries is written as schema "
+                                        f"{LOCK_SCHEMA}")
         for part in parts.values():
             if not part.tuples:
-                raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple lists rank "
-                                                          f"{part.rank}")
+                raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple or EP entry "
+                                                          f"lists rank {part.rank}")
         return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
                     code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
-                    toolchain=toolchain, env=dict(env), tuples=tuples)
+                    toolchain=toolchain, env=dict(env), tuples=tuples, eps=eps)

@@ -14,6 +14,10 @@ from gemmar_aot.model.types import _TUPLE_ID_FIELDS
 #: records as Digest(hash, size), the window layout split into shared and per-M values.
 #: 3: JSON Lines, a head and one part per rank, so a rank reads its own kernels only.
 LOCK_SCHEMA = 3
+#: 4: schema 3 and the ``ep`` list of built [[ep]] entries; a part's launch item indexes
+#: ``tuples`` followed by ``ep`` (item ``len(tuples) + i`` is entry i). Written only when the
+#: manifest has [[ep]] entries, so every lock without them keeps its schema-3 bytes.
+LOCK_SCHEMA_EP = 4
 _REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
 
 
@@ -31,6 +35,8 @@ class LockFileError(GemmarError, ValueError):
 
 _TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "tuples",
         "parts")
+_TOP_EP = (*_TOP, "ep")
+_EP_KEYS = ("config", "source", "arena", "ranks")
 _PART_KEYS = ("rank", "kernels", "launches")
 _PART_REF_KEYS = ("rank", "hash", "size")
 _TUPLE_KEYS = (*_TUPLE_ID_FIELDS, "source", "layout", "ranks")

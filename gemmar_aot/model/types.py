@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.model.ep import Arena, EpConfig
 from gemmar_aot.model.layout import WindowLayout
 
 #: The modes (``transport``) a tuple can be built for, by the names mori's benchmark and the PR use.
@@ -245,6 +246,19 @@ class LockTuple:
     id: TupleId
     source: str  # "manifest.toml:tuple[0] (line 13)", for messages
     layout: WindowLayout | None  # None for gemm-only (no window)
+    ranks: tuple[RankLaunches, ...]
+
+
+@dataclass(frozen=True)
+class LockEp:
+    """One built ``[[ep]]`` entry (mori's EP dispatch/combine v2): its configuration, where the
+    manifest wrote it, its window layout, and each rank's kernels in the recipe's order
+    (``gemmar_aot_kernels.ep.specs``: dispatch variants, combine variants, replay variants, the
+    local expert count, StdMoE's converts). ``self_test`` is empty: the op has none."""
+
+    config: EpConfig
+    source: str  # "manifest.toml:ep[0] (line 13)", for messages
+    arena: Arena
     ranks: tuple[RankLaunches, ...]
 
 

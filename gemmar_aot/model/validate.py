@@ -15,11 +15,12 @@ from typing import Any, Sequence
 from gemmar_aot.launch import LaunchRecord, LaunchRecordError
 from gemmar_aot.model.layout import CallLayout, WindowLayout, _CALL_FIELDS, _WINDOW_STR_FIELDS, _WINDOW_TUPLE_FIELDS
 from gemmar_aot.model.types import (
-    Digest, LaunchEntry, LockTuple, RankLaunches, TupleId, _TUPLE_ID_CHOICES, _TUPLE_ID_FIELDS, _TUPLE_ID_INTS,
+    Digest, LaunchEntry, LockEp, LockTuple, RankLaunches, TupleId, _TUPLE_ID_CHOICES, _TUPLE_ID_FIELDS, _TUPLE_ID_INTS,
     _TUPLE_ID_KINDS, _TUPLE_ID_OPT_INTS, _TUPLE_ID_STRS, is_hex64
 )
 from gemmar_aot.model.schema import (
-    LOCK_SCHEMA, LockFileError, _ARG_KEYS, _ARG_KINDS, _DIGEST_KEYS, _KERNEL_KEYS, _PARAM_TYPES, _PART_KEYS,
+    LOCK_SCHEMA, LockFileError, _ARG_KEYS, _ARG_KINDS, _DIGEST_KEYS, _EP_KEYS, _KERNEL_KEYS, _PARAM_TYPES,
+    _PART_KEYS,
     _PART_REF_KEYS, _REBUILD, _RECORD_KEYS, _TUPLE_KEYS, _WINDOW_INT_FIELDS, _WINDOW_KEYS
 )
 
@@ -485,6 +486,38 @@ class _DocReader:
             ranks.append(_validated(RankLaunches, {"rank": rank, "_pending": (parts[rank], ti)}))
         return LockTuple(id=tid, source=self.str(v["source"], f"{path}.source", empty=True), layout=layout,
                          ranks=tuple(ranks))
+
+    def ep(self, v: Any, path: str, ti: int, parts: dict[int, _LockPart]) -> LockEp:
+        """One ``[[ep]]`` entry of a schema-4 lock; its ranks' kernels are the launch items ``ti``
+        of their parts (every rank of its world, each once)."""
+        from gemmar_aot.model.ep import EpConfig, arena_layout, config_problems
+
+        self.obj(v, path, _EP_KEYS)
+        names = tuple(EpConfig.__dataclass_fields__)
+        c = self.obj(v["config"], f"{path}.config", names)
+        kinds = {f: type(getattr(EpConfig(1, 16, 1, 1, 1, "bf16", "bf16"), f)) for f in names}
+        for f in names:
+            if type(c[f]) is not kinds[f] or (kinds[f] is int and c[f] < 0):
+                raise self.fail(f"{path}.config.{f}", f"is {_show(c[f])}, expected {kinds[f].__name__}")
+        try:
+            config = EpConfig.from_json(c)
+            bad = config_problems(config)
+        except (KeyError, ZeroDivisionError) as e:
+            raise self.fail(f"{path}.config", f"is not an EP configuration ({e!r})") from None
+        if bad:
+            raise self.fail(f"{path}.config.{bad[0][0]}", f"describes a configuration mori refuses: {bad[0][1]}")
+        arena = arena_layout(config)
+        if v["arena"] != arena.to_json():
+            raise self.fail(f"{path}.arena", "is not the window layout of its configuration (mori's FlyDSL "
+                                             "backend's regions)")
+        ranks = [self.int(r, f"{path}.ranks[{j}]") for j, r in enumerate(self.list(v["ranks"], f"{path}.ranks"))]
+        if ranks != list(range(config.world)) or not parts.keys() >= set(ranks):
+            raise self.fail(f"{path}.ranks", f"is {_show(ranks)}: every rank of the world of {config.world}, "
+                                             "each with its part")
+        for r in ranks:
+            parts[r].tuples.add(ti)
+        return LockEp(config=config, source=self.str(v["source"], f"{path}.source", empty=True), arena=arena,
+                      ranks=tuple(_validated(RankLaunches, {"rank": r, "_pending": (parts[r], ti)}) for r in ranks))
 
     def refs(self, v: Any, path: str, kernels: "_KernelTable", table_path: str) -> tuple[str, ...]:
         """The action keys of a launch sequence, each checked to name a kernel of ``kernels``."""

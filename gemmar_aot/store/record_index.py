@@ -240,7 +240,7 @@ def lock_rank_groups(lock: Any) -> list[list[str]]:
     """A lock's action keys grouped by rank, rank 0 first (what one rank's startup reads), without
     building its launch entries (``RankLaunches.launch_keys``)."""
     by_rank: dict[int, list[str]] = {}
-    for t in lock.tuples:
+    for t in (*lock.tuples, *lock.eps):
         for r in t.ranks:
             launches, self_test = r.launch_keys()
             by_rank.setdefault(r.rank, []).extend((*launches, *self_test))
