@@ -38,9 +38,12 @@ device = "MI355X"
 """
 
 
-def oracle(configs: list[dict], *, compile: bool = False) -> list[dict]:
+def oracle(configs: list[dict], *, compile: bool = False, profile: str = "default") -> list[dict]:
+    import os
+
+    env = {**os.environ, "GEMMAR_AOT_TOOLCHAIN_PROFILE": profile}
     p = subprocess.run([sys.executable, str(ORACLE), json.dumps({"configs": configs, "compile": compile})],
-                       capture_output=True, text=True, cwd=ROOT, timeout=1200)
+                       capture_output=True, text=True, cwd=ROOT, timeout=1200, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
@@ -226,6 +229,40 @@ def test_ep_bytes_equal_moris_own_path_for_every_rank_and_variant(ep_build):
     # the rank is compiled in, the symbol is not: identity must come from the record
     d0, d3 = (st.load(action_key(ingredients(e.ranks[r].launches[0], fp))) for r in (0, 3))
     assert d0[1] != d3[1] and d0[0]["launch"]["kernel"] == d3[0]["launch"]["kernel"] == "ep_dispatch_0"
+
+
+@pytest.mark.compile
+def test_ep_bytes_equal_moris_own_path_under_the_nightly_profile(ep_build, tmp_path):
+    """mori's nightly drops ``reset_total_recv`` from both combines (its combine no longer zeroes
+    the receive count, so its bytes differ): the recipe calls each mori's factories as that
+    mori's own backend does, and every kernel of rank 0 equals its own compile there too."""
+    from test_profiles import _installed
+
+    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.store import Store
+    from gemmar_aot.toolchain import load_toolchain
+
+    _installed("nightly")
+    summary, _store, plan = ep_build
+    manifest = Path(summary["lock_file"]).parents[2] / "dsv4-pro-ep-first.toml"
+    s = run_build(manifest, store=tmp_path / "nightly", jobs=2, progress=False, toolchain_profile="nightly")
+    assert s["failed"] == 0 and s["compiled"] == 104
+    (e,) = plan.eps
+    (t,) = oracle([mori_fields(e.entry.config, 0)], compile=True, profile="nightly")
+    st, fp = Store(tmp_path / "nightly", readonly=True), load_toolchain(profile="nightly").fingerprint
+    default_fp = load_toolchain().fingerprint
+    theirs = {json.dumps([k["factory"], k["kwargs"]], sort_keys=True): k for k in t["kernels"]}
+    changed = set()
+    for spec in e.ranks[0].launches:
+        p = spec.param_dict()
+        kw = {k: v for k, v in p["kwargs"].items() if k not in recipe.DROPPED_LATER}
+        k = theirs[json.dumps([p["factory"], kw], sort_keys=True)]
+        rec, code = st.load(action_key(ingredients(spec, fp)))
+        assert rec["blob"]["digest"] == k["sha256"], spec.label()
+        if Store(_store, readonly=True).load(action_key(ingredients(spec, default_fp)))[1] != code:
+            changed.add(spec.kind)
+    assert changed == {"combine"}  # the combine kernels are the ones the nightly changed
 
 
 # ---- the lock ----
