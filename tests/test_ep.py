@@ -288,6 +288,9 @@ def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
         assert [e.key for e in lr.launches] == [action_key(ingredients(s, fp)) for s in pr.launches]
         assert [e.kind for e in lr.launches] == [s.kind for s in pr.launches] and lr.self_test == ()
     assert len(lock.kernels()) == 104 and [len(g) for g in lock_rank_groups(lock)] == [13] * 8
+    from gemmar_aot.package.layout import coverage
+
+    assert coverage(lock) == [{"transport": "ep", **pe.entry.config.to_json(), "ranks": list(range(8))}]
     assert Lock.from_bytes(data).to_bytes() == data  # canonical: read back, written again, the same bytes
     # a lock without [[ep]] entries is still written as schema 3
     assert dataclasses.replace(lock, eps=()).to_json()["schema"] == 3

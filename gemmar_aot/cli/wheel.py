@@ -18,6 +18,12 @@ def _mib(n: int) -> str:
 def _coverage_lines(cov: list[dict]) -> list[str]:
     lines = []
     for g in cov:
+        if g["transport"] == "ep":
+            dt = g["dispatch_dtype"] + ("" if g["combine_dtype"] == g["dispatch_dtype"] else f"->{g['combine_dtype']}")
+            lines.append(f"  ep         hidden={g['hidden']} max_tokens={g['max_tokens']} experts={g['experts']} "
+                         f"topk={g['topk']} world={g['world']} {dt} {g['combine_mode']} {g['device']} "
+                         f"ranks={len(g['ranks'])}")
+            continue
         wire = f" wire={g['wire']}" if g.get("wire") else ""
         mmax = f" m_max={g['m_max']}" if g.get("m_max") else ""
         lines.append(f"  {g['transport']:<10} M={','.join(map(str, g['m']))} N={g['n']} K={g['k']} "

@@ -145,7 +145,8 @@ def lock_sizes(lock: Lock) -> dict[str, int | None]:
 
 
 def coverage(lock: Lock) -> list[dict]:
-    """The tuples a lock covers, grouped: transport, N, K, world, quant, wire -> M list."""
+    """The tuples a lock covers, grouped: transport, N, K, world, quant, wire -> M list; then its
+    ``[[ep]]`` entries, one row each (``transport`` "ep", the configuration, its ranks)."""
     groups: dict[tuple, dict] = {}
     for t in lock.tuples:
         i = t.id
@@ -162,6 +163,7 @@ def coverage(lock: Lock) -> list[dict]:
     for g in groups.values():
         g["m"] = sorted(set(g["m"]))
         out.append(g)
-    return sorted(out, key=lambda g: (g["transport"], g["n"], g["k"], g["world"], g["quant"], g["wire"] or "",
-                                      g["m_max"] or 0))
+    out = sorted(out, key=lambda g: (g["transport"], g["n"], g["k"], g["world"], g["quant"], g["wire"] or "",
+                                     g["m_max"] or 0))
+    return out + [{"transport": "ep", **ep.config.to_json(), "ranks": [r.rank for r in ep.ranks]} for ep in lock.eps]
 
