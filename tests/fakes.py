@@ -58,6 +58,12 @@ ROLES_BY_NAME = (
     (re.compile(r"^dequantize_gather_\d+$"), {"dequantize"}),
     (re.compile(r"^lsa_pull_gather_\d+$"), {"pull"}),
     (re.compile(r"^ar_[12]stage_\d+$"), {"lsa_ar"}),
+    # mori's EP dispatch/combine v2 (dispatch_combine_v2/intranode_kernels.py)
+    (re.compile(r"^ep_dispatch_\d+$"), {"dispatch", "dispatch_replay"}),
+    (re.compile(r"^ep_combine_s?_?\d+$"), {"combine"}),
+    (re.compile(r"^local_expert_count_kernel_\d+$"), {"local_expert_count"}),
+    (re.compile(r"^convert_disp_\d+$"), {"convert_dispatch"}),
+    (re.compile(r"^convert_comb_\d+$"), {"convert_combine"}),
 )
 
 

@@ -65,6 +65,8 @@ def keep_tuples(doc: dict, keep) -> None:
         if keep(t):
             new_index[i] = len(tuples)
             tuples.append(t)
+    for i in range(len(doc.get("ep", ()))):  # a part's launch items index the tuples, then the EP entries
+        new_index[len(doc["tuples"]) + i] = len(tuples) + i
     doc["tuples"] = tuples
     for p in doc["parts"]:
         p["launches"] = [[new_index[x[0]], x[1], x[2]] for x in p["launches"] if x[0] in new_index]

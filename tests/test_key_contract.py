@@ -65,7 +65,7 @@ def test_the_shipped_manifests_keys_are_the_pinned_ones():
 def test_the_pin_covers_every_kernel_of_the_shipped_manifests():
     pinned = json.loads(FIXTURE.read_text())
     counts = {m: len(pinned["manifests"][m]) for m in MANIFESTS}
-    assert counts["manifests/dsv4-pro-wo_b.toml"] == 424 and counts["manifests/smoke.toml"] == 94, counts
+    assert counts["manifests/dsv4-pro-wo_b.toml"] == 424 and counts["manifests/smoke.toml"] == 120, counts
     assert counts["manifests/dsv4-pro-ep.toml"] == 184, counts
 
 

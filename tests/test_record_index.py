@@ -194,12 +194,12 @@ def test_the_half_the_runtime_never_parses_is_still_checked(smoke_store, smoke_l
 def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, smoke_lock, tmp_path):
     head, groups = read_frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
     n = head["prefix_hex"]
-    ranks = sorted({r.rank for t in smoke_lock.tuples for r in t.ranks})
+    ranks = sorted({r.rank for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks})
     assert head["schema"] == 4 and len(groups) == len(ranks) > 1
     seen: set[bytes] = set()
     for rank, lines in zip(ranks, groups):  # a key in the group of the first rank that launches it
-        want = {le.key[:n].encode() for t in smoke_lock.tuples for r in t.ranks if r.rank == rank
-                for le in (*r.launches, *r.self_test)} - seen
+        want = {le.key[:n].encode() for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks
+                if r.rank == rank for le in (*r.launches, *r.self_test)} - seen
         assert {line[:n] for line in lines} == want
         seen |= want
     root, lock_path = _copy(smoke_store, tmp_path)

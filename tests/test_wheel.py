@@ -723,7 +723,10 @@ def test_smoke_wheel_inspect(smoke_wheel, smoke_lock):
     r = json.loads(res.output)
     assert r["ok"] and r["arch"] == "gfx950" and r["toolchain"]["digest"] == smoke_lock.toolchain.digest
     assert r["manifest"]["text"] == SMOKE.read_text() and r["manifest"]["sha256"] == smoke_lock.manifest.sha256
-    cov = {(g["transport"], tuple(g["m"]), g["n"], g["k"], g["world"], g["quant"], g["wire"]) for g in r["coverage"]}
+    cov = {(g["transport"], tuple(g["m"]), g["n"], g["k"], g["world"], g["quant"], g["wire"]) for g in r["coverage"]
+           if g["transport"] != "ep"}
+    assert [g for g in r["coverage"] if g["transport"] == "ep"] == [
+        {"transport": "ep", **ep.config.to_json(), "ranks": [r.rank for r in ep.ranks]} for ep in smoke_lock.eps]
     # one row per [[tuple]] of manifests/smoke.toml, written out by hand from the manifest
     assert cov == {("fused-sdma", (256, 512), 1024, 256, 2, "blockscale", "bf16"),
                    ("fused-sdma", (256, 512), 1024, 512, 2, "blockscale", "bf16"),
