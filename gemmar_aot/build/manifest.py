@@ -248,7 +248,7 @@ def _check_limits(ck: Checker, workloads: list[Workload]) -> None:
 def _check_eps(ck: Checker, eps: Any, room: int) -> list[EpEntry]:
     """The checked ``[[ep]]`` entries, repeats removed (warned about), bounded by ``room``
     workloads and :data:`MAX_EP_COMPILES` kernels."""
-    from gemmar_aot.model.ep import variants
+    from gemmar_aot.model.ep import kernels_per_rank
 
     if isinstance(eps, dict):
         ck.problem("top level", "[ep] is a single table, but EP entries are an array of tables; write the header "
@@ -270,9 +270,7 @@ def _check_eps(ck: Checker, eps: Any, room: int) -> list[EpEntry]:
                                f"{_entry_of(seen[e.config], ck.path)}; it is built once")
             continue
         seen[e.config] = e.source
-        c = e.config
-        disp, comb = variants(c)
-        compiles += c.world * (len(disp) * (2 if c.replay else 1) + len(comb) + 1 + (2 if c.std_moe else 0))
+        compiles += e.config.world * kernels_per_rank(e.config)
         out.append(e)
     if len(out) > room:
         ck.problem("top level", f"the [[ep]] entries and the tuples make more than {MAX_WORKLOADS} distinct "

@@ -277,6 +277,13 @@ def variants(c: EpConfig) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int,
     return disp, comb
 
 
+def kernels_per_rank(c: EpConfig) -> int:
+    """How many kernels a rank of ``c`` builds (``gemmar_aot_kernels.ep.specs``' count): each dispatch
+    variant (twice with replay), each combine variant, the local expert count, StdMoE's two converts."""
+    disp, comb = variants(c)
+    return len(disp) * (2 if c.replay else 1) + len(comb) + 1 + (2 if c.std_moe else 0)
+
+
 def pick(c: EpConfig, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """``_pick``: the (dispatch, combine) variants for ``n`` tokens: the first bucket that holds
     ``n`` (the last when none does), each clamped to the largest built variant when it is not one."""

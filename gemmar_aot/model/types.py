@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 from gemmar_aot.launch import LaunchRecord
-from gemmar_aot.model.ep import Arena, EpConfig
 from gemmar_aot.model.layout import WindowLayout
+
+if TYPE_CHECKING:  # only a lock with [[ep]] entries needs it (its reader imports it then)
+    from gemmar_aot.model.ep import Arena, EpConfig
 
 #: The modes (``transport``) a tuple can be built for, by the names mori's benchmark and the PR use.
 #:   fused-sdma  GemmAllReduceOp: GEMM with the scatter fused into its epilogue

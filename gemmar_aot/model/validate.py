@@ -493,9 +493,9 @@ class _DocReader:
         from gemmar_aot.model.ep import EpConfig, arena_layout, config_problems
 
         self.obj(v, path, _EP_KEYS)
-        names = tuple(EpConfig.__dataclass_fields__)
+        kinds = {f.name: {"int": int, "str": str, "bool": bool}[f.type] for f in fields(EpConfig)}
+        names = tuple(kinds)
         c = self.obj(v["config"], f"{path}.config", names)
-        kinds = {f: type(getattr(EpConfig(1, 16, 1, 1, 1, "bf16", "bf16"), f)) for f in names}
         for f in names:
             if type(c[f]) is not kinds[f] or (kinds[f] is int and c[f] < 0):
                 raise self.fail(f"{path}.config.{f}", f"is {_show(c[f])}, expected {kinds[f].__name__}")
