@@ -277,11 +277,56 @@ def variants(c: EpConfig) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int,
     return disp, comb
 
 
-def kernels_per_rank(c: EpConfig) -> int:
-    """How many kernels a rank of ``c`` builds (``gemmar_aot_kernels.ep.specs``' count): each dispatch
-    variant (twice with replay), each combine variant, the local expert count, StdMoE's two converts."""
+def kernel_roles(c: EpConfig) -> tuple[tuple[str, int, int], ...]:
+    """A rank's kernels of ``c`` as (kind, block, warp), in the order ``gemmar_aot_kernels.ep.specs``
+    makes them and a lock lists them: each dispatch variant, each combine variant, with replay each
+    replay dispatch variant, the local expert count (at the single-shot dispatch geometry), and with
+    StdMoE its two converts (at the single-shot dispatch and combine geometries)."""
     disp, comb = variants(c)
-    return len(disp) * (2 if c.replay else 1) + len(comb) + 1 + (2 if c.std_moe else 0)
+    db, dw, cb, cw = c.geometry
+    out = [("dispatch", b, w) for b, w in disp] + [("combine", b, w) for b, w in comb]
+    if c.replay:
+        out += [("dispatch_replay", b, w) for b, w in disp]
+    out.append(("local_expert_count", db, dw))
+    if c.std_moe:
+        out += [("convert_dispatch", db, dw), ("convert_combine", cb, cw)]
+    return tuple(out)
+
+
+def kernels_per_rank(c: EpConfig) -> int:
+    """How many kernels a rank of ``c`` builds (:func:`kernel_roles`)."""
+    return len(kernel_roles(c))
+
+
+#: The fields of an :class:`EpConfig` a pod's op must match exactly: what the kernels compute.
+#: ``replay`` (whether the replay variants were built) and ``device`` (whose table chose the
+#: variants) say which kernels exist, and are matched apart.
+SERVED_FIELDS = ("world", "hidden", "max_tokens", "experts", "topk", "dispatch_dtype", "combine_dtype",
+                 "quant_type", "combine_mode", "scale_dim", "scale_type_size", "max_total_recv_tokens", "std_moe")
+
+
+def served_key(c: EpConfig) -> tuple:
+    """``c``'s :data:`SERVED_FIELDS`, in order: how a pod's configuration finds its built entry."""
+    return tuple(getattr(c, f) for f in SERVED_FIELDS)
+
+
+def manifest_entry(c: EpConfig) -> str:
+    """The ``[[ep]]`` block that builds ``c`` (defaults left out), as a pod's miss error prints it."""
+    lines = ["[[ep]]"]
+    defaults = EpConfig(world=1, hidden=1, max_tokens=1, experts=1, topk=1, dispatch_dtype="bf16",
+                        combine_dtype="bf16")
+    for f in EpConfig.__dataclass_fields__:
+        v = getattr(c, f)
+        if f == "combine_dtype" and v == c.dispatch_dtype:
+            continue
+        if f in ("quant_type", "combine_mode", "scale_dim", "scale_type_size", "max_total_recv_tokens", "std_moe",
+                 "replay") and v == getattr(defaults, f):
+            continue
+        if f == "combine_mode" and c.quant_type != "none":
+            continue  # a quantised combine scatters: the manifest resolves it as mori does
+        lines.append(f"{f} = " + (("true" if v else "false") if isinstance(v, bool) else
+                                  f'"{v}"' if isinstance(v, str) else str(v)))
+    return "\n".join(lines)
 
 
 def pick(c: EpConfig, n: int) -> tuple[tuple[int, int], tuple[int, int]]:

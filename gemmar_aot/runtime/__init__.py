@@ -7,9 +7,10 @@
 
 A drop-in for ``mori.ops.gemm_ar.GemmAllReduceOp`` (same keywords, call, checks
 and results; ``transport=`` also serves the PR's split-sdma, split-lsa and fused-lsa
-paths), for ``Mxfp8GemmOp`` and for ``Mxfp8GemvOp``, that loads verified code
-objects from a gemmar-aot store instead of JIT-compiling, and refuses an M it has
-no kernels for instead of compiling it.
+paths), for ``Mxfp8GemmOp``, for ``Mxfp8GemvOp`` and for mori's EP dispatch/combine v2
+(``EpDispatchCombineOp``, FlyDSL backend, intranode), that loads verified code objects from a
+gemmar-aot store instead of JIT-compiling, and refuses what it has no kernels for instead of
+compiling it.
 
 Import rule: this package imports neither FlyDSL, MLIR, mori's kernel builders
 (``mori.ops``), nor gemmar-aot's build side (``gemmar_aot.compiler``,
@@ -44,6 +45,9 @@ __all__ = [
     "ArtifactSignatureError",
     "Artifacts",
     "Driver",
+    "EpDispatchCombineConfig",
+    "EpDispatchCombineOp",
+    "EpDispatchRoutingHandle",
     "GemmAllReduceOp",
     "HipDriver",
     "HipError",
@@ -59,3 +63,18 @@ __all__ = [
     "supports",
     "window_bytes_for",
 ]
+
+#: Imported when first asked for: a pod that serves no EP op never imports the EP model.
+_LAZY = {"EpDispatchCombineOp": ".ep", "EpDispatchCombineConfig": ".ep_config",
+         "EpDispatchRoutingHandle": ".ep_config"}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value

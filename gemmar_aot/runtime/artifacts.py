@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.lock import ENTRY_POINT_GROUP, LOCK_SUFFIX, Lock, lock_file_path, read_lock
-from gemmar_aot.model.types import LaunchEntry, LockTuple, RankLaunches, TupleKey
+from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, RankLaunches, TupleKey
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
 from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError, blob_index_path
@@ -62,8 +62,8 @@ from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError
                      ArtifactSignatureError)
 from .provenance import MoriIdentity
 
-__all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "LockInfo", "RankEntry", "Source", "TupleKey",
-           "load_artifacts"]
+__all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "EpRankEntry", "LockInfo", "RankEntry", "Source",
+           "TupleKey", "load_artifacts"]
 
 ENV_VAR = "GEMMAR_AOT_ARTIFACTS"
 #: Which toolchain profile's locks to serve from a store that holds several (as the build side names it).
@@ -129,8 +129,47 @@ class RankEntry:
         entry starts with it, and verification builds them as it goes)."""
         return f"{self.lock.source} ({self.tuple.source or '?'})"
 
+    @cached_property
+    def at(self) -> str:
+        """:attr:`where` and the M: how a message names one of this entry's kernels' place."""
+        return f"{self.where} M={self.m}"
+
     def identity(self) -> tuple:
         """What two entries must share to be the same kernels: every action key, in order."""
+        return self.kernels.launch_keys()
+
+
+@dataclass
+class EpRankEntry:
+    """The kernels of one rank of one built ``[[ep]]`` entry (mori's EP dispatch/combine v2): what
+    :class:`~gemmar_aot.runtime.ep.EpDispatchCombineOp` loads and launches."""
+
+    rank: int
+    ep: LockEp
+    kernels: RankLaunches
+    lock: LockInfo
+
+    @property
+    def config(self):
+        return self.ep.config
+
+    @property
+    def launches(self) -> Sequence[LaunchEntry]:
+        return self.kernels.launches
+
+    @property
+    def self_test(self) -> Sequence[LaunchEntry]:
+        return ()
+
+    @cached_property
+    def where(self) -> str:
+        return f"{self.lock.source} ({self.ep.source or '?'})"
+
+    @property
+    def at(self) -> str:
+        return f"{self.where} rank {self.rank}"
+
+    def identity(self) -> tuple:
         return self.kernels.launch_keys()
 
 
@@ -141,6 +180,8 @@ class Artifacts:
     sources: list[Source] = field(default_factory=list)
     locks: list[LockInfo] = field(default_factory=list)
     index: dict[TupleKey, dict[int, dict[int, RankEntry]]] = field(default_factory=dict)
+    #: built EP entries: their configuration -> rank -> kernels
+    ep_index: dict[Any, dict[int, EpRankEntry]] = field(default_factory=dict)
     _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
     _indexes: dict[int, tuple[LockInfo, RecordIndex | None]] = field(default_factory=dict, repr=False)
     _blob_indexes: dict[int, tuple[LockInfo, BlobIndex | None]] = field(default_factory=dict, repr=False)
@@ -166,6 +207,21 @@ class Artifacts:
             by_rank = self.index.setdefault(key, {}).setdefault(m, {})
             for r in t.ranks:
                 self._place(by_rank, RankEntry(key, m, r.rank, t, r, info))
+        for ep in lock.eps:
+            for r in ep.ranks:
+                self.add_ep_entry(EpRankEntry(r.rank, ep, r, info))
+
+    def add_ep_entry(self, entry: EpRankEntry) -> None:
+        """Index one rank of a built EP entry; a duplicate must name the same kernels."""
+        by_rank = self.ep_index.setdefault(entry.config, {})
+        old = by_rank.get(entry.rank)
+        if old is None:
+            by_rank[entry.rank] = entry
+        elif old.identity() != entry.identity():
+            raise ArtifactConflictError(
+                f"conflicting artifacts for the EP entry {entry.config} rank {entry.rank}: {old.where} and "
+                f"{entry.where} name different kernels. Remove one of them, or point artifacts=/${ENV_VAR} at "
+                f"exactly one")
 
     def add_entry(self, entry: RankEntry) -> None:
         """Index one (tuple, M, rank); a duplicate must name the same kernels."""
@@ -261,6 +317,10 @@ class Artifacts:
 
     def entry(self, key: TupleKey, m: int, rank: int) -> RankEntry | None:
         return self.index.get(key, {}).get(m, {}).get(rank)
+
+    def ep_entries(self, rank: int) -> list[EpRankEntry]:
+        """Every built EP entry's kernels for ``rank``."""
+        return [by_rank[rank] for by_rank in self.ep_index.values() if rank in by_rank]
 
     def describe_sources(self) -> str:
         return ", ".join(str(s) for s in self.sources) or "(none)"
@@ -385,6 +445,9 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
             for by_rank in by_m.values():
                 for entry in by_rank.values():
                     arts.add_entry(entry)
+        for by_rank in spec.ep_index.values():
+            for entry in by_rank.values():
+                arts.add_ep_entry(entry)
         for s in spec.sources:
             if s not in arts.sources:
                 arts.sources.append(s)

@@ -129,9 +129,9 @@ class _StandaloneOp:
                 raise ArtifactMismatchError(f"{e.where} {e.launches[0].kind}: the launcher's arguments {bad} do not "
                                             f"take one host parameter each (two for a tensor); rebuild it")
 
-        def position(e, kind: str) -> EntryPosition:  # no window, no rank: checked for its kind, K and quant
+        def position(e, le) -> EntryPosition:  # no window, no rank: checked for its kind, K and quant
             i = e.tuple.id
-            return EntryPosition(transport=i.transport, kind=kind, rank=e.rank, world=i.world, m=e.m, slot=-1,
+            return EntryPosition(transport=i.transport, kind=le.kind, rank=e.rank, world=i.world, m=e.m, slot=-1,
                                  m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
                                  gather_transport=i.gather_transport, block_m=i.block_m)
 

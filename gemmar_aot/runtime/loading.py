@@ -26,7 +26,7 @@ from gemmar_aot.codeobject import KernelMetadata
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactMismatchError
 from .provenance import MoriIdentity, check_installed_mori, one_profile
-from .verify import EntryPosition, verify_entries
+from .verify import EntryPosition, EpPosition, verify_entries
 
 
 class Kernels:
@@ -74,14 +74,16 @@ def check_device(entries: Sequence[Any], driver: Driver, device: Any) -> str:
     for e in entries:
         if e.lock.arch != base:
             raise ArtifactMismatchError(
-                f"the artifacts for M={e.m} were compiled for {e.lock.arch or '?'} ({e.where}) but {device} is "
+                f"the artifacts at {e.at} were compiled for {e.lock.arch or '?'} but {device} is "
                 f"{dev_arch}; build the manifest for this GPU's arch")
     return base
 
 
 def verify_kernels(artifacts: Any, entries: Sequence[Any], *, launches: Callable[[Any], Sequence[Any]],
-                   position: Callable[[Any, str], EntryPosition]) -> Kernels:
-    """Step 3 for ``entries``: every launch entry ``launches(e)`` checked at ``position(e, kind)``
-    (:func:`.verify.verify_entries`). Acquires nothing; raises ArtifactMismatchError (or the
-    store's errors) on the first problem."""
-    return Kernels(verify_entries(artifacts, entries, launches=launches, position=position))
+                   position: Callable[[Any, Any], EntryPosition | EpPosition],
+                   sequences: Callable[[Sequence[Any]], None] | None = None) -> Kernels:
+    """Step 3 for ``entries``: every launch entry ``le`` of ``launches(e)`` checked at ``position(e, le)``
+    after ``sequences(entries)`` (:func:`.verify.verify_entries`). Acquires nothing; raises
+    ArtifactMismatchError (or the store's errors) on the first problem."""
+    extra = {} if sequences is None else {"sequences": sequences}
+    return Kernels(verify_entries(artifacts, entries, launches=launches, position=position, **extra))

@@ -10,6 +10,11 @@ built for -- is appended once per process to PATH as one JSON line::
      "count": 1, "rank": 0, "profile": "default", "locks": ["<sha256 of each lock file>"],
      "time": "2026-12-03T16:00:00Z", "host": "...", "pid": 1234}
 
+An :class:`~gemmar_aot.runtime.ep.EpDispatchCombineOp` writes ``"ep": {world, hidden, max_tokens,
+experts, topk, dispatch_dtype, combine_dtype, quant_type, combine_mode, scale_dim, scale_type_size,
+max_total_recv_tokens, std_moe}`` (the ``[[ep]]`` fields) and ``"tuple": null``; its ``m`` is the
+token count of a dispatch above the capacity (None: no entry for the config at all).
+
 ``served`` is the bucket that served the call (None: the call raised, and ``error`` says
 what). ``count`` is 1: the line is written at the first miss, before the process can die of
 it; ``gemmar-aot suggest`` counts lines, i.e. processes and ranks. PATH may be a directory:
@@ -58,14 +63,16 @@ class MissReporter:
         return self.target
 
     def report(self, *, op: str, tuple_id: dict, m: int | None, served: int | None, error: str | None,
-               rank: int | None, profile: str | None, locks: Iterable[str]) -> bool:
-        """Append the miss unless this process reported it already. Returns whether a line was written."""
-        ident = (op, tuple(sorted(tuple_id.items())), m, served)
+               rank: int | None, profile: str | None, locks: Iterable[str], subject: str = "tuple") -> bool:
+        """Append the miss unless this process reported it already. Returns whether a line was written.
+        ``subject``: what ``tuple_id`` describes, ``"tuple"`` or ``"ep"`` (then ``tuple`` is null)."""
+        ident = (op, subject, tuple(sorted(tuple_id.items())), m, served)
         with self._lock:
             if ident in self._seen:
                 return False
             self._seen.add(ident)
-        line = json.dumps({"schema": SCHEMA, "op": op, "tuple": tuple_id, "m": m, "served": served,
+        what = {"tuple": tuple_id} if subject == "tuple" else {"tuple": None, subject: tuple_id}
+        line = json.dumps({"schema": SCHEMA, "op": op, **what, "m": m, "served": served,
                            "error": error, "count": 1, "rank": rank, "profile": profile,
                            "locks": sorted(set(locks)), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                            "host": socket.gethostname(), "pid": os.getpid()}, sort_keys=True) + "\n"
@@ -143,8 +150,8 @@ class OpMisses:
     digests) -- and is called once, at the first report: hashing the lock files is left out of
     construction and of every call after the first."""
 
-    def __init__(self, op: str, miss_report: Any, identity, *, rank: int | None):
-        self.op, self.rank = op, rank
+    def __init__(self, op: str, miss_report: Any, identity, *, rank: int | None, subject: str = "tuple"):
+        self.op, self.rank, self.subject = op, rank, subject
         self.counts: dict[int | None, int] = {}
         self._reporter = reporter(miss_report)
         self._identity = identity
@@ -163,7 +170,7 @@ class OpMisses:
                 self._made = self._identity()
             tuple_id, profile, locks = self._made
             self._reporter.report(op=self.op, tuple_id=tuple_id, m=m, served=served, error=error, rank=self.rank,
-                                  profile=profile, locks=locks)
+                                  profile=profile, locks=locks, subject=self.subject)
         except Exception:  # noqa: BLE001 - a report never fails the call it reports
             log.exception("gemmar-aot: writing the miss report failed")
 
@@ -212,7 +219,7 @@ def read_reports(paths: Iterable[str | os.PathLike]) -> tuple[list[dict], list[s
                 continue
             try:
                 d = json.loads(raw)
-                if d.get("schema") != SCHEMA or not isinstance(d.get("tuple"), dict):
+                if d.get("schema") != SCHEMA or not (isinstance(d.get("tuple"), dict) or isinstance(d.get("ep"), dict)):
                     raise ValueError(f"not a schema-{SCHEMA} miss line")
                 lines.append(d)
             except ValueError as exc:

@@ -332,9 +332,9 @@ class GemmAllReduceOp:
             f"{others or 'none'}. Add to the manifest and rebuild:\n{snippet}",
             m=self.m_max, manifest_lines=snippet)
 
-    def _position(self, e: RankEntry, kind: str) -> EntryPosition:
-        """Where a lock entry sits, for checking it against its record."""
-        i, lay = e.tuple.id, e.tuple.layout
+    def _position(self, e: RankEntry, le: LaunchEntry) -> EntryPosition:
+        """Where a lock entry's launch ``le`` sits, for checking it against its record."""
+        i, lay, kind = e.tuple.id, e.tuple.layout, le.kind
         # positional, in field order: made per launch entry, and a named tuple by keyword costs twice as much
         return EntryPosition(i.transport, kind, e.rank, i.world, e.m, lay.call.slot, lay.m_max, i.n, i.k, i.quant,
                              i.gather_dtype, i.gather_transport, i.block_m)

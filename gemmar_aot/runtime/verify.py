@@ -149,6 +149,70 @@ class EntryPosition(NamedTuple):
     gather_transport: str | None
     block_m: int
 
+    @property
+    def label(self) -> str:
+        return f"{self.kind} for M={self.m} rank {self.rank}"
+
+    def problems(self, spec: Any) -> list[str]:
+        return binding_problems(spec, self)
+
+
+class EpPosition(NamedTuple):
+    """Where an EP lock entry sits: its rank's kernel of this role (kind, block, warp) for this
+    configuration (``gemmar_aot.model.ep.EpConfig``) and window layout (``Arena``)."""
+
+    kind: str
+    rank: int
+    block: int
+    warp: int
+    config: Any
+    arena: Any
+
+    @property
+    def label(self) -> str:
+        return f"EP {self.kind} ({self.block} blocks x {self.warp} warps) rank {self.rank}"
+
+    def problems(self, spec: Any) -> list[str]:
+        return ep_binding_problems(spec, self)
+
+
+#: What an EP kernel's offsets are, by keyword and factory: the region each one must be.
+_EP_OFFSETS = {"off_tok_off": "tok_off", "off_recv_num": "recv_num", "off_tis": "recv_to_src_token",
+               "off_out_idx": "out_idx", "off_out_wts": "out_wts", "off_out_scales": "out_scales",
+               "off_xdb_mem": "cross_device_barrier", "off_comb_inp": "comb_inp", "off_comb_wts": "comb_wts",
+               "off_comb_scales": "comb_scales"}
+
+
+def ep_binding_problems(spec: Any, pos: EpPosition) -> list[str]:
+    """How an EP record's spec disagrees with where its lock entry sits (empty: it agrees): the
+    role, the rank, the world and shape compiled in, the variant's block and warp, and every
+    window offset against the layout the op carves (``off_out_tok`` is the dispatch's
+    ``disp_out`` and the combine's ``out_tok``, as mori's backend passes it)."""
+    if not isinstance(spec, dict):
+        return ["the record has no spec"]
+    params = spec.get("params") if isinstance(spec.get("params"), dict) else {}
+    kw = params.get("kwargs") if isinstance(params.get("kwargs"), dict) else {}
+    c, a = pos.config, pos.arena
+    pairs = [("kind", spec.get("kind"), pos.kind), ("rank", spec.get("rank"), pos.rank),
+             ("rank compiled in", kw.get("rank"), pos.rank), ("block_num", kw.get("block_num"), pos.block),
+             ("warp_num_per_block", kw.get("warp_num_per_block"), pos.warp),
+             ("experts_per_token", kw.get("experts_per_token"), c.topk)]
+    if pos.kind in ("dispatch", "dispatch_replay", "combine"):
+        pairs += [("npes", kw.get("npes"), c.world), ("hidden_dim", kw.get("hidden_dim"), c.hidden),
+                  ("max_tok_per_rank", kw.get("max_tok_per_rank"), c.max_tokens),
+                  ("max_recv", kw.get("max_recv"), c.recv_cap)]
+    if pos.kind in ("dispatch", "dispatch_replay"):
+        pairs += [("replay", bool(kw.get("replay", False)), pos.kind == "dispatch_replay"),
+                  ("off_out_tok", kw.get("off_out_tok"), a.offset("disp_out"))]
+    elif pos.kind == "combine":
+        pairs.append(("off_out_tok", kw.get("off_out_tok"), a.offset("out_tok")))
+    for name, region in _EP_OFFSETS.items():
+        if name in kw and (kw[name] or a.has(region)):  # 0: a region the kernel does not use
+            pairs.append((name, kw[name], a.offset(region) if a.has(region) else None))
+    if pos.kind != "combine" and "experts_per_rank" in kw:
+        pairs.append(("experts_per_rank", kw.get("experts_per_rank"), c.experts_per_rank))
+    return [f"{what} {got!r} (the lock launches it as {want!r})" for what, got, want in pairs if got != want]
+
 
 def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
     """How the record's spec disagrees with where its lock entry sits (empty: it agrees).
@@ -317,7 +381,7 @@ class RecordBinding:
                             f"wheel's lock.records.zst removed, or a record file missing or damaged: a damaged "
                             f"one is moved to the store's quarantine/). Nothing of this lock is checked without "
                             f"it: reinstall the artifact wheel, or rebuild the manifest into this store")
-        problems = binding_problems(record.get("spec"), pos)
+        problems = pos.problems(record.get("spec"))
         if problems:
             raise self._bad(store, entry, pos, lock_where, "the record compiled " + "; ".join(problems))
 
@@ -360,7 +424,7 @@ class RecordBinding:
             describe = getattr(store, "describe_record", None)
             store_where = describe(entry.key) if describe else str(store.record_path(entry.key))
         return ArtifactMismatchError(
-            f"the lock and the store disagree about {pos.kind} for M={pos.m} rank {pos.rank} (action key "
+            f"the lock and the store disagree about {pos.label} (action key "
             f"{entry.key[:16]}): {why}. Lock: {lock_where}. Store record: {store_where}. Rebuild the manifest "
             f"into this store (gemmar-aot build) so both come from one build, or point artifacts= at the lock "
             f"that store was built with")
@@ -478,17 +542,19 @@ class StoreOnDemand:
         return getattr(self._store, name)
 
 
-def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position) -> dict[str, tuple[bytes, Any]]:
+def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position,
+                   sequences: Callable[[Sequence[Any]], None] = check_sequences) -> dict[str, tuple[bytes, Any]]:
     """What every op verifies before it loads anything, in one place: for each lock entry (a
-    ``RankEntry``) the mode's launch sequence (:func:`check_sequences`), then for each of its
-    launch entries ``launches(e)``: the action-cache record it names, from the lock's record
-    index or else the store, bound to the entry where it sits (``position(e, kind)``, an
-    :class:`EntryPosition`; :class:`RecordBinding`); the blob read and verified by digest; and
+    ``RankEntry`` or ``EpRankEntry``) its launch sequence (``sequences``: the GEMM modes'
+    :func:`check_sequences` unless told), then for each of its launch entries ``launches(e)``:
+    the action-cache record it names, from the lock's record index or else the store, bound to
+    the entry where it sits (``position(e, launch entry)``, an :class:`EntryPosition` or
+    :class:`EpPosition`; :class:`RecordBinding`); the blob read and verified by digest; and
     its code object parsed and checked against the launch record (:func:`verify_code_object`).
 
     Returns blob digest -> (verified bytes, kernel metadata), each blob read and parsed once.
     Raises ArtifactMismatchError (or the store's errors for a missing or damaged blob)."""
-    check_sequences(entries)
+    sequences(entries)
     binding = RecordBinding()
     binding.use_indexes(artifacts, entries)
     images: dict[str, tuple[bytes, Any]] = {}
@@ -505,7 +571,7 @@ def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position
             # every position: one key may sit at several (M, role), and each must be its record's
             if le.key not in placed:
                 placed.add(le.key)
-                binding.check(store, le, position(e, le.kind), lock_where=f"{e.where} M={e.m} {le.kind}")
+                binding.check(store, le, position(e, le), lock_where=f"{e.at} {le.kind}")
             if le.key in verified:
                 continue
             verified.add(le.key)
@@ -520,6 +586,6 @@ def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position
                                                 f"{exc}") from None
                 images[digest] = (data, None)
             kern = verify_code_object(code, le.launch, arch=e.lock.arch, cache=checked,
-                                      where=f"{e.where} M={e.m} {le.kind} (blob {digest[:12]})")
+                                      where=f"{e.at} {le.kind} (blob {digest[:12]})")
             images[digest] = (images[digest][0], kern)
     return images

@@ -110,3 +110,32 @@ def _run_standalone(sc: Scenario, cls, artifacts, driver, stub, stream, t0) -> d
 
 def _launches(stub) -> list[dict]:
     return [launch_json(r) for r in stub.launches()]
+
+
+def run_ep(sc, *, artifacts: Any, stub, stub_path: str, stream) -> dict:
+    """Our EpDispatchCombineOp on a fresh communicator double, through the real ctypes HipDriver,
+    the scenario's calls (tests/parity/ep_scenario.py), the double's record."""
+    import torch
+    from fakes import FakeCommunicator
+
+    from gemmar_aot.runtime import EpDispatchCombineConfig, EpDispatchCombineOp
+    from gemmar_aot.runtime.hip import HipDriver
+
+    from .ep_scenario import EpOperands, address_map, run_steps
+
+    driver = HipDriver(stub_path)
+    stub.clear()
+    t0 = time.perf_counter()
+    comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
+    cfg = EpDispatchCombineConfig(**{k: v for k, v in sc.mori_config(torch).items() if k != "kernel_backend"})
+    op = EpDispatchCombineOp(cfg, comm, artifacts=artifacts, driver=driver)
+    try:
+        ops = EpOperands(sc)
+        said = run_steps(op, sc, ops)
+        amap = address_map(op, window=(op.mem.ptr, op.window_bytes), win=int(op.win.handle),
+                           stream=stream.cuda_stream, operands=ops)
+    except BaseException:
+        op.close()
+        raise
+    return {"scenario": sc.to_json(), "launches": _launches(stub), "address_map": amap, "said": said,
+            "seconds": round(time.perf_counter() - t0, 3), "op": op, "comm": comm}

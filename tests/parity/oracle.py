@@ -61,6 +61,11 @@ def run(scenarios: list[dict], stub_path: str, *, fast: bool = True) -> list[dic
     results = []
     classes = {}
     for d in scenarios:
+        if d.get("op") == "ep":
+            results.append(_run_ep(d, stub, stream))
+            print(f"oracle: {d['name']}: {len(results[-1]['launches'])} launches in {results[-1]['seconds']} s",
+                  file=sys.stderr, flush=True)
+            continue
         sc = Scenario.from_json(d)
         rule = sc.slots == "rule"
         if rule not in classes:
@@ -249,6 +254,44 @@ def _run_benchmark_mode(sc, MoriOp, stub, stream, ops, t0) -> dict:
     shims.COMMUNICATORS.remove(comm)
     return {"scenario": sc.to_json(), "launches": launches, "address_map": amap, "self_test": verdicts,
             "seconds": round(time.perf_counter() - t0, 3), "benchmark": BENCHMARK}
+
+
+_EP_CLASS: list = []
+
+
+def _run_ep(d: dict, stub, stream) -> dict:
+    """mori's own EpDispatchCombineOpFlyDSL (shims 7-10) on the communicator double, the scenario's calls."""
+    import torch
+    from fakes import FakeCommunicator
+
+    from parity import shims
+    from parity.compare import launch_json
+    from parity.ep_scenario import EpOperands, EpScenario, address_map, run_steps
+
+    sc = EpScenario.from_json(d)
+    if not _EP_CLASS:
+        _EP_CLASS.append(shims.install_ep_shims(stream))
+    from mori.ops.dispatch_combine_v2.dispatch_combine_op import EpDispatchCombineConfig
+
+    t0 = time.perf_counter()
+    comm = FakeCommunicator(rank=sc.rank, nranks=sc.world)
+    shims.COMMUNICATORS.append(comm)
+    stub.clear()
+    cfg = EpDispatchCombineConfig(**sc.mori_config(torch))
+    op = _EP_CLASS[0](cfg, comm)
+    ops = EpOperands(sc)
+    said = run_steps(op, sc, ops)
+    launches = [launch_json(r) for r in stub.launches()]
+    amap = address_map(op, window=(op.arena._mem.ptr, op.arena.total_bytes), win=int(op.arena.handle),
+                       stream=stream.cuda_stream, operands=ops)
+    out = {"scenario": sc.to_json(), "launches": launches, "address_map": amap, "said": said,
+           "geometry": [cfg.dispatch_block_num, cfg.warp_num_per_block, cfg.combine_block_num,
+                        cfg.combine_warp_num_per_block],
+           "schedule": [list(b) for b in cfg.schedule] if cfg.schedule else None,
+           "seconds": round(time.perf_counter() - t0, 3)}
+    op.close()
+    shims.COMMUNICATORS.remove(comm)
+    return out
 
 
 def _op_class(rule_slots: bool):

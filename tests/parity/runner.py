@@ -28,7 +28,8 @@ def inputs_digest(scenarios: list, extra: str = "") -> str:
     h.update(extra.encode())
     h.update(load_toolchain().digest.encode())
     # what the oracle's record depends on (not the comparison or the candidate side)
-    for f in [TESTS / "parity" / n for n in ("oracle.py", "shims.py", "scenario.py", "compare.py")] + [
+    for f in [TESTS / "parity" / n for n in ("oracle.py", "shims.py", "scenario.py", "ep_scenario.py",
+                                             "compare.py")] + [
             TESTS / "hipstub" / "hipstub.c", TESTS / "hipstub" / "__init__.py", TESTS / "fakes.py"]:
         h.update(f.read_bytes())
     return h.hexdigest()

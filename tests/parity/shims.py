@@ -31,6 +31,21 @@ Nothing else is changed. What is changed, and why:
 6   FlyDSL's source-location capture (oracle)   speed only: ~85% of a GEMM's trace time; the code objects
                                                 are byte-identical without it (tests/test_compile.py), and
                                                 the parity tier compares their sha256 anyway.
+7   ``mori.ops.utils.topology`` (EP oracle)     mori's EP picks its (block, warp) table by the device sysfs
+                                                reports; this host has none, so it answers MI355X's KFD
+                                                identity (256 CU, gfx950, DID 0x75A3): the table the
+                                                manifest names.
+8   ``from_gpu_ptr`` in the EP modules          as shim 2, for ``symm_arena``, ``flydsl_backend`` and
+    (EP oracle)                                 ``dispatch_combine_op``: the arena is the communicator
+                                                double's host memory (and StdMoE's ``packed_x``, which
+                                                mori views the same way, a CPU tensor of the op's own).
+9   the EP modules' ``torch`` (EP oracle)       CPU torch has no CUDA device: ``torch.device("cuda", i)``
+                                                is the CPU, ``torch.cuda.current_device`` 0,
+                                                ``current_stream`` shim 1's stream, ``synchronize`` that
+                                                stream's. Tensor values are not what is compared.
+10  ``MORI_WAVE_SIZE=64``,                      mori reads the wave size when its EP kernels are imported
+    ``MORI_GPU_ARCHS=gfx950`` (EP oracle)       (else it probes for a GPU), and the arch at every dispatch
+                                                trace: set as gemmar-aot's EP recipe sets them.
 ==  =========================================  ===========================================================
 
 FlyDSL itself runs in its normal mode (not ``COMPILE_ONLY``): it traces,
@@ -161,3 +176,61 @@ def disable_location_capture() -> None:
     from gemmar_aot.compiler.worker import _disable_location_capture
 
     _disable_location_capture()
+
+
+#: MI355X's KFD identity as ``mori.ops.utils.topology`` reads it: (CUs, gfx target version, device id).
+MI355X_TOPOLOGY = (256, 90500, 0x75A3)
+
+
+def install_ep_shims(stream: StreamDouble) -> Any:
+    """Shims 7-10 for mori's EP dispatch/combine v2; returns ``EpDispatchCombineOpFlyDSL``.
+
+    Call after ``gemmar_aot.toolchain.import_mori_device`` and before anything imports
+    ``mori.ops.dispatch_combine_v2``."""
+    import os
+    import types
+
+    import torch
+
+    os.environ.update({"MORI_WAVE_SIZE": "64", "MORI_GPU_ARCHS": "gfx950"})  # shim 10
+    import mori.ops.utils as gpu_utils
+
+    gpu_utils.topology = lambda: MI355X_TOPOLOGY  # shim 7
+    from mori.ops.dispatch_combine_v2 import dispatch_combine_op as dco
+    from mori.ops.dispatch_combine_v2 import flydsl_backend as fb
+    from mori.ops.dispatch_combine_v2 import symm_arena
+
+    def from_gpu_ptr(ptr, shape, dtype):  # shim 8
+        if any(_inside(comm, ptr) for comm in COMMUNICATORS):
+            return _owner_of(ptr).tensor_at(ptr, tuple(shape), dtype)
+        return _host_view(ptr, tuple(shape), dtype)  # one of the op's own (CPU) tensors, e.g. StdMoE's packed_x
+
+    for mod in (symm_arena, fb, dco):
+        if hasattr(mod, "from_gpu_ptr"):
+            mod.from_gpu_ptr = from_gpu_ptr
+    cpu_torch = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
+    cpu_torch.device = lambda *args, **kw: torch.device("cpu")  # shim 9
+    cpu_torch.cuda = types.SimpleNamespace(current_device=lambda: 0, current_stream=lambda device=None: stream,
+                                           synchronize=lambda device=None: stream.synchronize())
+    fb.torch = dco.torch = cpu_torch
+    return fb.EpDispatchCombineOpFlyDSL
+
+
+def _inside(comm, ptr: int) -> bool:
+    return any(getattr(h, "ptr", None) is not None and hasattr(h, "tensor") and h.ptr <= ptr < h.ptr + h.size
+               for h in comm.live)
+
+
+def _host_view(ptr: int, shape: tuple, dtype):
+    """A view of host memory at ``ptr`` (a CPU torch tensor's storage), as ``from_gpu_ptr`` gives a
+    view of device memory: no copy, no ownership."""
+    import ctypes
+
+    import torch
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    n = itemsize
+    for d in shape:
+        n *= d
+    raw = (ctypes.c_uint8 * n).from_address(ptr)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(shape)
