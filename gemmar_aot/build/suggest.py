@@ -5,7 +5,9 @@ any number of reports, groups the misses by tuple (transport, N, K, world, quant
 SDMA queues and the window's m_max), leaves out the M values the manifest already builds (the
 pod ran older artifacts: rebuild and redeploy), and writes the rest as ``[[tuple]]`` blocks in
 the form the runtime's own miss error prints (:func:`gemmar_aot.manifest_lines.manifest_snippet`),
-pinned to the pod's window so the new kernels share its layout. ``--write`` appends them to the
+pinned to the pod's window so the new kernels share its layout. An EP op's misses become
+``[[ep]]`` entries (:func:`gemmar_aot.model.ep.manifest_entry`, the block its error prints), one per
+configuration, with the capacity raised to the largest dispatch it refused. ``--write`` appends them to the
 manifest after a comment naming the reports, so the file keeps its comments and layout; the
 new text must parse as a manifest before it replaces the old (atomically).
 """
@@ -57,6 +59,8 @@ def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
     from gemmar_aot.manifest_lines import manifest_snippet
 
     wanted: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    ep = _ep_suggestions([d for d in lines if isinstance(d.get("ep"), dict)], manifest)
+    lines = [d for d in lines if isinstance(d.get("tuple"), dict)]
     for d in lines:
         t = d["tuple"]
         m = d.get("m") if d.get("m") is not None else t.get("m_max")
@@ -78,8 +82,34 @@ def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
         if new:
             blocks.append(manifest_snippet(key, new, t["m_max"]))
         groups.append({"tuple": t, "m": new, "reports": {str(m): ms[m] for m in sorted(ms)}, "already_built": built})
-    return {"misses": sum(sum(v.values()) for v in wanted.values()), "groups": groups,
-            "snippet": "\n\n".join(blocks), "already_built": already}
+    return {"misses": sum(sum(v.values()) for v in wanted.values()) + ep["misses"], "groups": groups + ep["groups"],
+            "snippet": "\n\n".join(blocks + ep["blocks"]), "already_built": already + ep["already_built"]}
+
+
+def _ep_suggestions(lines: Sequence[dict], manifest: Any) -> dict:
+    """The ``[[ep]]`` entries for the EP ops' misses: one per configuration, its capacity raised to
+    the largest dispatch that found it too small; those the manifest builds already, apart."""
+    from gemmar_aot.model.ep import SERVED_FIELDS, EpConfig, manifest_entry, served_key
+
+    wanted: dict[tuple, list] = defaultdict(list)
+    for d in lines:
+        if d.get("served") is None:
+            wanted[tuple(d["ep"].get(f) for f in SERVED_FIELDS)].append(d.get("m"))
+    have = {served_key(e.config) for e in getattr(manifest, "eps", ())}
+    out: dict = {"misses": 0, "groups": [], "blocks": [], "already_built": []}
+    for key in sorted(wanted, key=lambda k: tuple(str(x) for x in k)):
+        fields = dict(zip(SERVED_FIELDS, key))
+        tokens = [int(m) for m in wanted[key] if m is not None]
+        try:
+            c = EpConfig(**{**fields, "max_tokens": max([int(fields["max_tokens"]), *tokens])})
+        except (TypeError, ValueError):
+            continue  # a line of another schema's fields: read_reports' caller shows the count
+        out["misses"] += len(wanted[key])
+        built = served_key(c) in have
+        group = {"ep": c.to_json(), "reports": len(wanted[key]), "tokens": sorted(set(tokens)), "already_built": built}
+        out["groups"].append(group)
+        (out["already_built"] if built else out["blocks"]).append(group if built else manifest_entry(c))
+    return out
 
 
 def write_into(manifest_path: str | os.PathLike, snippet: str, sources: Iterable[str]) -> Path:

@@ -277,8 +277,9 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
         click.echo(json.dumps(r, indent=2, sort_keys=True))
         return
     for a in r["already_built"]:
-        click.echo(f"# already in the manifest (rebuild and redeploy the artifacts): {a['tuple']['transport']} "
-                   f"N={a['tuple']['n']} K={a['tuple']['k']} M={a['m']}", err=True)
+        what = (f"[[ep]] world={a['ep']['world']} hidden={a['ep']['hidden']} max_tokens={a['ep']['max_tokens']}"
+                if "ep" in a else f"{a['tuple']['transport']} N={a['tuple']['n']} K={a['tuple']['k']} M={a['m']}")
+        click.echo(f"# already in the manifest (rebuild and redeploy the artifacts): {what}", err=True)
     if not r["snippet"]:
         click.echo(f"# {r['misses']} miss(es) reported; nothing to add", err=True)
         return
