@@ -1,25 +1,30 @@
-"""Serve ``mori.ops.gemm_ar.GemmAllReduceOp`` from gemmar-aot artifacts in a server that changes no code.
+"""Serve mori's FlyDSL ops from gemmar-aot artifacts in a server that changes no code.
 
-A server such as sglang (behind ``SGLANG_OPT_FUSED_WO_B_AR=1``) does::
+A server such as sglang (behind ``SGLANG_OPT_FUSED_WO_B_AR=1``, and with its mori EPv2 MoE
+backend) does::
 
     from mori.ops.gemm_ar import GemmAllReduceOp
+    from mori.ops.dispatch_combine_v2 import EpDispatchCombineConfig, EpDispatchCombineOp
 
 With ``GEMMAR_AOT_PATCH_MORI=1`` in its environment and the hook installed
 (``gemmar-aot mori-patch install``: one ``.pth`` line in the environment's
-site-packages), that name resolves to gemmar-aot's op instead of mori's JIT op:
-same keywords, call and results; artifacts from ``$GEMMAR_AOT_ARTIFACTS`` or
-installed artifact packages; an M without artifacts raises
-:class:`~gemmar_aot.runtime.ArtifactMissingError` (strict, as always: no silent
-JIT); and each op logs one line naming the artifacts it bound.
+site-packages), those op names resolve to gemmar-aot's ops instead of mori's JIT ops
+(:data:`TARGETS`): same constructors, calls and results; artifacts from
+``$GEMMAR_AOT_ARTIFACTS`` or installed artifact packages; anything without artifacts raises
+:class:`~gemmar_aot.runtime.ArtifactMissingError` (strict, as always: no silent JIT); and each
+op logs one line naming the artifacts it bound. Every other name of those packages is mori's
+own (``EpDispatchCombineConfig`` included: the EP op reads it as it is).
 
 How: the ``.pth`` line runs at interpreter start-up and, only when the variable is
-set, adds an import hook (a ``sys.meta_path`` finder) for ``mori.ops.gemm_ar``.
-mori's own package is imported as usual (its ``__init__`` is lazy: the op module,
-and with it FlyDSL, is only imported when one of its names is first read), then
-the hook sets ``GemmAllReduceOp`` on it -- so mori's module ``__getattr__`` never
-runs for that name and FlyDSL/MLIR are never imported for it. Every other name of
-``mori.ops.gemm_ar`` is mori's own. Without the variable the ``.pth`` line does
-nothing but read the environment.
+set, adds an import hook (a ``sys.meta_path`` finder) for the target packages.
+mori's own package is imported as usual, then the hook sets the op's name on it. For
+``mori.ops.gemm_ar`` (whose ``__init__`` is lazy) mori's module ``__getattr__`` never runs
+for that name, so FlyDSL/MLIR are never imported for it; ``mori.ops.dispatch_combine_v2``'s
+``__init__`` imports its op module eagerly, which needs torch and ``mori.jit`` but not FlyDSL
+(its FlyDSL backend is imported only when mori's op selects it, which ours never does). A
+server that imports an op from the defining submodule (``...dispatch_combine_v2.dispatch_combine_op``)
+gets mori's: the hook serves the package names servers import. Without the variable the
+``.pth`` line does nothing but read the environment.
 
 Runtime module: standard library only until an op is built. Its import name is written into
 every installed hook (:data:`PTH_LINE`), so it stays ``gemmar_aot.mori_patch``: a hook an older
@@ -38,7 +43,9 @@ import sysconfig
 from pathlib import Path
 
 ENV_VAR = "GEMMAR_AOT_PATCH_MORI"
+#: mori's GEMM + all-reduce package (kept by name: the first target, what older hooks patched).
 TARGET = "mori.ops.gemm_ar"
+EP_TARGET = "mori.ops.dispatch_combine_v2"
 PTH_NAME = "gemmar_aot_mori_patch.pth"
 #: The .pth line: cheap when the variable is unset (one environment read).
 PTH_LINE = (f"import os; os.environ.get({ENV_VAR!r}, '').strip() not in ('', '0') and "
@@ -52,7 +59,7 @@ def enabled() -> bool:
 
 
 def _patched_op():
-    """gemmar-aot's op, logging at construction which artifacts it bound."""
+    """gemmar-aot's GemmAllReduceOp, logging at construction which artifacts it bound."""
     from gemmar_aot.runtime import GemmAllReduceOp as _Op
 
     class GemmAllReduceOp(_Op):
@@ -71,9 +78,33 @@ def _patched_op():
     return GemmAllReduceOp
 
 
+def _patched_ep_op():
+    """gemmar-aot's EpDispatchCombineOp, logging at construction which artifacts it bound."""
+    from gemmar_aot.runtime import EpDispatchCombineOp as _Op
+
+    class EpDispatchCombineOp(_Op):
+        __doc__ = _Op.__doc__
+        __module__ = EP_TARGET
+        __qualname__ = "EpDispatchCombineOp"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            prof = self._mori.describe() if getattr(self, "_mori", None) is not None else "unknown toolchain"
+            log.info("gemmar-aot serves %s.EpDispatchCombineOp (%s=1): rank %d/%d, %s, %d kernels from %s [%s]",
+                     EP_TARGET, ENV_VAR, self.rank, self.world_size, self._describe(self.config), len(self._launch),
+                     self._entry.where, prof)
+
+    return EpDispatchCombineOp
+
+
+#: package -> (the name served, the factory of gemmar-aot's class for it).
+TARGETS = {TARGET: ("GemmAllReduceOp", _patched_op), EP_TARGET: ("EpDispatchCombineOp", _patched_ep_op)}
+
+
 def patch_module(module) -> None:
-    """Bind gemmar-aot's op into an imported ``mori.ops.gemm_ar``."""
-    module.GemmAllReduceOp = _patched_op()
+    """Bind gemmar-aot's op into an imported target package."""
+    name, factory = TARGETS[module.__name__]
+    setattr(module, name, factory())
     module.__gemmar_aot_patched__ = True
 
 
@@ -90,10 +121,10 @@ class _Loader(importlib.abc.Loader):
 
 
 class MoriPatchFinder(importlib.abc.MetaPathFinder):
-    """Finds ``mori.ops.gemm_ar`` with the other finders, then wraps its loader to patch it."""
+    """Finds each target package with the other finders, then wraps its loader to patch it."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
+        if fullname not in TARGETS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
@@ -113,13 +144,14 @@ def _ensure_visible() -> None:
 
 
 def install() -> None:
-    """Add the hook (idempotent); patch ``mori.ops.gemm_ar`` now if it is already imported."""
+    """Add the hook (idempotent); patch the target packages already imported now."""
     if not any(isinstance(f, MoriPatchFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, MoriPatchFinder())
     _ensure_visible()
-    mod = sys.modules.get(TARGET)
-    if mod is not None and not getattr(mod, "__gemmar_aot_patched__", False):
-        patch_module(mod)
+    for target in TARGETS:
+        mod = sys.modules.get(target)
+        if mod is not None and not getattr(mod, "__gemmar_aot_patched__", False):
+            patch_module(mod)
 
 
 # ---------------------------------------------------------------- installing the .pth hook

@@ -221,3 +221,89 @@ def test_suggest_turns_an_ep_miss_into_the_entry_that_serves_it(tmp_path):
     r = CliRunner().invoke(main, ["suggest", str(report), "--manifest", str(manifest), "--json"])
     out = json.loads(r.stdout)
     assert out["snippet"] == "" and out["already_built"][0]["ep"]["max_tokens"] == 256
+
+
+# ---------------------------------------------------------------- a pod that changes no code
+
+#: Test double of ``mori.ops.dispatch_combine_v2``'s eager ``__init__``: mori's config and handle
+#: names as plain classes (the op reads a config by its fields), and an op that must never be used.
+_FAKE_EP_INIT = textwrap.dedent("""
+    from dataclasses import dataclass
+
+    @dataclass
+    class EpDispatchCombineConfig:          # mori's field names; resolved as mori resolves on an MI355X
+        rank: int
+        world_size: int
+        hidden_dim: int
+        max_num_inp_token_per_rank: int
+        num_experts_per_rank: int
+        num_experts_per_token: int
+        data_type: object = "torch.bfloat16"
+        dispatch_block_num: int = 128
+        warp_num_per_block: int = 16
+        combine_block_num: int = 48
+        combine_warp_num_per_block: int = 16
+        schedule: tuple = ((128, 128, 8, 32, 8), (256, 96, 8, 64, 8), (1024, 96, 8, 32, 16),
+                           (4096, 160, 8, 32, 16), (None, 128, 16, 48, 16))
+
+    class EpDispatchRoutingHandle:
+        pass
+
+    class EpDispatchCombineOp:
+        def __init__(self, *a, **kw):
+            raise RuntimeError("test double: mori's JIT op was constructed")
+""")
+
+_EP_SERVER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import site
+    site.addsitedir({pth_dir!r})
+    from mori.ops.dispatch_combine_v2 import EpDispatchCombineConfig, EpDispatchCombineOp   # what the server does
+    from fakes import FakeCommunicator, FakeHipDriver
+    import torch
+    cfg = EpDispatchCombineConfig(rank=0, world_size=2, hidden_dim=1024, max_num_inp_token_per_rank=128,
+                                  num_experts_per_rank=4, num_experts_per_token=2)
+    op = EpDispatchCombineOp(cfg, FakeCommunicator(0, 2), driver=FakeHipDriver())
+    x = torch.zeros(100, 1024, dtype=torch.bfloat16)
+    *_, h = op.dispatch(x, torch.zeros(100, 2), None, torch.zeros(100, 2, dtype=torch.int32), return_routing=True)
+    op.combine(torch.zeros(200, 1024, dtype=torch.bfloat16), routing=h)
+    print(json.dumps({{"module": EpDispatchCombineOp.__module__, "cls": [c.__module__ for c in EpDispatchCombineOp.__mro__],
+                      "config": EpDispatchCombineConfig.__module__,
+                      "jit_modules": sorted(m for m in sys.modules if m.split(".")[0] in ("flydsl", "mlir", "_mlir_libs"))}}))
+""")
+
+
+def test_a_server_importing_moris_ep_op_gets_ours_when_opted_in(tmp_path, smoke_store):
+    """``from mori.ops.dispatch_combine_v2 import EpDispatchCombineOp`` with GEMMAR_AOT_PATCH_MORI=1 and
+    the hook installed: gemmar-aot's op, taking mori's config as it is; without the variable, mori's."""
+    import os
+
+    from test_profiles import _fake_installed_mori, _installed
+
+    site = tmp_path / "site"
+    _fake_installed_mori(site, "amd-mori", "1.2.4", _installed("default").mori_dir, importable=True)
+    pkg = site / "mori" / "ops" / "dispatch_combine_v2"
+    pkg.mkdir(parents=True)
+    (site / "mori" / "ops" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(_FAKE_EP_INIT)
+    pth_dir = tmp_path / "pth"
+    pth_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GEMMAR_AOT_")}
+    env["PYTHONPATH"] = os.pathsep.join((str(site), str(ROOT)))
+    inst = subprocess.run([sys.executable, "-m", "gemmar_aot", "mori-patch", "install", "--site-dir", str(pth_dir)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert inst.returncode == 0, inst.stderr
+    code = _EP_SERVER.format(tests=str(ROOT / "tests"), pth_dir=str(pth_dir))
+    env["GEMMAR_AOT_ARTIFACTS"] = str(smoke_store)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**env, "GEMMAR_AOT_PATCH_MORI": "1"}, timeout=180)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.splitlines()[-1])
+    assert res["module"] == "mori.ops.dispatch_combine_v2" and "gemmar_aot.runtime.ep" in res["cls"]
+    assert res["config"] == "mori.ops.dispatch_combine_v2" and res["jit_modules"] == []
+    bound = [ln for ln in out.stderr.splitlines() if "gemmar-aot serves mori.ops.dispatch_combine_v2" in ln]
+    assert len(bound) == 1 and "13 kernels" in bound[0] and "smoke.lock.json" in bound[0], out.stderr
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=180)
+    assert off.returncode != 0 and "mori's JIT op was constructed" in off.stderr
