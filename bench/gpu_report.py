@@ -5,8 +5,10 @@ Usage::
     python bench/gpu_report.py [--out gpu-report] [--artifacts STORE] [--skip-bench]
 
 1. Runs the GPU tier (``pytest -m gpu``: self-test, relL2 against a float64 reference, bitwise
-   equality with mori's JIT op, CUDA-graph replay, ``on_miss="pad"`` against mori, every mode)
-   and records each test's outcome and, for a skip, its reason.
+   equality with mori's JIT op, CUDA-graph replay, ``on_miss="pad"`` against mori, every mode;
+   and mori's EP dispatch/combine v2 on 8 GPUs, tests/test_gpu_ep.py: the round trip against a
+   torch reference, bitwise against mori's op, in a CUDA graph) and records each test's outcome
+   and, for a skip, its reason.
 2. Unless ``--skip-bench`` or the tier cannot run here, builds ``manifests/dsv4-pro-wo_b-modes.toml``
    (into ``--artifacts``, default ``artifacts-modes/``) and runs ``bench/bench_modes.py``: the
    PR's five modes at [16384, 7168] K=2048 on 8 ranks, its published numbers beside ours.

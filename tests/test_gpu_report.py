@@ -25,6 +25,8 @@ def test_the_report_of_a_machine_without_gpus_says_why(tmp_path):
     r = json.loads((tmp_path / "gpu-report.json").read_text())
     assert r["counts"]["passed"] == r["counts"]["failed"] == 0 and r["counts"]["skipped"] >= 6
     assert any("test_pad_equals_mori_at_the_missing_m" in t["test"] for t in r["tests"])
+    ep = [t for t in r["tests"] if "test_gpu_ep" in t["test"]]  # the EP8 round trips: eager, bitwise, graph
+    assert len(ep) == 3 and any("cuda_graph" in t["test"] for t in ep)
     assert all("no GPU" in t["detail"] for t in r["tests"]) and "no GPU" in r["summary"]
     md = (tmp_path / "gpu-report.md").read_text()
     assert "| skipped |" in md and "Not run: --skip-bench" in md
