@@ -6,8 +6,9 @@
 #                a re-run verifies digests and redoes only what is missing or changed.
 #                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
 #                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).
-#   make build   compile $(MANIFEST) into artifacts/   (JOBS=N for parallel workers,
-#                PROFILE=nightly for another toolchain profile)
+#   make build   compile $(MANIFEST) into artifacts/: by default the whole pod, the GEMM +
+#                all-reduce manifest and the MoE EP dispatch/combine one (MANIFEST=path for
+#                one; JOBS=N for parallel workers, PROFILE=nightly for another toolchain profile)
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
 #   make gpu-report   on an MI355X node: the GPU tier and the PR's comparison, as JSON + Markdown
 #   make setup-py312   a Python 3.12 build environment beside .venv (.venv312, .toolchain312)
@@ -18,7 +19,7 @@
 PYTHON      ?= python3
 VENV        := .venv
 VPY         := $(VENV)/bin/python
-MANIFEST    ?= manifests/dsv4-pro-wo_b.toml
+MANIFEST    ?= manifests/dsv4-pro-wo_b.toml manifests/dsv4-pro-ep.toml
 OUT         ?= artifacts
 JOBS        ?=
 PYTEST_ARGS ?=
@@ -54,7 +55,9 @@ setup-py312: setup
 	.venv312/bin/python -m gemmar_aot.toolchain setup --profile default
 
 build: setup
-	$(VENV)/bin/gemmar-aot build $(MANIFEST) --out $(OUT)$(if $(strip $(JOBS)), -j $(JOBS))$(if $(strip $(PROFILE)), --toolchain $(PROFILE))
+	for m in $(MANIFEST); do \
+	  $(VENV)/bin/gemmar-aot build $$m --out $(OUT)$(if $(strip $(JOBS)), -j $(JOBS))$(if $(strip $(PROFILE)), --toolchain $(PROFILE)) || exit 1; \
+	done
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
