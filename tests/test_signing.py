@@ -493,3 +493,21 @@ def test_the_build_signs_the_bytes_it_wrote_never_a_file_swapped_after(smoke_sto
     with pytest.raises(SignatureError, match="not the lock this build wrote"):
         sign_lock_file(lock_path, [load_signing_key(keys["ci"]["key"])], lock=smoke_lock)
     assert not envelope_path(lock_path).exists()
+
+
+def test_the_ep_op_is_served_from_a_signed_lock_and_refused_by_another_key(signed_store, smoke_lock, keys, tmp_path):
+    """The EP entries are in the lock the signature covers: no special case."""
+    from gemmar_aot.runtime import EpDispatchCombineConfig, EpDispatchCombineOp
+
+    root, _ = signed_store
+    cfg = EpDispatchCombineConfig(rank=1, world_size=2, hidden_dim=1024, max_num_inp_token_per_rank=128,
+                                  num_experts_per_rank=4, num_experts_per_token=2)
+    with EpDispatchCombineOp(cfg, FakeCommunicator(rank=1, nranks=2), artifacts=root, driver=FakeHipDriver([smoke_lock]),
+                             trusted_keys=_trusted(tmp_path, keys["ci"]["pub"])) as op:
+        (info,) = op.artifacts.locks
+        assert info.signed_by.keyid == keys["ci"]["id"]
+    comm = FakeCommunicator(rank=1, nranks=2)
+    with pytest.raises(ArtifactSignatureError, match="none of them trusted"):
+        EpDispatchCombineOp(cfg, comm, artifacts=root, driver=FakeHipDriver([smoke_lock]),
+                            trusted_keys=keys["rogue"]["pub"])
+    assert not comm.acquired
