@@ -10,7 +10,7 @@
    an empty store. Reported: wall time, compiles (must be 0), remote hits, requests and
    bytes moved (HTTP bodies, both directions).
 3. Anchors side by side: the same command with the store already warm locally (no
-   remote), and the cold local build time from BENCHMARKS.md section 1.
+   remote), and the cold local build time from bench/HISTORY.md section 1.
 
     .venv/bin/python bench/bench_remote.py manifests/dsv4-pro-wo_b.toml --seed-store /tmp/ref-store \
         --json-out bench/results/remote-dsv4-pro-wo_b-YYYY-MM-DD-<commit>.json
