@@ -11,4 +11,6 @@ def checkout_dir() -> Path:
     The default homes of the toolchain (``.toolchain/``) and the store (``artifacts/``)
     are under it.
     """
-    return Path(__file__).resolve().parent.parent
+    import gemmar_aot  # wherever this module lives in the package
+
+    return Path(gemmar_aot.__file__).resolve().parent.parent

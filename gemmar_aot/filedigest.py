@@ -1,13 +1,26 @@
-"""sha256 digests of files and of trees of files. Standard library only, so both the
-build side (the toolchain) and the runtime (the pod's mori check) use the same ones."""
+"""sha256, the one digest: of bytes, of files and of trees of files, and what a digest looks
+like. Standard library only, so the build side (the toolchain, the keys), the store and the
+runtime (the pod's mori check) use the same ones."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 _CHUNK = 1 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex sha256 of ``data``: the one way a digest of bytes is spelled."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_hex64(s: object) -> bool:
+    """Whether ``s`` is 64 lowercase hex digits (a sha256)."""
+    return type(s) is str and _HEX64.fullmatch(s) is not None
 
 
 def sha256_file(path: Path) -> str:

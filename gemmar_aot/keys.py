@@ -54,13 +54,14 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from gemmar_aot.canonical_json import canonical_json
-from gemmar_aot.source_form import modules_digest
+from gemmar_aot.source_form import ModuleNames, modules_digest
 from gemmar_aot.spec import KernelSpec
 
 #: 2: python, cco_bitcode_build and flydsl_package_digest left the key; ``flydsl`` names the build.
 #: 3: our own code by normal form and per recipe (``compile_code``), not file bytes; the
 #:    derive code and gemmar-aot's version left the key.
-KEY_SCHEMA = 3
+#: 4: our own code under logical module names (``MODULES``): moving a module moves no key.
+KEY_SCHEMA = 4
 
 #: Content digests (``toolchain.fingerprint.flydsl_package_digest``: its .py and native
 #: .so files) of the released FlyDSL wheels whose compiles are byte-identical, by version.
@@ -74,72 +75,115 @@ FLYDSL_WHEEL_DIGESTS = {
     },
 }
 
+#: Every module of ours the compile and derive code is or imports, by *logical name*: what the
+#: module is, never where it lives (:mod:`gemmar_aot.source_form`, form 2). A key hashes a
+#: module under its logical name, with every import of ours written by logical name too, so
+#: moving or renaming a module -- its importers updated and its entry here pointed at the new
+#: place -- moves no key. Logical names never change; a new module gets a new one.
+MODULES = ModuleNames({
+    "package": "gemmar_aot",
+    "atomic_write": "gemmar_aot.atomic_write",
+    "checkout": "gemmar_aot.checkout",
+    "codeobject": "gemmar_aot.codeobject",
+    "compiler": "gemmar_aot.compiler",
+    "compiler.derive": "gemmar_aot.compiler.derive",
+    "compiler.hostir": "gemmar_aot.compiler.hostir",
+    "compiler.launcher": "gemmar_aot.compiler.launcher",
+    "compiler.worker": "gemmar_aot.compiler.worker",
+    "device_abi": "gemmar_aot.device_abi",
+    "errors": "gemmar_aot.errors",
+    "filedigest": "gemmar_aot.filedigest",
+    "keys": "gemmar_aot.keys",
+    "launch": "gemmar_aot.launch",
+    "launch_sequence": "gemmar_aot.launch_sequence",
+    "model.ep": "gemmar_aot.model.ep",
+    "model.layout": "gemmar_aot.model.layout",
+    "rules": "gemmar_aot.rules",
+    "spec": "gemmar_aot.spec",
+    "store": "gemmar_aot.store",
+    "store.backend": "gemmar_aot.store.backend",
+    "store.errors": "gemmar_aot.store.errors",
+    "toolchain": "gemmar_aot.toolchain",
+    "toolchain.diagnose": "gemmar_aot.toolchain.diagnose",
+    "toolchain.digest": "gemmar_aot.toolchain.digest",
+    "toolchain.fingerprint": "gemmar_aot.toolchain.fingerprint",
+    "toolchain.install": "gemmar_aot.toolchain.install",
+    "toolchain.load": "gemmar_aot.toolchain.load",
+    "toolchain.mori_import": "gemmar_aot.toolchain.mori_import",
+    "toolchain.paths": "gemmar_aot.toolchain.paths",
+    "toolchain.pins": "gemmar_aot.toolchain.pins",
+    "toolchain.profiles": "gemmar_aot.toolchain.profiles",
+    "toolchain.tools": "gemmar_aot.toolchain.tools",
+    "kernels": "gemmar_aot_kernels",
+    "kernels.common": "gemmar_aot_kernels._common",
+    "kernels.ep": "gemmar_aot_kernels.ep",
+    "kernels.fused_lsa": "gemmar_aot_kernels.fused_lsa",
+    "kernels.fused_sdma": "gemmar_aot_kernels.fused_sdma",
+    "kernels.gemm_only": "gemmar_aot_kernels.gemm_only",
+    "kernels.gemv": "gemmar_aot_kernels.gemv",
+    "kernels.sdma_phases": "gemmar_aot_kernels.sdma_phases",
+    "kernels.split_lsa": "gemmar_aot_kernels.split_lsa",
+    "kernels.split_sdma": "gemmar_aot_kernels.split_sdma",
+})
+
+
+def _imports(*logical: str) -> tuple[str, ...]:
+    """The import names of registered modules (what the lists below hold, and tests trace)."""
+    return tuple(MODULES.import_name(n) for n in logical)
+
+
+def _logical(import_names) -> tuple[str, ...]:
+    return tuple(MODULES.logical(n) for n in import_names)
+
+
 #: Compile code every kernel's build runs: the worker (trace, lower, link) and the toolchain
 #: set-up it does in its process (the compile environment, mori's device modules), and what
 #: those import. ``tests/test_source_form.py`` fails when a module imported on a compile
 #: worker's path before the code object exists is in neither this list, nor its recipe's, nor
-#: IMPORTED_ONLY.
-COMPILE_CODE = (
-    "gemmar_aot.checkout",
-    "gemmar_aot.compiler",
-    "gemmar_aot.compiler.launcher",
-    "gemmar_aot.compiler.worker",
-    "gemmar_aot.filedigest",
-    "gemmar_aot.spec",
-    "gemmar_aot.toolchain",
-    "gemmar_aot.toolchain.fingerprint",
-    "gemmar_aot.toolchain.load",
-    "gemmar_aot.toolchain.mori_import",
-    "gemmar_aot.toolchain.paths",
-    "gemmar_aot.toolchain.pins",
-    "gemmar_aot.toolchain.profiles",
-    "gemmar_aot_kernels",
-    "gemmar_aot_kernels._common",
-)
+#: IMPORTED_ONLY. (Import names, made from the registry's logical names.)
+COMPILE_CODE = _imports("checkout", "compiler", "compiler.launcher", "compiler.worker", "filedigest", "spec",
+                        "toolchain", "toolchain.fingerprint", "toolchain.load", "toolchain.mori_import",
+                        "toolchain.paths", "toolchain.pins", "toolchain.profiles", "kernels", "kernels.common")
 
 #: Modules a compile worker imports (through the packages it needs) whose code never runs on
 #: the compile path: no function of theirs is called between the worker's start and the code
 #: object (``tests/test_source_form.py`` traces every call to check it), and the compile code
 #: reads none of their values -- each says what it is for. Not in any key: their changes
 #: cannot change a byte.
-IMPORTED_ONLY = {
-    "gemmar_aot": "the package: its docstring and __version__ (a version number is no compile input)",
-    "gemmar_aot.atomic_write": "writes files atomically; a compile writes none",
-    "gemmar_aot.canonical_json": "the hashing JSON of locks and records (the spec has its own)",
-    "gemmar_aot.device_abi": "the pod's mori check; the worker imports only its exception class",
-    "gemmar_aot.errors": "exception classes, raised only when a compile cannot produce a code object",
-    "gemmar_aot.toolchain.diagnose": "`gemmar-aot doctor`'s checks",
-    "gemmar_aot.toolchain.digest": "digests the toolchain at setup (its result is in the key)",
-    "gemmar_aot.toolchain.fsutil": "file writes of the toolchain's setup",
-    "gemmar_aot.toolchain.tools": "locates and fingerprints setup tools (clang, ld.lld) at setup",
-}
+IMPORTED_ONLY = {MODULES.import_name(k): why for k, why in {
+    "package": "the package: its docstring and __version__ (a version number is no compile input)",
+    "atomic_write": "writes files atomically; a compile writes none",
+    "device_abi": "the pod's mori check; the worker imports only its exception class",
+    "errors": "exception classes, raised only when a compile cannot produce a code object",
+    "toolchain.diagnose": "`gemmar-aot doctor`'s checks",
+    "toolchain.digest": "digests the toolchain at setup (its result is in the key)",
+    "toolchain.tools": "locates and fingerprints setup tools (clang, ld.lld) at setup",
+}.items()}
 
 #: Per recipe with a build half (a ``KernelSpec.recipe``), the modules its build imports
 #: beyond COMPILE_CODE: its own module and the ones that imports. Only these join
 #: COMPILE_CODE in the key of a kernel of that recipe: a change to one recipe module moves
 #: the keys of the recipes that import it, no others; a new recipe moves no existing key.
 #: (split-sdma has no build half: its kernels are gemm-only's and sdma-phases'.)
-RECIPE_CODE = {
-    "fused-sdma": ("gemmar_aot_kernels.fused_sdma", "gemmar_aot_kernels.sdma_phases"),
-    "fused-lsa": ("gemmar_aot_kernels.fused_lsa", "gemmar_aot_kernels.fused_sdma",
-                  "gemmar_aot_kernels.sdma_phases"),
-    "split-lsa": ("gemmar_aot_kernels.split_lsa", "gemmar_aot_kernels.gemm_only",
-                  "gemmar_aot_kernels.sdma_phases"),
-    "gemm-only": ("gemmar_aot_kernels.gemm_only",),
-    "gemv": ("gemmar_aot_kernels.gemv", "gemmar_aot.rules"),
-    "sdma-phases": ("gemmar_aot_kernels.sdma_phases",),
-    "ep": ("gemmar_aot_kernels.ep",),
-}
+RECIPE_CODE = {recipe: _imports(*mods) for recipe, mods in {
+    "fused-sdma": ("kernels.fused_sdma", "kernels.sdma_phases"),
+    "fused-lsa": ("kernels.fused_lsa", "kernels.fused_sdma", "kernels.sdma_phases"),
+    "split-lsa": ("kernels.split_lsa", "kernels.gemm_only", "kernels.sdma_phases"),
+    "gemm-only": ("kernels.gemm_only",),
+    "gemv": ("kernels.gemv", "rules"),
+    "sdma-phases": ("kernels.sdma_phases",),
+    "ep": ("kernels.ep",),
+}.items()}
+
+#: Generator ingredients only some recipes' kernels are made from, by recipe: mori's EP sources
+#: (``toolchain.fingerprint.MORI_EP_SOURCE_GLOBS``) can change an EP kernel and no other.
+RECIPE_GENERATOR = {"ep": ("mori_ep_sources_digest",)}
+_RECIPE_ONLY = {f for fields in RECIPE_GENERATOR.values() for f in fields}
 
 #: Derive code: what turns a code object and its launcher into the record's derived
 #: fields (kernel metadata, launch record). Not in any action key; every record names
 #: :func:`derive_code_digest`, and a record made by other derive code is re-derived.
-DERIVE_CODE = (
-    "gemmar_aot.codeobject",
-    "gemmar_aot.compiler.derive",
-    "gemmar_aot.compiler.hostir",
-    "gemmar_aot.launch",
-)
+DERIVE_CODE = _imports("codeobject", "compiler.derive", "compiler.hostir", "launch")
 
 
 @lru_cache(maxsize=None)
@@ -150,13 +194,13 @@ def compile_code_digest(recipe: str) -> str:
     except KeyError:
         raise KeyError(f"no compile code listed for recipe {recipe!r}: add it to keys.RECIPE_CODE "
                        f"(known: {sorted(RECIPE_CODE)})") from None
-    return modules_digest(COMPILE_CODE + own)
+    return modules_digest(_logical(COMPILE_CODE + own), MODULES)
 
 
 @lru_cache(maxsize=1)
 def derive_code_digest() -> str:
     """The digest of the derive code (normal form): what every record names."""
-    return modules_digest(DERIVE_CODE)
+    return modules_digest(_logical(DERIVE_CODE), MODULES)
 
 
 def compiler_ingredients() -> dict:
@@ -191,6 +235,8 @@ def toolchain_ingredients(fp: Mapping[str, Any]) -> dict:
             # wheel, so they never split a key the wheel does not, but the lock carries them.
             "mori_distribution": fp["mori"]["distribution"],
             "mori_device_abi_digest": fp["mori"]["device_abi_digest"],
+            # Only the EP recipe's keys hash it (RECIPE_GENERATOR); None: set up before EP.
+            "mori_ep_sources_digest": fp["mori"].get("ep_sources_digest"),
         },
         "toolchain": {
             "flydsl": flydsl_build(fp),
@@ -210,7 +256,16 @@ def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
 
     ti = toolchain_ingredients(fp)
     compiler = {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}
-    return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(), "generator": ti["generator"],
+    own = RECIPE_GENERATOR.get(spec.recipe, ())
+    generator = {k: v for k, v in ti["generator"].items() if k not in _RECIPE_ONLY or k in own}
+    missing = [k for k in own if generator.get(k) is None]
+    if missing:
+        from gemmar_aot.errors import ToolchainError
+
+        raise ToolchainError(f"the toolchain was set up before gemmar-aot hashed {missing} into {spec.recipe} "
+                             f"kernels' keys (its toolchain.json lacks them): run `make setup` (or `python -m "
+                             f"gemmar_aot.toolchain setup`) again")
+    return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(), "generator": generator,
             "toolchain": ti["toolchain"], "compiler": compiler}
 
 
@@ -233,3 +288,38 @@ def diff_ingredients(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tup
     a, b = flatten(old), flatten(new)
     return [(k, a.get(k, "<absent>"), b.get(k, "<absent>"))
             for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+#: Per recipe: (its compile code's digest under key schema 3, the same code's digest under
+#: key schema 4), taken at the commit that moved to schema 4 (the code itself did not change).
+#: While a recipe's compile code is still that code, a store's schema-3 entry of the same spec
+#: and toolchain holds exactly the kernel schema 4 names: the build takes it over
+#: (:func:`schema3_key`, ``build.pipeline``) instead of compiling it again. A recipe whose
+#: compile code changed since compiles, as any changed code does.
+SCHEMA3_COMPILE_CODE: dict[str, tuple[str, str]] = {
+    "ep": ("ad81cc47c2d4c00b18941d3978ef4f25dc5d5f95f4d70329078c08f69d5912b7",
+           "b174f39708933ce6bbea8625bac78cf075ff3533c2a181dcef084d2f22d10d69"),
+    "fused-lsa": ("c35450ad11e6cc8b81fcad1a068c89310e4e31cd7fc190ceadc83e622d164423",
+                  "986e27c56f32a09392bcc1448c2ef99ed46fbca0bbf16a73378e89240173b4e9"),
+    "fused-sdma": ("d4832451e70a07065f79e58d8705e632c29ddfa3260577e2519188ae2d29d0cf",
+                   "3423b10997699a5178760172e615b13470e0db1a3bfa82e0a1a7604926a9e914"),
+    "gemm-only": ("cf1ed4354a7c8f9823c9acf1cee5e21873689937a065da5e7c67f0d618437f56",
+                  "1edce5e6b700a3e504814b117e69947d7de0cb0170afc57e96a6e1c088a669eb"),
+    "gemv": ("dcb5905a1d0604affc6238d04ca6c610e123440b0fa74dcebae96b36ff5b107b",
+             "00a1e6b9062d10284abb39e11828690182e36a2ff4c5af6c950eaeea8327a2b8"),
+    "sdma-phases": ("a0678d4a9db16f1ece6ce605eb42f7f5333402e11b4d624ae9ee0066edbd88c3",
+                    "d791d0596acb70c346b82363a551140047c0161c3a822504f81e183cc76a1df2"),
+    "split-lsa": ("53dd39c06c643bdfd1ea834e7a49cbf66c7621f977f84486f3a831ac5f08538f",
+                  "9b15c3c5049e0c6011e82da273f9f160269558d43ec23d9dc4319bc2c24580ed"),
+}
+
+
+def schema3_key(ingr: Mapping[str, Any]) -> str | None:
+    """The key schema 3 gave the kernel of ``ingr`` (this schema's ingredients), or None when its
+    recipe's compile code is not the code both schemas hashed (:data:`SCHEMA3_COMPILE_CODE`)."""
+    got = SCHEMA3_COMPILE_CODE.get(ingr["spec"]["recipe"])
+    if got is None or ingr["compiler"]["compile_code"] != got[1]:
+        return None
+    generator = {k: v for k, v in ingr["generator"].items() if k not in _RECIPE_ONLY}  # schema 3 had none
+    return action_key({**ingr, "key_schema": 3, "generator": generator,
+                       "compiler": {**ingr["compiler"], "compile_code": got[0]}})

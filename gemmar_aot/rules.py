@@ -4,7 +4,7 @@ Nothing here imports torch, FlyDSL or mori: the manifest validator, the planner
 and the runtime all need these answers, and the runtime must stay importable on a
 machine that has none of the build toolchain.
 
-Three groups of things live here:
+Two groups of things live here:
 
 * **Shape helpers** -- how M is padded, how many chunks a destination's row bands
   are pushed in, how many counter sets a window holds, and which counter set an M
@@ -15,10 +15,7 @@ Three groups of things live here:
   listed in the order the op applies them, and :func:`check_gemm_ar` /
   :func:`check_mxfp8_gemm` run them in that order and return the first failure,
   which is what the op's constructor (or ``Mxfp8GemmOp``) would raise on.
-* **The window layout** -- :func:`window_layout` computes every offset of the
-  symmetric window that the kernels have compiled in. Because those offsets are
-  constants inside the code objects, the runtime has to reproduce them exactly:
-  a window that is one byte different is a different (wrong) layout.
+The window layout, computed from these rules, is :func:`gemmar_aot.model.layout.window_layout`.
 
 All lengths are in bytes unless a name says otherwise. ``A(x)`` in comments is
 "round ``x`` up to a multiple of 128".
@@ -26,12 +23,6 @@ All lengths are in bytes unless a name says otherwise. ``A(x)`` in comments is
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import lru_cache
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # imported where used: the compile code imports rules, and not the lock model
-    from gemmar_aot.artifact_model import WindowLayout
 
 
 # ---- Constants ----
@@ -538,159 +529,3 @@ def check_mxfp8_gemv(n: int, k: int, *, m: int | None = None) -> str | None:
     if m is None:
         return None
     return check_gemv_m(m) or check_int32_extents(m, n, k)
-
-
-# ---- Window layout ----
-
-
-def _payload_packs(m: int, n: int) -> int:
-    return m * n * BF16_BYTES // PACK_BYTES
-
-
-@lru_cache(maxsize=256)
-def _shared_window_layout(world: int, n: int, m_max_pad: int, block_m: int, gather_dtype: str,
-                          gather_transport: str, max_shapes: int | None, recv_slots: int | None) -> WindowLayout:
-    """:func:`window_layout` without ``m_pad``: what every M of one window shares. Cached (the
-    values are immutable): a rank checks the layout of each M it serves against it."""
-    why = (
-        check_world(world)
-        or check_gather_dtype(gather_dtype)
-        or check_gather_transport(gather_transport)
-        or (None if block_m >= 1 else "block_m must be >= 1")
-        or (None if n >= 1 else "n must be >= 1")
-        or (None if m_max_pad >= 1 else "m_max_pad must be >= 1")
-        or check_fp8_gather_n(n, gather_dtype)
-    )
-    if why:
-        raise ValueError(why)
-    if m_max_pad % (world * block_m):
-        raise ValueError(
-            f"m_max_pad={m_max_pad} is not a multiple of world*block_m = {world * block_m}"
-        )
-    if max_shapes is None:
-        max_shapes = default_max_shapes(m_max_pad, world, block_m)
-    if max_shapes < 1:
-        raise ValueError("max_shapes must be >= 1")
-    if recv_slots is None:
-        recv_slots = world
-    if not 0 <= recv_slots <= world:
-        raise ValueError(f"recv_slots must be in [0, {world}]")
-    why = check_payload(m_max_pad, n, world)
-    if why:
-        raise ValueError(why)
-    fp8 = gather_dtype == "fp8"
-
-    # --- control area: independent of M ---
-    start_off = 0
-    end_off = align_up(K_MAX_BLOCKS * MAX_WORLD * 4)
-    flag_off = 2 * end_off
-    counter_region_off = align_up(flag_off + K_MAX_BLOCKS * 4)
-    counter_set_bytes = world * MAX_CHUNKS * 4
-    counter_bytes = align_up(counter_set_bytes * max_shapes)
-    lock_off = counter_region_off + counter_bytes
-    lock_bytes = align_up(world * 4)
-    gather_counter_region_off = lock_off + lock_bytes
-    gather_counter_set_bytes = GATHER_BANDS * 4
-    gather_counter_bytes = align_up(gather_counter_set_bytes * max_shapes)
-    signal_bytes = gather_counter_region_off + gather_counter_bytes
-    input_off = align_up(signal_bytes)
-
-    # --- payload, laid out for the capacity M so every M shares one map ---
-    cm = m_max_pad
-    payload = cm * n * BF16_BYTES
-    # The scatter leg is always bf16 in this op, so its scale region is empty
-    # and output follows input directly.
-    output_off = align_up(input_off + payload)
-    output_end = align_up(output_off + payload)
-    if fp8:
-        gout_off = output_end
-        gout_bytes = cm * n  # one byte per element
-        gather_scale_bytes = align_up(cm * 4)  # one fp32 scale per row
-    else:
-        gout_off = output_off  # the bf16 gather pushes straight out of output
-        gout_bytes = 0
-        gather_scale_bytes = 0
-    gout_scale_off = align_up(gout_off + gout_bytes)
-    tmp_off = max(output_end, gout_scale_off + gather_scale_bytes)
-    cap_packs = _payload_packs(cm, n)
-    tmp_bytes = (cap_packs // world + cap_packs % world) * PACK_BYTES
-    recv_off = tmp_off + tmp_bytes
-    cap_slice_rows = cm // world
-    recv_slot_bytes = cap_slice_rows * n * BF16_BYTES
-    # No scatter-leg scales on a bf16 scatter, so nothing follows the slots.
-    window_bytes = align_up(recv_off + recv_slots * recv_slot_bytes)
-
-    from gemmar_aot.artifact_model import WindowLayout
-
-    out = WindowLayout(**{
-        "world": world, "n": n, "m_max": cm, "block_m": block_m, "gather_dtype": gather_dtype,
-        "gather_transport": gather_transport, "max_shapes": max_shapes, "counter_capacity": MAX_CHUNKS,
-        "recv_slots": recv_slots, "gather_bands": GATHER_BANDS, "start_off": start_off, "end_off": end_off,
-        "flag_off": flag_off, "counter_region_off": counter_region_off, "counter_set_bytes": counter_set_bytes,
-        "counter_bytes": counter_bytes, "lock_off": lock_off, "lock_bytes": lock_bytes,
-        "gather_counter_region_off": gather_counter_region_off, "gather_counter_set_bytes": gather_counter_set_bytes,
-        "gather_counter_bytes": gather_counter_bytes, "signal_bytes": signal_bytes, "input_off": input_off,
-        "output_off": output_off, "output_end": output_end, "gout_off": gout_off, "gout_scale_off": gout_scale_off,
-        "tmp_off": tmp_off, "tmp_bytes": tmp_bytes, "recv_off": recv_off, "recv_slot_bytes": recv_slot_bytes,
-        "recv_slot_offs": tuple(recv_off + p * recv_slot_bytes for p in range(recv_slots)),
-        "gout_scale_slice_offs": tuple(gout_scale_off + p * cap_slice_rows * 4 for p in range(world)),
-        "window_bytes": window_bytes,
-    })
-    return out
-
-
-def window_layout(world: int, n: int, m_max_pad: int, block_m: int = 128, gather_dtype: str = "bf16",
-                  gather_transport: str = "lsa", max_shapes: int | None = None, m_pad: int | None = None, *,
-                  recv_slots: int | None = None) -> WindowLayout:
-    """Every window offset the kernels compile in, for one op instance.
-
-    Reproduces the layout ``GemmAllReduceOp`` builds: ``recv_slots = world``,
-    counter region sized for :data:`MAX_CHUNKS` chunks times ``max_shapes``
-    sets (default :func:`default_max_shapes`), and every payload offset taken
-    from the capacity ``m_max_pad`` so it is the same for every M.
-
-    The window is ``[control | input | output | (gout | gout scales) | tmp | recv]``; the
-    returned :class:`~gemmar_aot.model.layout.WindowLayout` documents its fields. With ``m_pad``
-    (a padded M this instance serves) its ``call`` holds that M's values
-    (:class:`~gemmar_aot.model.layout.CallLayout`).
-
-    ``recv_slots`` (keyword only) overrides the landing-slot count; the op always
-    uses ``world``; an LSA-only all-reduce needs none.
-
-    Raises ValueError on arguments the op would reject.
-    """
-    out = _shared_window_layout(world, n, m_max_pad, block_m, gather_dtype, gather_transport, max_shapes,
-                                recv_slots)
-    if m_pad is None:
-        return out
-
-    if not 1 <= m_pad <= m_max_pad:
-        raise ValueError(f"m_pad={m_pad} must be in [1, m_max_pad={m_max_pad}]")
-    max_shapes, fp8 = out.max_shapes, gather_dtype == "fp8"
-    slot = counter_slot(m_pad, world, block_m)  # also checks the granule
-    if slot >= max_shapes:
-        raise ValueError(
-            f"m_pad={m_pad} needs counter set {slot} but the window has only "
-            f"{max_shapes}"
-        )
-    chunks = counter_chunks(m_pad, world, block_m)
-    packs = _payload_packs(m_pad, n)
-    packs_per_rank = packs // world
-    slice_bytes = packs_per_rank * PACK_BYTES
-    slice_rows = m_pad // world
-    nbytes = m_pad * n * BF16_BYTES
-    stage = lsa_stage(world, nbytes)
-    lsa_cover = packs if stage == 1 else packs_per_rank
-    from gemmar_aot.artifact_model import CallLayout
-
-    return replace(out, call=CallLayout(**{
-        "m": m_pad, "slot": slot, "counter_off": out.counter_region_off + slot * out.counter_set_bytes,
-        "gather_counter_off": out.gather_counter_region_off + slot * out.gather_counter_set_bytes,
-        "counter_chunks": chunks, "slice_rows": slice_rows, "num_packs": packs, "packs_per_rank": packs_per_rank,
-        "largest_pack_part": packs_per_rank + packs % world, "slice_bytes": slice_bytes,
-        "chunk_bytes": slice_bytes // chunks, "gather_slice_bytes": slice_rows * n * (1 if fp8 else BF16_BYTES),
-        "gather_scale_slice_bytes": slice_rows * 4 if fp8 else 0,
-        "reduce_blocks": max(1, min(SDMA_REDUCE_BLOCK_CAP, -(-packs_per_rank // THREADS))), "lsa_stage": stage,
-        "lsa_blocks": max(1, min(LSA_BLOCK_CAP, -(-lsa_cover // THREADS))),
-    }))
-

@@ -11,10 +11,11 @@ in the key covers the rest).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from gemmar_aot.filedigest import sha256_hex
 
 #: Bump when the meaning of a spec's fields changes (it is part of every key).
 SPEC_SCHEMA = 1
@@ -89,7 +90,7 @@ class KernelSpec:
     @property
     def spec_id(self) -> str:
         """sha256 of the canonical encoding; stable across processes and machines."""
-        return hashlib.sha256(canonical_json(self.to_json()).encode()).hexdigest()
+        return sha256_hex(canonical_json(self.to_json()).encode())
 
     def label(self) -> str:
         p = self.param_dict()

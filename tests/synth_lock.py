@@ -1,14 +1,14 @@
 """Synthetic, valid lock files (typed) for tests that need a lock but no compile.
 
 The blobs are whatever the caller stored (e.g. random bytes); the launch records are
-small but well-formed; windows come from ``rules.window_layout``.
+small but well-formed; windows come from ``window_layout``.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from gemmar_aot import rules
+from gemmar_aot.model.layout import window_layout
 from gemmar_aot.model.layout import CallLayout, WindowLayout
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, RankLaunches, ToolchainInfo, TupleId
@@ -30,7 +30,7 @@ def launch_record(kernel: str = "phase_0") -> LaunchRecord:
 
 def window(world: int, n: int, m_max: int, m: int, gather_dtype: str = "bf16",
            gather_transport: str = "lsa") -> WindowLayout:
-    lay = rules.window_layout(world, n, m_max, 128, gather_dtype, gather_transport, m_pad=m)
+    lay = window_layout(world, n, m_max, 128, gather_dtype, gather_transport, m_pad=m)
     if isinstance(lay, WindowLayout):
         return lay
     call_fields = set(CallLayout.__dataclass_fields__)

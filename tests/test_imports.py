@@ -154,7 +154,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("shared", ("gemmar_aot.model", "gemmar_aot.rules", "gemmar_aot.spec", "gemmar_aot.launch",
                 "gemmar_aot.launch_sequence", "gemmar_aot.codeobject", "gemmar_aot.device_abi",
                 "gemmar_aot.canonical_json", "gemmar_aot.atomic_write", "gemmar_aot.errors", "gemmar_aot.checkout",
-                "gemmar_aot.filedigest", "gemmar_aot.source_form", "gemmar_aot.artifact_model", "gemmar_aot.signing",
+                "gemmar_aot.filedigest", "gemmar_aot.source_form", "gemmar_aot.signing",
                 "gemmar_aot.manifest_lines", "gemmar_aot.toolchain")),
     ("store", ("gemmar_aot.store",)),
     ("compiler", ("gemmar_aot.compiler", "gemmar_aot.keys", "gemmar_aot_kernels")),

@@ -9,9 +9,10 @@ the count) and write the new keys::
     .venv/bin/python tests/test_key_contract.py --update
 
 A move is right only when the bytes can change (a new toolchain pin, a builder argument, a
-recipe's code). Comments, docstrings, formatting, file moves and derive code never move a key
-(``tests/test_key_stability.py`` edits a copy of the tree to show it; this test holds the
-whole tree to it, commit after commit).
+recipe's code). Comments, docstrings, formatting, moving or renaming a module (key schema 4:
+modules are hashed under logical names, ``gemmar_aot.keys.MODULES``) and derive code never move
+a key (``tests/test_key_stability.py`` and the move/rename tests below edit a copy of the tree
+to show it; this test holds the whole tree to it, commit after commit).
 """
 
 from __future__ import annotations
@@ -67,6 +68,75 @@ def test_the_pin_covers_every_kernel_of_the_shipped_manifests():
     counts = {m: len(pinned["manifests"][m]) for m in MANIFESTS}
     assert counts["manifests/dsv4-pro-wo_b.toml"] == 424 and counts["manifests/smoke.toml"] == 120, counts
     assert counts["manifests/dsv4-pro-ep.toml"] == 184, counts
+
+
+# ---- a module moved or renamed moves no key (key schema 4: logical module names) ----
+
+#: In a copy of the tree: compile code moved into another package (``filedigest`` into
+#: ``model``), and renamed (``toolchain.pins`` as ``toolchain.versions``), each importer
+#: rewritten and the registry entry pointed at the new place, as a refactoring does.
+_MOVES = (
+    ("gemmar_aot/filedigest.py", "gemmar_aot/model/filedigest.py",
+     (("from gemmar_aot.filedigest import", "from gemmar_aot.model.filedigest import"),
+      ("from ..filedigest import", "from ..model.filedigest import"),
+      ('"gemmar_aot.filedigest"', '"gemmar_aot.model.filedigest"'))),
+    ("gemmar_aot/toolchain/pins.py", "gemmar_aot/toolchain/versions.py",
+     (("from .pins import", "from .versions import"),
+      ('"gemmar_aot.toolchain.pins"', '"gemmar_aot.toolchain.versions"'))),
+)
+
+
+def _moved_tree(dest: Path) -> Path:
+    import tree_copy
+
+    tree = tree_copy.copy_tree(dest)
+    for src, dst, rewrites in _MOVES:
+        (tree / src).rename(tree / dst)
+        for f in tree_copy.python_files(tree):
+            text = f.read_text()
+            new = text
+            for a, b in rewrites:
+                new = new.replace(a, b)
+            if new != text:
+                f.write_text(new)
+    return tree
+
+
+def test_a_compile_module_moved_into_another_package_and_one_renamed_move_no_key(tmp_path):
+    import tree_copy
+
+    tree = _moved_tree(tmp_path / "moved")
+    assert not (tree / "gemmar_aot" / "filedigest.py").exists() and (tree / "gemmar_aot/toolchain/versions.py").exists()
+    p = tree_copy.run(tree, "-c", "import gemmar_aot.toolchain.versions, gemmar_aot.model.filedigest, sys; "
+                                  "print('gemmar_aot.filedigest' in sys.modules)")
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr  # the copy really runs the moved modules
+    ours, theirs = tree_copy.keys(None, *MANIFESTS), tree_copy.keys(tree, *MANIFESTS)
+    assert theirs == ours and sum(len(v) for v in ours.values()) == 424 + len(ours["manifests/dsv4-pro-wo_b-modes.toml"]) + 120 + 184
+
+
+def test_a_move_the_registry_was_not_told_of_is_an_error_naming_the_module_and_the_fix(tmp_path):
+    """Never a silent pass: a key over code the registry cannot place would be a key over nothing."""
+    import tree_copy
+
+    tree = _moved_tree(tmp_path / "moved")
+    keys_py = tree / "gemmar_aot" / "keys.py"
+    keys_py.write_text(keys_py.read_text().replace('"gemmar_aot.toolchain.versions"', '"gemmar_aot.toolchain.pins"'))
+    p = tree_copy.run(tree, "-c", tree_copy.KEYS_SCRIPT, str(ROOT / "manifests" / "smoke.toml"))
+    assert p.returncode != 0
+    assert "gemmar_aot.toolchain.versions" in p.stderr and "gemmar_aot.keys.MODULES" in p.stderr, p.stderr[-2000:]
+
+
+def test_after_a_move_and_a_rename_the_smoke_build_compiles_nothing_and_derives_nothing(smoke_store, tmp_path):
+    import shutil
+
+    import tree_copy
+
+    tree = _moved_tree(tmp_path / "moved")
+    store = tmp_path / "store"
+    shutil.copytree(smoke_store, store)
+    summary = tree_copy.build(tree, "manifests/smoke.toml", store)
+    assert (summary["compiled"], summary["rederived"], summary["hits"]) == (0, 0, 120), summary
+    assert (store / "locks" / "smoke.lock.json").read_bytes() == (smoke_store / "locks" / "smoke.lock.json").read_bytes()
 
 
 if __name__ == "__main__":

@@ -90,9 +90,10 @@ def test_a_new_recipe_moves_no_existing_key(tmp_path, our_keys):
         '"""A mode added later."""\nRECIPE = "new-mode"\n\n\ndef build(spec):\n    raise NotImplementedError\n')
     keys_py = tree / "gemmar_aot" / "keys.py"
     src = keys_py.read_text()
-    anchor = '    "gemm-only": ("gemmar_aot_kernels.gemm_only",),'
-    assert anchor in src
-    keys_py.write_text(src.replace(anchor, anchor + '\n    "new-mode": ("gemmar_aot_kernels.new_mode",),'))
+    anchor, entry = '    "gemm-only": ("kernels.gemm_only",),', '    "kernels": "gemmar_aot_kernels",'
+    assert anchor in src and entry in src
+    src = src.replace(anchor, anchor + '\n    "new-mode": ("kernels.new_mode",),')
+    keys_py.write_text(src.replace(entry, entry + '\n    "kernels.new_mode": "gemmar_aot_kernels.new_mode",'))
     assert tree_copy.keys(tree, REFERENCE, SMOKE) == our_keys
 
 
@@ -221,3 +222,33 @@ def test_a_store_built_by_key_schema_2_is_built_over_into_the_same_code_objects(
     again = tree_copy.build(None, FIXTURE / "tiny.toml", store)
     assert (again["compiled"], again["hits"]) == (0, 4)
     json.dumps(again)
+
+
+FIXTURE3 = Path(__file__).resolve().parent / "fixtures" / "store-key-schema-3"
+
+
+@pytest.mark.compile
+def test_a_store_built_by_key_schema_3_is_taken_over_without_a_compile(tmp_path):
+    """Key schema 4 moves every key once (modules hashed under logical names) while no code
+    changed: the build finds each kernel's schema-3 entry (keys.schema3_key), derives its record
+    again from the stored blobs under the new key, and compiles nothing. The code objects are
+    the fixture's, the store verifies clean, and a second build is all hits."""
+    from gemmar_aot.store import Store
+
+    store = tmp_path / "store"
+    shutil.copytree(FIXTURE3, store, ignore=shutil.ignore_patterns("README.md", "tiny.toml"))
+    old_blobs = {d for d, _ in Store(store, readonly=True).local.iter_blob_files()}
+    old_keys = {k for k, _ in Store(store, readonly=True).local.iter_record_files()}
+    assert len(old_keys) == 4
+    summary = tree_copy.build(None, FIXTURE3 / "tiny.toml", store)
+    assert (summary["compiled"], summary["relabelled"], summary["hits"], summary["failed"]) == (0, 4, 4, 0), summary
+    st = Store(store, readonly=True)
+    new_keys = {k for k, _ in st.local.iter_record_files()} - old_keys
+    assert len(new_keys) == 4
+    assert {d for d, _ in st.local.iter_blob_files()} == old_blobs, "no new blob: the same code objects"
+    lock = _lock_doc(store, "tiny")
+    assert {k for part in lock["parts"] for k in part["kernels"]} == new_keys
+    p = tree_copy.cli(None, "verify", "--store", str(store), "--json")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    again = tree_copy.build(None, FIXTURE3 / "tiny.toml", store)
+    assert (again["compiled"], again["relabelled"], again["rederived"], again["hits"]) == (0, 0, 0, 4)

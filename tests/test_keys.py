@@ -25,7 +25,7 @@ FP = {
     "flydsl": {"version": "0.4.2", "package_digest": "f" * 64},
     "flydsl_opt_level": 2,
     "linker": {"identity": "LLD 22.1.8", "via": "ziglang 0.17.0"},
-    "mori": {"distribution": "amd-mori", "version": "1.2.4", "sources_digest": "5" * 64, "wheel": "w.whl",
+    "mori": {"distribution": "amd-mori", "version": "1.2.4", "sources_digest": "5" * 64, "ep_sources_digest": "6" * 64, "wheel": "w.whl",
              "wheel_sha256": "a" * 64, "device_abi_digest": "4" * 64},
     "python": "3.11.7",
     "target": {"arch": "gfx950", "code_object_version": 6},
@@ -168,3 +168,24 @@ def test_keys_are_stable_across_processes_and_checkout_paths(tmp_path):
         assert p.returncode == 0, p.stderr
         outs.append(json.loads(p.stdout))
     assert outs[0] == outs[1] and len(outs[0]) == len(make_plan(load_manifest(ROOT / "manifests" / "smoke.toml")).specs)
+
+
+def test_the_ep_sources_are_in_the_ep_kernels_keys_and_no_others():
+    """mori's EP generator sources can change an EP kernel and no other: only the EP recipe's
+    keys hash their digest, and a toolchain set up before they were recorded is told to set up
+    again (for EP only)."""
+    from gemmar_aot.errors import ToolchainError
+
+    plan = make_plan(load_manifest(ROOT / "manifests" / "smoke.toml"), env={})
+    other = copy.deepcopy(FP)
+    other["mori"]["ep_sources_digest"] = "7" * 64
+    ep = [s for s in plan.specs if s.recipe == "ep"]
+    rest = [s for s in plan.specs if s.recipe != "ep"]
+    assert ep and rest
+    assert all(action_key(ingredients(s, FP)) != action_key(ingredients(s, other)) for s in ep)
+    assert all(action_key(ingredients(s, FP)) == action_key(ingredients(s, other)) for s in rest)
+    old = copy.deepcopy(FP)
+    del old["mori"]["ep_sources_digest"]
+    assert all(action_key(ingredients(s, FP)) == action_key(ingredients(s, old)) for s in rest)
+    with pytest.raises(ToolchainError, match=r"run `make setup`"):
+        ingredients(ep[0], old)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gemmar_aot.model.layout import window_layout
 from gemmar_aot import rules
 
 # --------------------------------------------------------------------------
@@ -270,7 +271,7 @@ def test_check_mxfp8_gemm():
 
 
 def test_layout_reference_bf16():
-    d = rules.window_layout(8, 7168, 16384, 128, "bf16", "lsa", 16).flat()
+    d = window_layout(8, 7168, 16384, 128, "bf16", "lsa", 16).flat()
     assert d["start_off"] == 0
     assert d["end_off"] == 2560
     assert d["flag_off"] == 5120
@@ -285,14 +286,14 @@ def test_layout_reference_bf16():
     assert d["window_bytes"] == 734_013_440  # ~700 MiB
     for s in range(16):
         m = (s + 1) * 1024
-        per_call = rules.window_layout(8, 7168, 16384, 128, "bf16", "lsa", 16, m_pad=m).flat()
+        per_call = window_layout(8, 7168, 16384, 128, "bf16", "lsa", 16, m_pad=m).flat()
         assert per_call["slot"] == s
         assert per_call["counter_off"] == 5504 + 256 * s
 
 
 def test_layout_reference_fp8():
     for transport in ("lsa", "sdma"):
-        d = rules.window_layout(8, 7168, 16384, 128, "fp8", transport, 16).flat()
+        d = window_layout(8, 7168, 16384, 128, "fp8", transport, 16).flat()
         assert d["lock_off"] == 9600 and d["input_off"] == 10240
         assert d["output_off"] == 234_891_264
         assert d["gout_off"] == 469_772_288
@@ -302,7 +303,7 @@ def test_layout_reference_fp8():
 
 
 def test_layout_reference_small():
-    d = rules.window_layout(2, 1024, 1024, 128, "bf16", "lsa", 4, m_pad=512).flat()
+    d = window_layout(2, 1024, 1024, 128, "bf16", "lsa", 4, m_pad=512).flat()
     assert d["lock_off"] == 5760
     assert d["input_off"] == 6016
     assert d["output_off"] == 2_103_168
@@ -317,27 +318,27 @@ def test_layout_reference_small():
 
 
 def test_layout_default_max_shapes():
-    assert rules.window_layout(8, 7168, 16384).max_shapes == 16
-    assert rules.window_layout(8, 7168, 16384) == rules.window_layout(8, 7168, 16384, 128, "bf16", "lsa", 16)
+    assert window_layout(8, 7168, 16384).max_shapes == 16
+    assert window_layout(8, 7168, 16384) == window_layout(8, 7168, 16384, 128, "bf16", "lsa", 16)
 
 
 def test_layout_per_call_values():
-    d = rules.window_layout(8, 7168, 16384, m_pad=16384).flat()
+    d = window_layout(8, 7168, 16384, m_pad=16384).flat()
     assert d["counter_chunks"] == 8
     assert d["slice_bytes"] == 16384 * 7168 * 2 // 8
     assert d["chunk_bytes"] == d["slice_bytes"] // 8
     assert d["reduce_blocks"] == 256
     assert d["lsa_stage"] == 2 and d["lsa_blocks"] == 24
-    d = rules.window_layout(8, 7168, 16384, m_pad=11264).flat()
+    d = window_layout(8, 7168, 16384, m_pad=11264).flat()
     assert d["counter_chunks"] == 1 and d["chunk_bytes"] == d["slice_bytes"]
-    f = rules.window_layout(8, 7168, 16384, 128, "fp8", "lsa", m_pad=4096).flat()
+    f = window_layout(8, 7168, 16384, 128, "fp8", "lsa", m_pad=4096).flat()
     assert f["gather_slice_bytes"] == 512 * 7168
     assert f["gather_scale_slice_bytes"] == 512 * 4
     assert f["gout_scale_slice_offs"][3] == f["gout_scale_off"] + 3 * 2048 * 4
 
 
 def test_layout_recv_slots_override():
-    d = rules.window_layout(8, 7168, 16384, recv_slots=0).flat()
+    d = window_layout(8, 7168, 16384, recv_slots=0).flat()
     assert d["recv_slot_offs"] == () and d["window_bytes"] == d["recv_off"]
 
 
@@ -357,7 +358,7 @@ def test_layout_recv_slots_override():
 )
 def test_layout_rejects(args, kwargs):
     with pytest.raises(ValueError):
-        rules.window_layout(*args, **kwargs)
+        window_layout(*args, **kwargs)
 
 
 _OFFSET_ORDER = ("input_off", "output_off", "output_end", "tmp_off", "recv_off", "window_bytes")
@@ -377,7 +378,7 @@ def test_layout_invariants(world, block_m, n_units, bands_max, fp8, transport, d
     n = n_units * (1024 if fp8 else 256)
     m_max = bands_max * world * block_m
     gd = "fp8" if fp8 else "bf16"
-    base = rules.window_layout(world, n, m_max, block_m, gd, transport).flat()
+    base = window_layout(world, n, m_max, block_m, gd, transport).flat()
     # every region is aligned and they come in order without overlapping
     for key in ("end_off", "flag_off", "counter_region_off", "lock_off", "input_off", "output_off",
                 "output_end", "gout_off", "gout_scale_off", "window_bytes"):
@@ -392,10 +393,10 @@ def test_layout_invariants(world, block_m, n_units, bands_max, fp8, transport, d
     assert base["recv_slot_offs"][-1] + m_max // world * n * 2 <= base["window_bytes"]
     # the map does not depend on which M is being served; only per-call values do
     bands = data.draw(st.integers(1, bands_max))
-    per_call = rules.window_layout(world, n, m_max, block_m, gd, transport, m_pad=bands * world * block_m).flat()
+    per_call = window_layout(world, n, m_max, block_m, gd, transport, m_pad=bands * world * block_m).flat()
     assert {k: per_call[k] for k in base} == base
-    assert rules.window_layout(world, n, m_max, block_m, gd, transport, m_pad=per_call["m"]).shared() == \
-        rules.window_layout(world, n, m_max, block_m, gd, transport)
+    assert window_layout(world, n, m_max, block_m, gd, transport, m_pad=per_call["m"]).shared() == \
+        window_layout(world, n, m_max, block_m, gd, transport)
     assert base["counter_region_off"] <= per_call["counter_off"]
     assert per_call["counter_off"] + base["counter_set_bytes"] <= base["lock_off"]
     assert per_call["gather_counter_off"] + base["gather_counter_set_bytes"] <= base["input_off"]
@@ -468,7 +469,7 @@ def test_layout_matches_mori_arconfig():
                                 capacity_m=m_max, gather_dtype=gd, gather_transport=gt,
                             )
                             cfg.validate()
-                            ours = rules.window_layout(world, n, m_max, block_m, gd, gt, slots, m_pad=m).flat()
+                            ours = window_layout(world, n, m_max, block_m, gd, gt, slots, m_pad=m).flat()
                             for field in _FIELDS:
                                 assert ours[field] == getattr(cfg, field), (field, world, block_m, n, gd, m_max, m)
                             assert list(ours["recv_slot_offs"]) == [cfg.recv_slot_off(p) for p in range(world)]

@@ -26,6 +26,7 @@ import torch
 
 from fakes import FakeCommunicator, FakeHipDriver, InjectedFailure
 from lock_docs import drop_rank, keep_tuples, kernel_entry, part, rank_launches
+from gemmar_aot.model.layout import window_layout
 from gemmar_aot import rules
 from gemmar_aot.runtime import (
     ArtifactConflictError,
@@ -609,7 +610,7 @@ def test_strict_miss_names_m_nearest_and_manifest_lines(smoke_store, smoke_lock)
     plan = make_plan(parse_manifest('[manifest]\nname = "x"\n\n' + e.manifest_lines, "x.toml"))
     (t,) = plan.tuples
     assert (t.workload.m, t.layout.m_max, t.layout.slot) == (256, 512, 0)
-    assert t.layout.window == rules.window_layout(2, 1024, 512, 128, "bf16", "lsa", 2, m_pad=256)
+    assert t.layout.window == window_layout(2, 1024, 512, 128, "bf16", "lsa", 2, m_pad=256)
     # the op's own check is the same question supports() answers
     assert not supports(256, N, K, WORLD, artifacts=(lock, smoke_store))
     op.close()

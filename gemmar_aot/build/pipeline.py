@@ -278,6 +278,7 @@ class _BuildRun:
         self.lock = self.index = self.lock_file = None
         self.records: dict[str, dict] = {}
         self.rederived: list[str] = []
+        self.relabelled: list[str] = []  # taken over from key schema 3 (keys.schema3_key)
         self.remote_hits = 0
         self.results: list = []
         self.todo: list = []
@@ -376,6 +377,9 @@ class _BuildRun:
         with self.phase("store look-ups", specs=len(self.selected)):
             for s in self.selected:
                 rec = self.st.get_record(keys[ids[s]], verify=True)
+                relabel = rec is None
+                if relabel:
+                    rec = self._relabel(s)
                 if rec is not None and not is_current(rec):
                     if rewriter is None:
                         # Written as the remote's entries are (remote_session.py): zstd level 3, no
@@ -384,12 +388,25 @@ class _BuildRun:
                         rewriter = Store(self.root, level=FETCH_LEVEL, durable=False, touch=False)
                     rec = _rederive(self.st, rewriter, keys[ids[s]], rec)
                     if rec is not None:
-                        self.rederived.append(ids[s])
+                        (self.relabelled if relabel else self.rederived).append(ids[s])
                 if rec is not None:
                     self.records[ids[s]] = rec
                 elif self.local is not None and self.session is None:
                     self.local.start()  # at the first miss: workers import while the look-ups go on
         self.local_hits = len(self.records)
+
+    def _relabel(self, s) -> dict | None:
+        """The record of ``s``'s kernel under its key schema 3 key, taken over under its key now
+        (the same spec, toolchain and compile code: only the key's form moved; the blobs are
+        verified when the record is derived again, next), or None."""
+        from gemmar_aot.keys import schema3_key
+
+        old_key = schema3_key(self.ingr[self.ids[s]])
+        old = self.st.get_record(old_key, verify=True) if old_key is not None else None
+        if old is None or old.get("spec") != self.ingr[self.ids[s]]["spec"]:
+            return None
+        # derived again (and written under the new key) as any record of other derive code is
+        return {**old, "key": self.keys[self.ids[s]], "derive": {**old.get("derive", {}), "code": None}}
 
     def look_up_remote(self) -> None:
         """What the local store lacked, from the remote: the manifest's closure first (a whole
@@ -586,6 +603,7 @@ class _BuildRun:
             "local_hits": self.local_hits + self.waited,
             "remote_hits": self.remote_hits,
             "rederived": len(self.rederived) + (remote["rederived"] if remote else 0),
+            "relabelled": len(self.relabelled),
             "uploads": remote["uploads"] if remote else 0,
             "remote": remote,
             "closure": self.closure,

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from gemmar_aot.model.layout import window_layout
 from gemmar_aot import rules
 from gemmar_aot.build.manifest import Manifest
 from gemmar_aot.build.manifest_ep import EpEntry
@@ -38,7 +39,7 @@ class TupleLayout:
     m_max: int  # padded capacity M of the window
     max_shapes: int  # counter sets the window holds
     slot: int  # this M's counter set
-    window: WindowLayout | None = field(default=None, compare=False, hash=False)  # rules.window_layout(m_pad=M)
+    window: WindowLayout | None = field(default=None, compare=False, hash=False)  # window_layout(m_pad=M)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
             m_max = group_max[w.group_key()]
             max_shapes = rules.default_max_shapes(m_max, w.world, w.block_m)
             slot = rules.counter_slot(w.m, w.world, w.block_m)
-            window = rules.window_layout(
+            window = window_layout(
                 w.world, w.n, m_max, w.block_m, w.gather_dtype, w.gather_transport,
                 max_shapes, m_pad=w.m,
             )

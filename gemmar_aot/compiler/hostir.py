@@ -91,8 +91,47 @@ def read_launch_record(ir_text: str, arg_names: list[str], arg_kinds: list[tuple
         if kind is None:
             raise HostIRError(f"host parameter type {ty!r} is not one this reader knows")
         params.append(kind)
+    args = _launcher_args(params, arg_names, arg_kinds)
+    values: dict[str, str | int] = {f"%arg{i}": f"p{i}" for i in range(len(params))}
+    program, launch = _evaluate(body, values)
 
-    # Map launcher arguments onto host parameters.
+    def ref(tok: str):
+        tok = tok.strip()
+        if tok not in values:
+            raise HostIRError(f"launch operand {tok} is not defined in the host function")
+        return values[tok]
+
+    grid = tuple(ref(t) for t in launch.group("grid").split(","))
+    block = tuple(ref(t) for t in launch.group("block").split(","))
+    kargs, ktypes = [], []
+    for part in _split_top(launch.group("args") or ""):
+        tok, _, ty = part.partition(" : ")
+        kind = TYPE_KINDS.get(ty.strip())
+        if kind is None or kind == "stream":
+            raise HostIRError(f"kernel argument type {ty!r} is not one this reader knows")
+        kargs.append(ref(tok))
+        ktypes.append(kind)
+    stream_ref = ref(launch.group("stream"))
+    if not (isinstance(stream_ref, str) and stream_ref.startswith("p")):
+        raise HostIRError("the launch stream is not a host parameter")
+
+    program = _live_slice(program, list(grid) + list(block) + kargs)
+    return LaunchRecord(
+        kernel=launch.group("kernel"),
+        params=tuple(params),
+        args=tuple(args),
+        kernel_args=tuple(kargs),  # type: ignore[arg-type]
+        kernel_arg_types=tuple(ktypes),
+        program=tuple(program),
+        grid=grid,  # type: ignore[arg-type]
+        block=block,  # type: ignore[arg-type]
+        stream_param=int(stream_ref[1:]),
+    )
+
+
+def _launcher_args(params: list[str], arg_names: list[str], arg_kinds: list[tuple[str, str]]) -> list[RuntimeArg]:
+    """The launcher's arguments mapped onto the host parameters (a tensor takes a pointer and a
+    length); raises HostIRError when one does not fit its parameters' types."""
     args, p = [], 0
     for name, (kind, dtype) in zip(arg_names, arg_kinds):
         if kind == "tensor":
@@ -114,8 +153,12 @@ def read_launch_record(ir_text: str, arg_names: list[str], arg_kinds: list[tuple
             raise HostIRError(f"argument {name!r} has unknown kind {kind!r}")
     if p != len(params):
         raise HostIRError(f"launcher arguments fill {p} host parameters, the host function has {len(params)}")
+    return args
 
-    values: dict[str, str | int] = {f"%arg{i}": f"p{i}" for i in range(len(params))}
+
+def _evaluate(body: list[str], values: dict[str, str | int]) -> tuple[list[tuple], re.Match]:
+    """The host function's body as a program (``values`` gains each result's name) and its one
+    launch; raises HostIRError on anything else."""
     program: list[tuple] = []
     launch = None
     for line in body:
@@ -140,68 +183,38 @@ def read_launch_record(ir_text: str, arg_names: list[str], arg_kinds: list[tuple
             values[res] = 1 if v == "true" else 0 if v == "false" else int(v)
             continue
         vid = f"v{len(program)}"
-        if op in _BINOPS:
-            m = re.match(r"^(%\w+), (%\w+) : (\w+)$", rest)
-            if not m:
-                raise HostIRError(f"unsupported operands: {s[:160]}")
-            program.append((vid, _BINOPS[op], values[m.group(1)], values[m.group(2)], m.group(3)))
-        elif op == "llvm.icmp":
-            m = re.match(r'^"(\w+)" (%\w+), (%\w+) : (\w+)$', rest)
-            if not m or m.group(1) not in ("eq", "ne", "slt", "sle", "sgt", "sge"):
-                raise HostIRError(f"unsupported compare: {s[:160]}")
-            program.append((vid, f"icmp_{m.group(1)}", values[m.group(2)], values[m.group(3)], "i1"))
-        elif op == "llvm.select":
-            m = re.match(r"^(%\w+), (%\w+), (%\w+) : i1, (\w+)$", rest)
-            if not m:
-                raise HostIRError(f"unsupported select: {s[:160]}")
-            program.append((vid, "select", values[m.group(1)], values[m.group(2)], values[m.group(3)], m.group(4)))
-        elif op in ("llvm.sext", "llvm.zext", "llvm.trunc"):
-            m = re.match(r"^(%\w+) : (\w+) to (\w+)$", rest)
-            if not m:
-                raise HostIRError(f"unsupported cast: {s[:160]}")
-            if op == "llvm.zext":
-                program.append((vid, "zext", values[m.group(1)], m.group(2), m.group(3)))
-            else:
-                program.append((vid, op[5:], values[m.group(1)], m.group(3)))
-        else:
-            raise HostIRError(f"host op {op!r} is not one this reader evaluates: {s[:160]}")
+        program.append(_instruction(vid, op, rest, values, s))
         values[res] = vid
     if launch is None:
         raise HostIRError("no gpu.launch_func in the host function")
+    return program, launch
 
-    def ref(tok: str):
-        tok = tok.strip()
-        if tok not in values:
-            raise HostIRError(f"launch operand {tok} is not defined in the host function")
-        return values[tok]
 
-    grid = tuple(ref(t) for t in launch.group("grid").split(","))
-    block = tuple(ref(t) for t in launch.group("block").split(","))
-    kargs, ktypes = [], []
-    for part in _split_top(launch.group("args") or ""):
-        tok, _, ty = part.partition(" : ")
-        kind = TYPE_KINDS.get(ty.strip())
-        if kind is None or kind == "stream":
-            raise HostIRError(f"kernel argument type {ty!r} is not one this reader knows")
-        kargs.append(ref(tok))
-        ktypes.append(kind)
-    stream_tok = launch.group("stream")
-    stream_ref = ref(stream_tok)
-    if not (isinstance(stream_ref, str) and stream_ref.startswith("p")):
-        raise HostIRError("the launch stream is not a host parameter")
-
-    program = _live_slice(program, list(grid) + list(block) + kargs)
-    return LaunchRecord(
-        kernel=launch.group("kernel"),
-        params=tuple(params),
-        args=tuple(args),
-        kernel_args=tuple(kargs),  # type: ignore[arg-type]
-        kernel_arg_types=tuple(ktypes),
-        program=tuple(program),
-        grid=grid,  # type: ignore[arg-type]
-        block=block,  # type: ignore[arg-type]
-        stream_param=int(stream_ref[1:]),
-    )
+def _instruction(vid: str, op: str, rest: str, values: dict, line: str) -> tuple:
+    """One host IR operation as a program instruction writing ``vid``."""
+    if op in _BINOPS:
+        m = re.match(r"^(%\w+), (%\w+) : (\w+)$", rest)
+        if not m:
+            raise HostIRError(f"unsupported operands: {line[:160]}")
+        return (vid, _BINOPS[op], values[m.group(1)], values[m.group(2)], m.group(3))
+    if op == "llvm.icmp":
+        m = re.match(r'^"(\w+)" (%\w+), (%\w+) : (\w+)$', rest)
+        if not m or m.group(1) not in ("eq", "ne", "slt", "sle", "sgt", "sge"):
+            raise HostIRError(f"unsupported compare: {line[:160]}")
+        return (vid, f"icmp_{m.group(1)}", values[m.group(2)], values[m.group(3)], "i1")
+    if op == "llvm.select":
+        m = re.match(r"^(%\w+), (%\w+), (%\w+) : i1, (\w+)$", rest)
+        if not m:
+            raise HostIRError(f"unsupported select: {line[:160]}")
+        return (vid, "select", values[m.group(1)], values[m.group(2)], values[m.group(3)], m.group(4))
+    if op in ("llvm.sext", "llvm.zext", "llvm.trunc"):
+        m = re.match(r"^(%\w+) : (\w+) to (\w+)$", rest)
+        if not m:
+            raise HostIRError(f"unsupported cast: {line[:160]}")
+        if op == "llvm.zext":
+            return (vid, "zext", values[m.group(1)], m.group(2), m.group(3))
+        return (vid, op[5:], values[m.group(1)], m.group(3))
+    raise HostIRError(f"host op {op!r} is not one this reader evaluates: {line[:160]}")
 
 
 def _live_slice(program: list[tuple], roots: list) -> list[tuple]:

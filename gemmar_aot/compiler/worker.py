@@ -32,7 +32,6 @@ remote executor runs after ``init``.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 import signal
@@ -42,6 +41,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemmar_aot.filedigest import sha256_hex
 from gemmar_aot.spec import KernelSpec
 
 _STATE: dict[str, Any] = {}
@@ -152,7 +152,7 @@ def _disable_location_capture() -> None:
 # ---- fast paths (same bytes, less repeated work) ----
 
 def _source_digest(obj) -> str:
-    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+    return sha256_hex(inspect.getsource(obj).encode())
 
 
 #: sha256 of FlyDSL 0.4.2's ASTRewriter.transform, whose result ``_cached_transform``

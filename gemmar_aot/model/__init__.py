@@ -10,7 +10,7 @@ writes one. The types, from the leaves up:
   wire, tile, queues, window cap). :class:`TupleKey` is what the runtime looks kernels up by
   (the identity without M and the window cap).
 * :class:`WindowLayout` -- every offset of the symmetric window the kernels compiled in
-  (``rules.window_layout`` returns one); :class:`CallLayout` holds the values that depend on
+  (``gemmar_aot.model.layout.window_layout`` returns one); :class:`CallLayout` holds the values that depend on
   the M being served.
 * :class:`LaunchEntry` -- one kernel to launch: its kind, action key, blob, launch record and
   the digest of the action-cache record it was made from.

@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
+from gemmar_aot.filedigest import is_hex64
 from gemmar_aot.launch import LaunchRecord
 from gemmar_aot.model.layout import WindowLayout
 
@@ -36,12 +36,8 @@ FUSED_SDMA = "fused-sdma"
 GEMM_ONLY = "gemm-only"
 GEMV = "gemv"
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def is_hex64(s: object) -> bool:
-    """Whether ``s`` is 64 lowercase hex digits (a sha256)."""
-    return type(s) is str and _HEX64.fullmatch(s) is not None
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The symmetric window a collective op owns: its size, and the check that one layout serves every M.
 
 Every kernel has the window's offsets compiled in, so the runtime recomputes the layout
-(:func:`gemmar_aot.rules.window_layout`) and refuses artifacts whose recorded layout is any
+(:func:`gemmar_aot.model.layout.window_layout`) and refuses artifacts whose recorded layout is any
 other: a window one byte different is a different, wrong, layout.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gemmar_aot.model.layout import window_layout
 from gemmar_aot import rules
 
 from .errors import ArtifactMismatchError
@@ -21,7 +22,7 @@ def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128,
     Like mori's, this has no ``quant``: for mxfp8 pass ``block_m=256``.
     """
     m_pad = rules.padded_m(m_max, world_size, block_m)
-    return rules.window_layout(world_size, n, m_pad, block_m, gather_dtype, gather_transport,
+    return window_layout(world_size, n, m_pad, block_m, gather_dtype, gather_transport,
                                max_shapes or rules.default_max_shapes(m_pad, world_size, block_m)).window_bytes
 
 
@@ -52,7 +53,7 @@ def check_layouts(entries: Mapping[int, Any], *, world: int, n: int, m_max: int,
             raise ArtifactMismatchError(f"{e.where}: built with block_n {e.tuple.id.block_n}")
         if first is None:
             first = e
-        want = rules.window_layout(world, n, m_max, block_m, gather_dtype, e.tuple.id.gather_transport,
+        want = window_layout(world, n, m_max, block_m, gather_dtype, e.tuple.id.gather_transport,
                                    max_shapes, m_pad=m)
         # Every M's recomputed layout shares the first's window (only m_pad differs), so a layout
         # equal to its own is one the first's shares; one that is not is first compared with the

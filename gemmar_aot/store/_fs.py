@@ -10,25 +10,19 @@ whole file. Temp files start with "." and end in ".tmp"; every listing skips the
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from gemmar_aot.atomic_write import TMP_SUFFIX, atomic_write_bytes, file_mode, fsync_dir
+from gemmar_aot.filedigest import is_hex64
 
-__all__ = ["TMP_SUFFIX", "atomic_write_bytes", "check_hex64", "fanout", "file_mode", "fsync_dir", "is_hex64",
-           "iter_fanned", "iter_stray", "remove_stale_temps", "sha256_hex"]
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
+__all__ = ["TMP_SUFFIX", "atomic_write_bytes", "check_hex64", "fanout", "file_mode", "fsync_dir", "iter_fanned",
+           "iter_stray", "remove_stale_temps"]
 
 
 
-def is_hex64(s: object) -> bool:
-    return isinstance(s, str) and _HEX64.fullmatch(s) is not None
 
 
 def check_hex64(s: object, what: str) -> str:
@@ -36,10 +30,6 @@ def check_hex64(s: object, what: str) -> str:
     if not is_hex64(s):
         raise ValueError(f"{what} must be 64 lowercase hex digits (a sha256), got {s!r}")
     return s  # type: ignore[return-value]
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def fanout(base: Path, name: str, suffix: str) -> Path:

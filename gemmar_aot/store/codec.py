@@ -24,7 +24,7 @@ from collections.abc import Callable
 import zstandard
 
 from . import blobfmt
-from ._fs import sha256_hex
+from gemmar_aot.filedigest import sha256_hex
 
 
 class BadBlob(Exception):

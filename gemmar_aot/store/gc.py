@@ -14,7 +14,9 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from ._fs import is_hex64, iter_fanned, remove_stale_temps
+from gemmar_aot.filedigest import is_hex64
+
+from ._fs import iter_fanned, remove_stale_temps
 from .backend import BadRecord, record_blobs
 from .cas import Store
 from .codec import BadBlob

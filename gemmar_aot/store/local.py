@@ -38,7 +38,9 @@ from gemmar_aot.store.record import RECORD_VOLATILE_FIELDS, record_digest
 from gemmar_aot.atomic_write import atomic_write_bytes
 from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
 
-from ._fs import check_hex64, fanout, is_hex64, iter_fanned, sha256_hex
+from gemmar_aot.filedigest import is_hex64, sha256_hex
+
+from ._fs import check_hex64, fanout, iter_fanned
 from .backend import BadRecord, CacheBackend, Digest, check_record
 from .codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError

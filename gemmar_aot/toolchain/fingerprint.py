@@ -19,11 +19,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.spec import canonical_json
 
 from ..errors import ToolchainError
-from .digest import iter_files, tree_digest
-from .fsutil import atomic_write_text
+from gemmar_aot.filedigest import iter_files, sha256_hex, tree_digest
+from gemmar_aot.atomic_write import atomic_write_text
 from .pins import DEFAULT_FLYDSL_OPT_LEVEL
 
 SCHEMA = 1
@@ -36,18 +36,27 @@ MORI_SOURCE_GLOBS = (
 )
 
 
+#: The EP generator's sources (dispatch/combine v2 and the wave-size detection its kernels
+#: import): only the EP recipe's kernels are generated from them, so only their keys hash this
+#: digest (``keys.RECIPE_GENERATOR``).
+MORI_EP_SOURCE_GLOBS = (
+    "mori/ops/dispatch_combine_v2/*.py",
+    "mori/jit/config.py",
+)
+
+
 def fingerprint_digest(fp: dict) -> str:
     body = {k: v for k, v in fp.items() if k != "digest"}
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    return sha256_hex(canonical_json(body).encode())
 
 
 # ---------------------------------------------------------------- inputs
 
 
-def mori_source_files(mori_dir: Path) -> list[str]:
+def mori_source_files(mori_dir: Path, globs: tuple[str, ...] = MORI_SOURCE_GLOBS) -> list[str]:
     """Relative paths (``mori/...``) of the generator sources, sorted."""
     files = set()
-    for pattern in MORI_SOURCE_GLOBS:
+    for pattern in globs:
         for p in Path(mori_dir).glob(pattern):
             if p.is_file():
                 files.add(p.relative_to(mori_dir).as_posix())
@@ -58,6 +67,13 @@ def mori_sources_digest(mori_dir: Path) -> str:
     files = mori_source_files(mori_dir)
     if not files:
         raise ToolchainError(f"no mori generator sources under {mori_dir} ({', '.join(MORI_SOURCE_GLOBS)})")
+    return tree_digest(mori_dir, files)
+
+
+def mori_ep_sources_digest(mori_dir: Path) -> str:
+    files = mori_source_files(mori_dir, MORI_EP_SOURCE_GLOBS)
+    if not files:
+        raise ToolchainError(f"no mori EP generator sources under {mori_dir} ({', '.join(MORI_EP_SOURCE_GLOBS)})")
     return tree_digest(mori_dir, files)
 
 
@@ -95,7 +111,7 @@ def flydsl_package_digest(cache: Path | None = None) -> str:
             pass
     digest = tree_digest(pkg, files)
     if cache is not None:
-        atomic_write_text(cache, json.dumps({"signature": signature, "digest": digest}, indent=1) + "\n")
+        atomic_write_text(cache, json.dumps({"signature": signature, "digest": digest}, indent=1) + "\n", mode=0o644)
     return digest
 
 
@@ -167,7 +183,7 @@ def write_fingerprint(path: Path, fp: dict) -> bool:
     text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     if path.is_file() and path.read_text() == text:
         return False
-    atomic_write_text(path, text)
+    atomic_write_text(path, text, mode=0o644)
     return True
 
 

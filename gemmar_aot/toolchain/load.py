@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..errors import ToolchainError
 from ..device_abi import DeviceAbiUnknown, device_abi_digest
-from .digest import sha256_file
-from .fingerprint import dist_version, mori_sources_digest, python_version, read_fingerprint
+from gemmar_aot.filedigest import sha256_file
+from .fingerprint import dist_version, mori_ep_sources_digest, mori_sources_digest, python_version, read_fingerprint
 from .paths import FIX, Layout, toolchain_root
 from .profiles import DEFAULT_PROFILE, Profile, get_profile
 
@@ -61,6 +61,35 @@ def load_toolchain(root: Path | None = None, profile: str | None = None) -> Tool
     except ToolchainError as e:
         raise ToolchainError(f"{e}\n  fix: {fix}") from e
 
+    problems = _problems(layout, prof, fp)
+    if problems:
+        raise ToolchainError(
+            f"the toolchain at {layout.profile_dir} (profile {prof.name!r}) is not usable:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + f"\n  fix: {fix}"
+        )
+    if "device_abi_digest" not in fp["mori"] or "distribution" not in fp["mori"]:
+        # Written by a gemmar-aot from before profiles (its mori is the default's): fill in, in
+        # memory, what this one records, so keys do not depend on which version ran setup.
+        try:
+            abi = device_abi_digest(layout.mori_dir)
+        except DeviceAbiUnknown as e:
+            raise ToolchainError(f"{e}\n  fix: {fix}") from None
+        fp = {**fp, "mori": {**fp["mori"], "distribution": prof.mori.project, "device_abi_digest": abi}}
+    return Toolchain(
+        root=layout.root,
+        mori_dir=layout.mori_dir,
+        cco_bc=layout.cco_bc,
+        rocm_path=layout.rocm_path,
+        fingerprint=fp,
+        profile=prof,
+    )
+
+
+def _problems(layout: Layout, prof: Profile, fp: dict) -> list[str]:
+    """What differs between ``fp`` (the profile's toolchain.json) and what is in place: the
+    profile's pins, the cco bitcode's digest, the mori generator sources' digests, the ld.lld
+    wrapper, the installed FlyDSL/torch/Python versions."""
     problems: list[str] = []
     # A fingerprint written before profiles existed has no "profile": it is the default's.
     if fp.get("profile", DEFAULT_PROFILE) != prof.name or fp["mori"].get("wheel_sha256") != prof.mori.sha256:
@@ -84,6 +113,14 @@ def load_toolchain(root: Path | None = None, profile: str | None = None) -> Tool
             have_src = str(e)
         if have_src != fp["mori"]["sources_digest"]:
             problems.append(f"mori's generator sources under {layout.mori_pkg} changed since setup")
+        want_ep = fp["mori"].get("ep_sources_digest")  # absent: a setup before EP (keys.ingredients says so)
+        if want_ep is not None:
+            try:
+                have_ep = mori_ep_sources_digest(layout.mori_dir)
+            except ToolchainError as e:
+                have_ep = str(e)
+            if have_ep != want_ep:
+                problems.append(f"mori's EP generator sources under {layout.mori_pkg} changed since setup")
 
     if not (layout.ld_lld.is_file() and os.access(layout.ld_lld, os.X_OK)):
         problems.append(f"the linker wrapper {layout.ld_lld} is missing or not executable")
@@ -96,28 +133,7 @@ def load_toolchain(root: Path | None = None, profile: str | None = None) -> Tool
     if python_version() != fp["python"]:
         problems.append(f"this is Python {python_version()}, the toolchain was set up with {fp['python']}")
 
-    if problems:
-        raise ToolchainError(
-            f"the toolchain at {layout.profile_dir} (profile {prof.name!r}) is not usable:\n"
-            + "\n".join(f"  - {p}" for p in problems)
-            + f"\n  fix: {fix}"
-        )
-    if "device_abi_digest" not in fp["mori"] or "distribution" not in fp["mori"]:
-        # Written by a gemmar-aot from before profiles (its mori is the default's): fill in, in
-        # memory, what this one records, so keys do not depend on which version ran setup.
-        try:
-            abi = device_abi_digest(layout.mori_dir)
-        except DeviceAbiUnknown as e:
-            raise ToolchainError(f"{e}\n  fix: {fix}") from None
-        fp = {**fp, "mori": {**fp["mori"], "distribution": prof.mori.project, "device_abi_digest": abi}}
-    return Toolchain(
-        root=layout.root,
-        mori_dir=layout.mori_dir,
-        cco_bc=layout.cco_bc,
-        rocm_path=layout.rocm_path,
-        fingerprint=fp,
-        profile=prof,
-    )
+    return problems
 
 
 def compile_env(tc: Toolchain) -> dict[str, str]:
