@@ -30,6 +30,7 @@ from gemmar_aot.toolchain import ccobc, fetch, pins
 from gemmar_aot.toolchain.digest import sha256_file, tree_digest, verify_sha256
 from gemmar_aot.toolchain.fingerprint import (
     fingerprint_digest,
+    MORI_EP_SOURCE_GLOBS,
     mori_source_files,
     non_portable_values,
 )
@@ -62,13 +63,14 @@ def real_tc(real_root) -> Toolchain:
 @pytest.fixture
 def tmp_toolchain(real_root, tmp_path) -> Path:
     """A copy of what load_toolchain reads: toolchain.json, the bitcode, the
-    ld.lld wrapper and mori's generator sources (not the whole 70 MB)."""
+    ld.lld wrapper and mori's generator sources, the EP ones included (not the whole 70 MB)."""
     src, dst = Layout(real_root), Layout(tmp_path / "tc")
     dst.root.mkdir()
     shutil.copy2(src.toolchain_json, dst.toolchain_json)
     shutil.copytree(src.cco_bc.parent, dst.cco_bc.parent)
     shutil.copytree(src.rocm_path, dst.rocm_path)
-    for rel in mori_source_files(src.mori_dir) + ["mori/ops/gemm_ar/op.py"]:
+    for rel in (mori_source_files(src.mori_dir) + mori_source_files(src.mori_dir, MORI_EP_SOURCE_GLOBS)
+                + ["mori/ops/gemm_ar/op.py"]):
         (dst.mori_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src.mori_dir / rel, dst.mori_dir / rel)
     return dst.root
