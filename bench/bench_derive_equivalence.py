@@ -1,15 +1,15 @@
 """Whether this checkout's derive code reads what another revision's read: a behaviour check for
 a derive-code change meant to be faster only.
 
-A derive-code change (``gemmar_aot.keys.DERIVE_CODE``) compiles nothing but re-derives every
+A derive-code change (``gemmar_aot.compiler.keys.DERIVE_CODE``) compiles nothing but re-derives every
 record of every store. One that is meant only to be faster must give what the code it replaces
 gave, error messages included. This compares the two on the same inputs:
 
-* the code-object parser (``gemmar_aot/codeobject.py``): every code object of a lock, halves of
+* the code-object parser (``gemmar_aot/model/codeobject.py``): every code object of a lock, halves of
   them, shorter than an ELF header, a header only, and ``--flips`` copies of each with one byte
   changed (most in the first 4 KiB, where the headers, the section table and the notes are);
   results compared field by field over the fields both versions have, errors by message;
-* the launch-program evaluator (``gemmar_aot/launch.py``): every launch record of the lock with
+* the launch-program evaluator (``gemmar_aot/model/launch.py``): every launch record of the lock with
   random parameters, and ``--programs`` random programs of every op, width and operand kind
   (some malformed), with edge values (0, +-1, 2^31, 2^63, 2^64 - 1, ...).
 
@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import gemmar_aot.codeobject as new_codeobject  # noqa: E402
-import gemmar_aot.launch as new_launch  # noqa: E402
+import gemmar_aot.model.codeobject as new_codeobject  # noqa: E402
+import gemmar_aot.model.launch as new_launch  # noqa: E402
 from gemmar_aot.model.lock import read_lock  # noqa: E402
 from gemmar_aot.runtime.artifacts import load_artifacts  # noqa: E402
 
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        old_codeobject = module_at(args.against, "gemmar_aot/codeobject.py", "old_codeobject", Path(tmp))
-        old_launch = module_at(args.against, "gemmar_aot/launch.py", "old_launch", Path(tmp))
+        old_codeobject = module_at(args.against, "gemmar_aot/model/codeobject.py", "old_codeobject", Path(tmp))
+        old_launch = module_at(args.against, "gemmar_aot/model/launch.py", "old_launch", Path(tmp))
 
     lock = read_lock(args.lock)
     arts = load_artifacts(args.lock)

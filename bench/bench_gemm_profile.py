@@ -215,7 +215,7 @@ def one_round(worker, spec, jf, split_binary: bool, profile: cProfile.Profile | 
             profile.disable()
         code = worker._STATE.pop("lowered")[2]
         # what compile_kernel does after FlyDSL returns (code object, launch record)
-        from gemmar_aot.codeobject import parse_code_object
+        from gemmar_aot.model.codeobject import parse_code_object
         from gemmar_aot.compiler.hostir import read_launch_record
 
         co = parse_code_object(code)

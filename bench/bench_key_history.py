@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gemmar_aot import keys  # noqa: E402
-from gemmar_aot.source_form import FORM_VERSION, normal_form  # noqa: E402
+from gemmar_aot.compiler.source_form import FORM_VERSION, normal_form  # noqa: E402
 
 #: The commit that created the store (action keys over COMPILER_SOURCES).
 FIRST = "968760a"
@@ -64,7 +64,7 @@ def module_path(name: str) -> list[str]:
 
 def old_scheme(commit: str) -> str:
     """The key ingredients of our own code under the old scheme, as C computed them."""
-    src = show(commit, "gemmar_aot/keys.py")
+    src = show(commit, "gemmar_aot/compiler/keys.py")
     if src is None:
         return "no keys.py"
     tree = ast.parse(src)

@@ -29,7 +29,7 @@ WORKER = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import gemmar_aot
-from gemmar_aot.errors import ManifestError
+from gemmar_aot.util.errors import ManifestError
 if os.path.isdir(os.path.join(sys.argv[1], "gemmar_aot", "build")):
     from gemmar_aot.build.manifest import load_manifest, parse_manifest
 else:  # an OTHER_CHECKOUT from before the build side became a package (issue 21)

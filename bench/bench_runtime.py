@@ -71,7 +71,7 @@ class BenchDriver:
 
     def load_module(self, image):
         if self.parse:
-            from gemmar_aot.codeobject import parse_code_object
+            from gemmar_aot.model.codeobject import parse_code_object
 
             forget_parsed_notes()  # the stand-in costs a whole parse, as it did before the note cache
             parse_code_object(image)
@@ -112,7 +112,7 @@ def forget_parsed_notes() -> None:
     """Empty the code-object parser's per-process cache of metadata notes, so each construction
     measured is a pod's first and only one: a serving process constructs one op per rank, and
     would otherwise find every note parsed by the previous run. (Older checkouts have no cache.)"""
-    import gemmar_aot.codeobject as co
+    import gemmar_aot.model.codeobject as co
 
     getattr(co, "forget_parsed_notes", lambda: None)()
 

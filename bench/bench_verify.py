@@ -51,7 +51,8 @@ def import_cost_ms(n: int = 5) -> list[float]:
 def verify_step_ms(lock: Path, trusted: Path, n: int = 200) -> dict:
     """The check alone, as the runtime runs it: read the trusted keys and the envelope, hash the
     lock's bytes, verify the signature (medians of ``n``)."""
-    from gemmar_aot.signing import envelope_path, load_trust
+    from gemmar_aot.trust.envelope import envelope_path
+    from gemmar_aot.trust.verify import load_trust
 
     ts = []
     for _ in range(n):
@@ -74,7 +75,8 @@ def main() -> int:
     from fakes import FakeCommunicator
 
     from gemmar_aot.runtime import GemmAllReduceOp
-    from gemmar_aot.signing import generate_key, load_signing_key, sign_lock_file
+    from gemmar_aot.trust.envelope import sign_lock_file
+    from gemmar_aot.trust.keys import generate_key, load_signing_key
     from gemmar_aot.store.record_index import index_path
 
     src = a.store / "locks" / f"{a.manifest}.lock.json"

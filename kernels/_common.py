@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gemmar_aot.spec import KernelSpec, canonical_json
+from gemmar_aot.model.spec import KernelSpec, canonical_json
 
 #: compile_fused_gemm_scatter's keyword arguments as GemmAllReduceOp passes them
 #: (op.py, _compiled), with every other keyword written out at mori 1.2.4's
@@ -51,7 +51,7 @@ class RankKernels:
 def op_cfg(*, world, m_pad, n, block_m, gather_dtype, gather_transport, shape_slots,
            shape_index, capacity_m) -> dict:
     """Arguments of the op's own ``_build_cfg`` (the one place mori builds an ArConfig)."""
-    from gemmar_aot.rules import MAX_CHUNKS  # plan half only: the build half reads the spec
+    from gemmar_aot.model.rules import MAX_CHUNKS  # plan half only: the build half reads the spec
 
     return {
         "via": "op._build_cfg",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from ._common import RankKernels
 

@@ -15,7 +15,7 @@ read a recv slot no scatter fills.
 
 from __future__ import annotations
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from . import sdma_phases
 from ._common import RankKernels, build_gemm

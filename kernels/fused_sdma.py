@@ -9,7 +9,7 @@ instead: scatter, then the same tail.
 
 from __future__ import annotations
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from . import sdma_phases
 from ._common import GEMM_FIXED, RankKernels, build_gemm

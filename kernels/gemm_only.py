@@ -30,7 +30,7 @@ and queue count, but a code object is its bytes: every spec names both.
 
 from __future__ import annotations
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from ._common import GEMM_FIXED, RankKernels, build_gemm, gemm_only_cfg
 
@@ -42,7 +42,7 @@ MXFP8_GEMM_OP_SDMA_QUEUES = 8
 def unfused_gemm_spec(*, n: int, k: int, quant: str, block_m: int, block_n: int, rank: int, sdma_queues: int,
                       narrow: bool = False) -> KernelSpec:
     """``compile_fused_gemm_scatter(cfg, rank, fuse=False, sdma_queues=...)`` with a config no byte depends on."""
-    from gemmar_aot import rules
+    from gemmar_aot.model import rules
 
     builder = {"K": k, "BLOCK_M": block_m, "BLOCK_N": rules.NARROW_BLOCK_N if narrow else block_n,
                "fuse": False, "transport": "sdma", "quant": quant, "sdma_queues": sdma_queues,
@@ -60,7 +60,7 @@ def split_gemm_spec(w, rank: int) -> KernelSpec:
 
 
 def specs(w, layout, env: dict) -> tuple[RankKernels, ...]:
-    from gemmar_aot import rules
+    from gemmar_aot.model import rules
 
     gemm = unfused_gemm_spec(n=w.n, k=w.k, quant="mxfp8", block_m=rules.MXFP8_BLOCK_M, block_n=w.block_n,
                              rank=0, sdma_queues=MXFP8_GEMM_OP_SDMA_QUEUES,

@@ -16,7 +16,7 @@ disagree -- which is what a mori with a retuned table would do -- naming both.
 
 from __future__ import annotations
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from ._common import RankKernels
 
@@ -44,7 +44,7 @@ def _decode(code: str) -> dict:
 
 def config(n: int, k: int, bucket: int) -> dict:
     """What ``select_config(n, k, bucket)`` returns."""
-    from gemmar_aot import rules
+    from gemmar_aot.model import rules
 
     code = TUNED.get((n, k), {}).get(bucket)
     cfg = _decode(code) if code else dict(HEURISTIC)
@@ -64,7 +64,7 @@ def placeholders(*, m: int, n: int, k: int):
     """Flat int32 CPU tensors as Mxfp8GemvOp passes them: W, W scale, X, X scale, then C (bf16)."""
     import torch
 
-    from gemmar_aot import rules
+    from gemmar_aot.model import rules
 
     kb = k // rules.MXFP8_BLOCK
     w = torch.empty(n * k // 4, dtype=torch.int32)

@@ -25,7 +25,7 @@ against the op's own.
 
 from __future__ import annotations
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from ._common import PHASE_FIXED, build_phase, op_cfg, phase_build_group
 
@@ -40,7 +40,7 @@ REDUCE_PHASES = ("reduce", "reduce_quant", "reduce_push")
 def tail(gather_dtype: str, gather_transport: str) -> tuple[str, ...]:
     """What follows the scatter (or drain): ``build_sdma_phases(...)["order"][1:]``, from the one
     table the runtime checks locks against (imported here, by the plan half only)."""
-    from gemmar_aot.launch_sequence import tail
+    from gemmar_aot.model.launch_sequence import tail
 
     return tail(gather_dtype, gather_transport)
 

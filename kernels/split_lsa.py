@@ -15,7 +15,7 @@ could silently do nothing, but it does prove the window's peer mapping).
 
 from __future__ import annotations
 
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 from . import sdma_phases
 from ._common import RankKernels, make_cfg

@@ -43,7 +43,7 @@ def smoke_lock(smoke_store):
 
 def smoke_kernels(out: Path):
     """(spec, record, verified code bytes) for every distinct kernel the smoke lock names."""
-    from gemmar_aot.spec import KernelSpec
+    from gemmar_aot.model.spec import KernelSpec
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.store import Store
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import zstandard
 
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.model.spec import canonical_json
 
 
 def read_frames(path: Path) -> tuple[dict, list[list[bytes]]]:

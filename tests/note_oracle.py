@@ -1,9 +1,9 @@
 """A code object's own metadata note, read for the test doubles without gemmar_aot.
 
 The doubles' expectations must not come from the code under test, so this does not
-use :mod:`gemmar_aot.codeobject` (which the compiler and the runtime share). It
+use :mod:`gemmar_aot.model.codeobject` (which the compiler and the runtime share). It
 takes a different path to the same bytes: the runtime loader's, through the ELF
-*program* headers (the ``PT_NOTE`` segment), where ``gemmar_aot.codeobject`` walks
+*program* headers (the ``PT_NOTE`` segment), where ``gemmar_aot.model.codeobject`` walks
 the section headers; and it reads the symbol table through ``PT_DYNAMIC``
 (``DT_SYMTAB``, ``DT_STRTAB``, ``DT_HASH``), which is what a loader resolves
 ``hipModuleGetFunction`` against. ``msgpack`` decodes the note (a third-party

@@ -12,7 +12,7 @@ from gemmar_aot.model.layout import window_layout
 from gemmar_aot.model.layout import CallLayout, WindowLayout
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import Digest, LaunchEntry, LockTuple, ManifestRef, RankLaunches, ToolchainInfo, TupleId
-from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.model.launch import LaunchRecord
 
 PHASE_RECORD = {
     "kernel": "phase_0", "params": ["i64", "i64", "stream"],

@@ -24,7 +24,8 @@ from click.testing import CliRunner
 from test_remote_build import SMOKE, _a_cheap_kernel_with_its_own_blob, _build, _lock_bytes, _lock_entries
 from gemmar_aot.build.audit import FETCHES_FILE, sample
 from gemmar_aot.cli import main
-from gemmar_aot.signing import envelope_path, generate_key, load_signing_key
+from gemmar_aot.trust.envelope import envelope_path
+from gemmar_aot.trust.keys import generate_key, load_signing_key
 from gemmar_aot.store import Store
 from gemmar_aot.store.remote.backend import HttpBackend
 

@@ -133,7 +133,7 @@ def test_an_index_holding_other_bytes_is_refused_per_code_object(smoke_store, sm
 def test_an_index_of_another_schema_or_not_an_index_is_refused(tmp_path):
     import zstandard
 
-    from gemmar_aot.canonical_json import canonical_json
+    from gemmar_aot.model.spec import canonical_json
 
     cctx = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
     p = tmp_path / "x.blobs.zst"

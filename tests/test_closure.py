@@ -121,7 +121,7 @@ def test_a_manifest_one_tuple_away_takes_the_latest_closure_and_looks_up_only_th
 def _full_closure_key(smoke_store: Path) -> str:
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.build.closure import closure_key
-    from gemmar_aot.keys import derive_code_digest
+    from gemmar_aot.compiler.keys import derive_code_digest
 
     lock = read_lock(smoke_store / "locks" / "smoke.lock.json")
     return closure_key(manifest={"name": lock.manifest.name, "sha256": lock.manifest.sha256},

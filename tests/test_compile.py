@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.codeobject import parse_code_object
-from gemmar_aot.launch import PARAM_SIZES, LaunchRecord
+from gemmar_aot.model.codeobject import parse_code_object
+from gemmar_aot.model.launch import PARAM_SIZES, LaunchRecord
 from gemmar_aot.build.manifest import load_manifest
 from gemmar_aot.build.plan import make_plan
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 pytestmark = pytest.mark.compile
 
@@ -137,7 +137,7 @@ _FRESH = textwrap.dedent(
     """
     import json, sys
     from gemmar_aot.compiler import worker
-    from gemmar_aot.spec import KernelSpec
+    from gemmar_aot.model.spec import KernelSpec
     args = json.loads(sys.argv[1])
     worker.init(None, args["debug_locations"])
     sys.stdout.buffer.write(worker.compile_kernel(KernelSpec.from_json(args["spec"])).code)

@@ -19,7 +19,7 @@ import pytest
 
 from gemmar_aot.build.manifest import parse_manifest
 from gemmar_aot.build.plan import make_plan
-from gemmar_aot.errors import ManifestError
+from gemmar_aot.util.errors import ManifestError
 from gemmar_aot.model.ep import EpConfig, arena_layout, config_problems, pick, resolved, variants
 from gemmar_aot_kernels import ep as recipe
 
@@ -201,7 +201,7 @@ def ep_build(tmp_path_factory):
 
 @pytest.mark.compile
 def test_ep_bytes_equal_moris_own_path_for_every_rank_and_variant(ep_build):
-    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.compiler.keys import action_key, ingredients
     from gemmar_aot.store import Store
     from gemmar_aot.toolchain import load_toolchain
 
@@ -239,7 +239,7 @@ def test_ep_bytes_equal_moris_own_path_under_the_nightly_profile(ep_build, tmp_p
     from test_profiles import _installed
 
     from gemmar_aot.build.pipeline import run_build
-    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.compiler.keys import action_key, ingredients
     from gemmar_aot.store import Store
     from gemmar_aot.toolchain import load_toolchain
 
@@ -271,7 +271,7 @@ def test_ep_bytes_equal_moris_own_path_under_the_nightly_profile(ep_build, tmp_p
 def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
     import dataclasses
 
-    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.compiler.keys import action_key, ingredients
     from gemmar_aot.model.lock import Lock, read_lock
     from gemmar_aot.store.record_index import lock_rank_groups
     from gemmar_aot.toolchain import load_toolchain

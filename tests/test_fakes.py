@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from fakes import FakeHipDriver, roles_of
-from gemmar_aot.codeobject import parse_code_object
+from gemmar_aot.model.codeobject import parse_code_object
 from gemmar_aot.runtime.driver import KernArgs
 from note_oracle import NoteError, read_note
 
@@ -23,7 +23,7 @@ def _fill_args(ptr: int, value: int = 7, n: int = 64, size: int = 24) -> KernArg
 
 
 def test_note_reader_agrees_with_the_section_reader(test_co):
-    """Two readers, two paths (program headers here, section headers in gemmar_aot.codeobject), one answer."""
+    """Two readers, two paths (program headers here, section headers in gemmar_aot.model.codeobject), one answer."""
     ours, theirs = read_note(test_co), parse_code_object(test_co)
     assert ours.target.endswith("gfx950") and set(ours.kernels) == {k.name for k in theirs.kernels} == {"fill", "axpy"}
     for k in theirs.kernels:
@@ -120,9 +120,9 @@ def test_every_built_kernel_name_allows_exactly_its_role(smoke_lock):
 
 
 def test_parsed_notes_are_remembered_by_their_bytes_only(test_co):
-    """gemmar_aot.codeobject keeps parsed metadata notes per process (a rank's code objects repeat a
+    """gemmar_aot.model.codeobject keeps parsed metadata notes per process (a rank's code objects repeat a
     few): a note differing in one byte is parsed afresh, and a note that is not a map is refused."""
-    from gemmar_aot.codeobject import CodeObjectError
+    from gemmar_aot.model.codeobject import CodeObjectError
 
     before = parse_code_object(test_co)
     assert parse_code_object(test_co) == before

@@ -111,7 +111,7 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 #: What the build side is, for the layer rules below: the modules that plan, compile, store and
 #: package kernels (the runtime's own import rule, ``tests/test_runtime.py``, checks what a pod loads).
 BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.compiler", "gemmar_aot_kernels", "gemmar_aot.store", "gemmar_aot.package",
-              "gemmar_aot.keys", "gemmar_aot.cli")
+              "gemmar_aot.compiler.keys", "gemmar_aot.cli")
 
 
 def _under(mod: str, prefixes) -> bool:
@@ -151,13 +151,10 @@ def test_the_layer_rule_sees_a_violation():
 #: compiler: a compile worker (and the Ray executor, and the derive step) writes and reads the
 #: store, and the store knows nothing of what compiled its bytes.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("shared", ("gemmar_aot.model", "gemmar_aot.rules", "gemmar_aot.spec", "gemmar_aot.launch",
-                "gemmar_aot.launch_sequence", "gemmar_aot.codeobject", "gemmar_aot.device_abi",
-                "gemmar_aot.canonical_json", "gemmar_aot.atomic_write", "gemmar_aot.errors", "gemmar_aot.checkout",
-                "gemmar_aot.filedigest", "gemmar_aot.source_form", "gemmar_aot.signing",
-                "gemmar_aot.manifest_lines", "gemmar_aot.toolchain")),
+    ("shared", ("gemmar_aot.model", "gemmar_aot.util", "gemmar_aot.trust")),
     ("store", ("gemmar_aot.store",)),
-    ("compiler", ("gemmar_aot.compiler", "gemmar_aot.keys", "gemmar_aot_kernels")),
+    ("toolchain", ("gemmar_aot.toolchain",)),
+    ("compiler", ("gemmar_aot.compiler", "gemmar_aot_kernels")),
     ("build", ("gemmar_aot.build",)),
     ("package", ("gemmar_aot.package",)),
     # A branch of its own above the store: see RUNTIME_MAY_REACH. mori_patch is the runtime's
@@ -167,7 +164,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: The package's own ``__init__`` (its docstring and version) is shared.
 SHARED_ROOT = "gemmar_aot"
-#: The layers the runtime may reach, at any depth: no compiler, keys, build or package.
+#: The layers the runtime may reach, at any depth: no toolchain, compiler, keys, build or package.
 RUNTIME_MAY_REACH = ("shared", "store", "runtime")
 #: Store modules only the build side uses (maintenance, writing a pack, the remote cache's
 #: backend): the runtime reaches the store's reading half only.
@@ -199,7 +196,7 @@ def _layer_violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 def test_every_module_has_a_layer():
     graph = _module_graph()
     assert sorted(m for m in graph if _layer(m) is None) == []
-    assert _layer("gemmar_aot.build.pipeline") == "build" and _layer("gemmar_aot.keys") == "compiler"
+    assert _layer("gemmar_aot.build.pipeline") == "build" and _layer("gemmar_aot.compiler.keys") == "compiler"
     assert _layer("gemmar_aot.package.wheel") == "package" and _layer("gemmar_aot.store.cas") == "store"
 
 
@@ -209,24 +206,102 @@ def test_imports_go_down_the_layers():
 
 def test_the_layer_checker_sees_violations():
     graph = {
-        "gemmar_aot.spec": set(),
-        "gemmar_aot.model.types": {"gemmar_aot.spec", "gemmar_aot.store.cas"},  # shared -> store
-        "gemmar_aot.store.cas": {"gemmar_aot.spec"},
-        "gemmar_aot.store.gc": {"gemmar_aot.store.cas", "gemmar_aot.keys"},  # store -> keys
-        "gemmar_aot.compiler.worker": {"gemmar_aot.store.cas", "gemmar_aot.keys"},  # down, allowed
-        "gemmar_aot.keys": {"gemmar_aot.build.plan"},  # keys -> build
-        "gemmar_aot.build.plan": {"gemmar_aot.keys", "gemmar_aot.package.wheel"},  # build -> package
+        "gemmar_aot.model.spec": set(),
+        "gemmar_aot.model.types": {"gemmar_aot.model.spec", "gemmar_aot.store.cas"},  # shared -> store
+        "gemmar_aot.store.cas": {"gemmar_aot.model.spec"},
+        "gemmar_aot.store.gc": {"gemmar_aot.store.cas", "gemmar_aot.compiler.keys"},  # store -> keys
+        "gemmar_aot.compiler.worker": {"gemmar_aot.store.cas", "gemmar_aot.compiler.keys"},  # down, allowed
+        "gemmar_aot.compiler.keys": {"gemmar_aot.build.plan"},  # keys -> build
+        "gemmar_aot.build.plan": {"gemmar_aot.compiler.keys", "gemmar_aot.package.wheel"},  # build -> package
         "gemmar_aot.package.wheel": {"gemmar_aot.build.plan"},
         "gemmar_aot.runtime.op": {"gemmar_aot.store.gc"},  # runtime -> store's build half (-> keys)
         "gemmar_aot.cli.build": {"gemmar_aot.runtime.op", "gemmar_aot.build.plan"},
     }
     assert _layer_violations(graph) == {
         ("gemmar_aot.model.types", "gemmar_aot.store.cas"),
-        ("gemmar_aot.store.gc", "gemmar_aot.keys"),
-        ("gemmar_aot.keys", "gemmar_aot.build.plan"),
+        ("gemmar_aot.store.gc", "gemmar_aot.compiler.keys"),
+        ("gemmar_aot.compiler.keys", "gemmar_aot.build.plan"),
         ("gemmar_aot.build.plan", "gemmar_aot.package.wheel"),
         ("gemmar_aot.runtime.op", "gemmar_aot.store.gc"),
-        ("gemmar_aot.runtime.op", "gemmar_aot.keys"),
+        ("gemmar_aot.runtime.op", "gemmar_aot.compiler.keys"),
         ("gemmar_aot.runtime.op", "gemmar_aot.build.plan"),
         ("gemmar_aot.runtime.op", "gemmar_aot.package.wheel"),
     }
+
+
+# ---------------------------------------------------------------------------
+# rooms a reader can find, files and functions a reader can hold
+# ---------------------------------------------------------------------------
+
+#: The top of the package: the package itself, ``python -m gemmar_aot``, and the one entry file
+#: installed hooks import by name (``mori_patch``: its name is written into every ``.pth``).
+TOP_LEVEL = {"__init__.py", "__main__.py", "mori_patch.py"}
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def _package_files() -> list[Path]:
+    return sorted(p for p in (REPO / "gemmar_aot").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_module_lives_in_the_package_of_its_side():
+    top = {p.name for p in (REPO / "gemmar_aot").glob("*.py")}
+    assert top == TOP_LEVEL, f"modules at the top of gemmar_aot/: {sorted(top - TOP_LEVEL)}; move each into its package"
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    long = {str(p.relative_to(REPO)): n for p in _package_files()
+            if (n := p.read_text().count("\n")) > MAX_MODULE_LINES}
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}; split each by its concerns"
+
+
+def test_no_function_is_longer_than_a_reader_can_hold():
+    import ast
+
+    long = {}
+    for p in _package_files():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{p.relative_to(REPO)}:{node.lineno} {node.name}"] = n
+    assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}; split each into named steps"
+
+
+#: Every module of ours a pod imports with ``import gemmar_aot.runtime`` (torch already imported):
+#: the shared model of a lock and its kernels, the store's reading half, the runtime. Not the
+#: trust package (only when trusted keys are set), not the store's write side (only when a record
+#: or code object is not in the lock's indexes), not the EP op (only when asked for), nothing of
+#: the toolchain, compiler, build or package. A change here is a change of what every pod pays.
+POD_IMPORTS = {
+    "gemmar_aot", "gemmar_aot.model", "gemmar_aot.model.codec", "gemmar_aot.model.codeobject",
+    "gemmar_aot.model.device_abi", "gemmar_aot.model.launch", "gemmar_aot.model.launch_sequence",
+    "gemmar_aot.model.layout", "gemmar_aot.model.lock", "gemmar_aot.model.manifest_lines", "gemmar_aot.model.rules",
+    "gemmar_aot.model.schema", "gemmar_aot.model.spec", "gemmar_aot.model.types", "gemmar_aot.model.validate",
+    "gemmar_aot.runtime", "gemmar_aot.runtime.artifacts", "gemmar_aot.runtime.driver", "gemmar_aot.runtime.errors",
+    "gemmar_aot.runtime.gc_pause", "gemmar_aot.runtime.gemm", "gemmar_aot.runtime.hip", "gemmar_aot.runtime.launches",
+    "gemmar_aot.runtime.loading", "gemmar_aot.runtime.memory", "gemmar_aot.runtime.misses", "gemmar_aot.runtime.op",
+    "gemmar_aot.runtime.operands", "gemmar_aot.runtime.padding", "gemmar_aot.runtime.provenance",
+    "gemmar_aot.runtime.self_test", "gemmar_aot.runtime.support", "gemmar_aot.runtime.verify",
+    "gemmar_aot.runtime.window", "gemmar_aot.store", "gemmar_aot.store._fs", "gemmar_aot.store.backend",
+    "gemmar_aot.store.blob_index", "gemmar_aot.store.blobfmt", "gemmar_aot.store.errors", "gemmar_aot.store.record",
+    "gemmar_aot.store.record_index", "gemmar_aot.util", "gemmar_aot.util.atomic_write",
+    "gemmar_aot.util.canonical_json", "gemmar_aot.util.errors",
+    "gemmar_aot.util.filedigest",
+}
+
+
+def test_a_pod_imports_exactly_the_modules_it_uses():
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, torch; before = set(sys.modules); import gemmar_aot.runtime; "
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    new = set(json.loads(p.stdout))
+    ours = {m for m in new if m.split(".")[0] == "gemmar_aot"}
+    assert ours == POD_IMPORTS, (f"the pod now imports {sorted(ours - POD_IMPORTS)} and no longer "
+                                 f"{sorted(POD_IMPORTS - ours)}")
+    assert not {m for m in new if m.split(".")[0] in ("cryptography", "flydsl", "mlir", "filelock", "click", "jsonschema")}

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 
 import hipstub as hs
-from gemmar_aot.codeobject import parse_code_object
-from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.model.codeobject import parse_code_object
+from gemmar_aot.model.launch import LaunchRecord
 from gemmar_aot.runtime.errors import ArtifactMismatchError
 from gemmar_aot.runtime.launches import prepare_launch
 from gemmar_aot.runtime.verify import verify_code_object

@@ -10,7 +10,7 @@ the count) and write the new keys::
 
 A move is right only when the bytes can change (a new toolchain pin, a builder argument, a
 recipe's code). Comments, docstrings, formatting, moving or renaming a module (key schema 4:
-modules are hashed under logical names, ``gemmar_aot.keys.MODULES``) and derive code never move
+modules are hashed under logical names, ``gemmar_aot.compiler.keys.MODULES``) and derive code never move
 a key (``tests/test_key_stability.py`` and the move/rename tests below edit a copy of the tree
 to show it; this test holds the whole tree to it, commit after commit).
 """
@@ -31,7 +31,7 @@ MANIFESTS = ("manifests/dsv4-pro-wo_b.toml", "manifests/dsv4-pro-wo_b-modes.toml
 
 def current_keys() -> dict:
     """{"key_schema", "profile", "manifests": {path: {spec id: [spec label, action key]}}} for this tree."""
-    from gemmar_aot.keys import KEY_SCHEMA, action_key, ingredients
+    from gemmar_aot.compiler.keys import KEY_SCHEMA, action_key, ingredients
     from gemmar_aot.build.manifest import load_manifest
     from gemmar_aot.build.plan import make_plan
     from gemmar_aot.toolchain import load_toolchain
@@ -72,14 +72,13 @@ def test_the_pin_covers_every_kernel_of_the_shipped_manifests():
 
 # ---- a module moved or renamed moves no key (key schema 4: logical module names) ----
 
-#: In a copy of the tree: compile code moved into another package (``filedigest`` into
+#: In a copy of the tree: compile code moved into another package (``util.filedigest`` into
 #: ``model``), and renamed (``toolchain.pins`` as ``toolchain.versions``), each importer
 #: rewritten and the registry entry pointed at the new place, as a refactoring does.
 _MOVES = (
-    ("gemmar_aot/filedigest.py", "gemmar_aot/model/filedigest.py",
-     (("from gemmar_aot.filedigest import", "from gemmar_aot.model.filedigest import"),
-      ("from ..filedigest import", "from ..model.filedigest import"),
-      ('"gemmar_aot.filedigest"', '"gemmar_aot.model.filedigest"'))),
+    ("gemmar_aot/util/filedigest.py", "gemmar_aot/model/filedigest.py",
+     (("from gemmar_aot.util.filedigest import", "from gemmar_aot.model.filedigest import"),
+      ('"gemmar_aot.util.filedigest"', '"gemmar_aot.model.filedigest"'))),
     ("gemmar_aot/toolchain/pins.py", "gemmar_aot/toolchain/versions.py",
      (("from .pins import", "from .versions import"),
       ('"gemmar_aot.toolchain.pins"', '"gemmar_aot.toolchain.versions"'))),
@@ -106,9 +105,9 @@ def test_a_compile_module_moved_into_another_package_and_one_renamed_move_no_key
     import tree_copy
 
     tree = _moved_tree(tmp_path / "moved")
-    assert not (tree / "gemmar_aot" / "filedigest.py").exists() and (tree / "gemmar_aot/toolchain/versions.py").exists()
+    assert not (tree / "gemmar_aot" / "util" / "filedigest.py").exists() and (tree / "gemmar_aot/toolchain/versions.py").exists()
     p = tree_copy.run(tree, "-c", "import gemmar_aot.toolchain.versions, gemmar_aot.model.filedigest, sys; "
-                                  "print('gemmar_aot.filedigest' in sys.modules)")
+                                  "print('gemmar_aot.util.filedigest' in sys.modules)")
     assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr  # the copy really runs the moved modules
     ours, theirs = tree_copy.keys(None, *MANIFESTS), tree_copy.keys(tree, *MANIFESTS)
     assert theirs == ours and sum(len(v) for v in ours.values()) == 424 + len(ours["manifests/dsv4-pro-wo_b-modes.toml"]) + 120 + 184
@@ -123,7 +122,7 @@ def test_a_move_the_registry_was_not_told_of_is_an_error_naming_the_module_and_t
     keys_py.write_text(keys_py.read_text().replace('"gemmar_aot.toolchain.versions"', '"gemmar_aot.toolchain.pins"'))
     p = tree_copy.run(tree, "-c", tree_copy.KEYS_SCRIPT, str(ROOT / "manifests" / "smoke.toml"))
     assert p.returncode != 0
-    assert "gemmar_aot.toolchain.versions" in p.stderr and "gemmar_aot.keys.MODULES" in p.stderr, p.stderr[-2000:]
+    assert "gemmar_aot.toolchain.versions" in p.stderr and "gemmar_aot.compiler.keys.MODULES" in p.stderr, p.stderr[-2000:]
 
 
 def test_after_a_move_and_a_rename_the_smoke_build_compiles_nothing_and_derives_nothing(smoke_store, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
+from gemmar_aot.compiler.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
 from gemmar_aot.build.manifest import load_manifest
 from gemmar_aot.build.plan import make_plan
 
@@ -88,7 +88,7 @@ def test_keys_travel_across_python_torch_and_the_released_flydsl_wheels():
     """What never changes the bytes is not in the key (see keys.py): a 3.12 runner with torch
     2.11 and FlyDSL's cp312 wheel shares every entry with a 3.11 runner with torch 2.13 and the
     cp311 wheel. A FlyDSL that is not a known release wheel shares nothing."""
-    from gemmar_aot.keys import FLYDSL_WHEEL_DIGESTS
+    from gemmar_aot.compiler.keys import FLYDSL_WHEEL_DIGESTS
 
     cp311, cp312 = sorted(FLYDSL_WHEEL_DIGESTS["0.4.2"], key=FLYDSL_WHEEL_DIGESTS["0.4.2"].get)
     plan = make_plan(load_manifest(ROOT / "manifests" / "smoke.toml"), env={})
@@ -113,19 +113,19 @@ def test_every_builder_argument_changes_the_key():
             d2 = copy.deepcopy(d)
             d2["params"][section][name] = (not value) if isinstance(value, bool) else (
                 value + 1 if isinstance(value, int) else f"{value}-x")
-            from gemmar_aot.spec import KernelSpec
+            from gemmar_aot.model.spec import KernelSpec
 
             assert action_key(ingredients(KernelSpec.from_json(d2), FP)) != base, (section, name)
     d2 = copy.deepcopy(d)
     d2["rank"] += 1
-    from gemmar_aot.spec import KernelSpec
+    from gemmar_aot.model.spec import KernelSpec
 
     assert action_key(ingredients(KernelSpec.from_json(d2), FP)) != base
 
 
 def test_a_kernels_key_names_the_compile_code_of_its_own_recipe_and_no_derive_code():
-    from gemmar_aot.keys import compile_code_digest, derive_code_digest
-    from gemmar_aot.spec import KernelSpec
+    from gemmar_aot.compiler.keys import compile_code_digest, derive_code_digest
+    from gemmar_aot.model.spec import KernelSpec
 
     spec = KernelSpec.make("sdma-phases", "drain", 0, {"world": 2})
     ingr = ingredients(spec, FP)
@@ -144,7 +144,7 @@ def test_a_kernels_key_names_the_compile_code_of_its_own_recipe_and_no_derive_co
 
 _KEYS = """
 import json, sys
-from gemmar_aot.keys import action_key, ingredients
+from gemmar_aot.compiler.keys import action_key, ingredients
 from gemmar_aot.build.manifest import load_manifest
 from gemmar_aot.build.plan import make_plan
 fp = json.loads(sys.argv[1])
@@ -174,7 +174,7 @@ def test_the_ep_sources_are_in_the_ep_kernels_keys_and_no_others():
     """mori's EP generator sources can change an EP kernel and no other: only the EP recipe's
     keys hash their digest, and a toolchain set up before they were recorded is told to set up
     again (for EP only)."""
-    from gemmar_aot.errors import ToolchainError
+    from gemmar_aot.util.errors import ToolchainError
 
     plan = make_plan(load_manifest(ROOT / "manifests" / "smoke.toml"), env={})
     other = copy.deepcopy(FP)

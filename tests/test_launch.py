@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gemmar_aot.compiler.hostir import HostIRError, read_launch_record
-from gemmar_aot.launch import LaunchRecord, LaunchRecordError
+from gemmar_aot.model.launch import LaunchRecord, LaunchRecordError
 
 # The host function FlyDSL 0.4.2 lowers the fused GEMM launcher to (kernel renamed).
 GEMM_HOST_IR = """module attributes {gpu.container_module} {

@@ -16,8 +16,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from gemmar_aot import rules
-from gemmar_aot.errors import ManifestError
+from gemmar_aot.model import rules
+from gemmar_aot.util.errors import ManifestError
 from gemmar_aot.build.manifest import (
     MAX_GEMM_COMPILES,
     MAX_REPEAT_WARNINGS,

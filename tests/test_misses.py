@@ -137,7 +137,7 @@ def test_suggested_lines_built_serve_every_reported_m(tmp_path, tiny_manifest):
 
 
 def test_suggest_refuses_to_write_an_invalid_manifest_and_skips_bad_lines(tmp_path):
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.build.suggest import write_into
 
     man = tmp_path / "m.toml"

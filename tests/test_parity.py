@@ -280,7 +280,7 @@ def _keys(lock, sc: Scenario, kind: str, rank: int | None = None) -> set[str]:
 
 def _swap_a_b(rec: dict) -> dict:
     """The GEMM's A and B pointers swapped: both ``ptr``, same size, same kind -- only their meaning differs."""
-    from gemmar_aot.launch import LaunchRecord
+    from gemmar_aot.model.launch import LaunchRecord
 
     return {**rec, "launch": tamper.swap_kernel_args(LaunchRecord.from_json(rec["launch"]), 0, 2).to_json()}
 

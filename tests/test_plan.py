@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.build.manifest import load_manifest, parse_manifest
 from gemmar_aot.build.plan import make_plan
 
@@ -282,7 +282,7 @@ def test_build_cli_prints_the_warnings_before_it_starts(tmp_path, monkeypatch):
 def test_every_planned_tuple_is_the_sequence_the_runtime_checks_locks_against():
     """launch_sequence is the runtime's table: every tuple of every shipped manifest, each rank,
     plans exactly it (the recipes and the table cannot drift apart)."""
-    from gemmar_aot import launch_sequence
+    from gemmar_aot.model import launch_sequence
 
     seen = set()
     for path in sorted((Path(__file__).resolve().parent.parent / "manifests").glob("*.toml")):

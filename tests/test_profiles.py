@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from store_health import assert_verifies_clean
 
-from gemmar_aot.device_abi import REQUIRED, DeviceAbiUnknown, device_abi_digest, device_abi_files
-from gemmar_aot.errors import ToolchainError
+from gemmar_aot.model.device_abi import REQUIRED, DeviceAbiUnknown, device_abi_digest, device_abi_files
+from gemmar_aot.util.errors import ToolchainError
 from gemmar_aot.toolchain import compile_env, load_toolchain, toolchain_root
 from gemmar_aot.toolchain.paths import Layout
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE, PROFILES, get_profile, resolve_profiles
@@ -113,7 +113,7 @@ def test_nightly_profile_is_installed_side_by_side_with_its_own_bitcode():
 
 def test_keys_of_the_two_profiles_differ_in_the_mori_ingredients():
     _installed("nightly")
-    from gemmar_aot.keys import diff_ingredients, flatten, toolchain_ingredients
+    from gemmar_aot.compiler.keys import diff_ingredients, flatten, toolchain_ingredients
 
     a = toolchain_ingredients(load_toolchain(profile="default").fingerprint)
     b = toolchain_ingredients(load_toolchain(profile="nightly").fingerprint)

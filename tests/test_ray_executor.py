@@ -23,7 +23,7 @@ import pytest
 
 from gemmar_aot.compiler.scheduler import Task
 from gemmar_aot.compiler.worker import CompileResult
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,7 +160,7 @@ _DRIVER = """
 import json, sys
 from gemmar_aot.build.pipeline import run_build
 from gemmar_aot.compiler.ray_executor import RayExecutor
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 
 ex = RayExecutor(sys.argv[1], no_cpu_timeout=float(sys.argv[4]))
 try:
@@ -352,7 +352,7 @@ def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_p
 def test_a_spec_that_fails_everywhere_is_reported_like_a_local_failure(cluster, tmp_path):
     from gemmar_aot.compiler.scheduler import compile_all
     from gemmar_aot.compiler.ray_executor import RayExecutor
-    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.compiler.keys import action_key, ingredients
     from gemmar_aot.build.manifest import load_manifest
     from gemmar_aot.build.plan import make_plan
     from gemmar_aot.store import Store, inventory

@@ -22,7 +22,7 @@ from gemmar_aot.model.types import Digest
 from gemmar_aot.store.record import RECORD_READ_MEMBERS, record_digest, record_digest_of_halves, record_halves
 from gemmar_aot.runtime import verify
 from gemmar_aot.runtime.verify import envelope
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import (

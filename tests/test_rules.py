@@ -1,4 +1,4 @@
-"""gemmar_aot.rules: the op's arithmetic, its checks, and the window layout."""
+"""gemmar_aot.model.rules: the op's arithmetic, its checks, and the window layout."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemmar_aot.model.layout import window_layout
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 
 # --------------------------------------------------------------------------
 # Shape helpers

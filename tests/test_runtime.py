@@ -27,7 +27,7 @@ import torch
 from fakes import FakeCommunicator, FakeHipDriver, InjectedFailure
 from lock_docs import drop_rank, keep_tuples, kernel_entry, part, rank_launches
 from gemmar_aot.model.layout import window_layout
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.runtime import (
     ArtifactConflictError,
     ArtifactMismatchError,
@@ -107,7 +107,7 @@ def kernel_json(doc, key) -> dict:
 # ---------------------------------------------------------------------------
 
 FORBIDDEN = ("flydsl", "mlir", "_mlir_libs", "mori.ops", "gemmar_aot.compiler", "gemmar_aot.toolchain",
-             "gemmar_aot_kernels", "gemmar_aot.keys", "gemmar_aot.build")
+             "gemmar_aot_kernels", "gemmar_aot.compiler.keys", "gemmar_aot.build")
 
 
 def _fresh_modules(code: str) -> set[str]:
@@ -130,7 +130,7 @@ def test_import_rule_fresh_interpreter():
     assert "torch" not in mods, "torch must be imported lazily"
     assert not any(m == "mori" or m.startswith("mori.") for m in mods)
     # the probe itself can see a violation
-    assert _forbidden({"flydsl.expr", "gemmar_aot.keys"}) == ["flydsl.expr", "gemmar_aot.keys"]
+    assert _forbidden({"flydsl.expr", "gemmar_aot.compiler.keys"}) == ["flydsl.expr", "gemmar_aot.compiler.keys"]
 
 
 def test_import_rule_holds_through_construction_and_calls(smoke_store):
@@ -867,7 +867,7 @@ def _edit_sequence(doc, edit):
 ], ids=["dropped", "duplicated", "reordered", "self-test-dropped"])
 def test_a_launch_sequence_that_is_not_the_modes_is_refused(smoke_store, smoke_lock, edit, says):
     """Every digest stays consistent (the entries are the lock's own); only the mode's sequence
-    (gemmar_aot.launch_sequence) tells. Before it, dropping the third launch gave gemm, drain, gather."""
+    (gemmar_aot.model.launch_sequence) tells. Before it, dropping the third launch gave gemm, drain, gather."""
     doc = _lock(smoke_lock)
     _edit_sequence(doc, edit)
     comm = FakeCommunicator()

@@ -72,7 +72,7 @@ def test_unreadable_cost_file_falls_back_to_defaults(tmp_path):
 @pytest.mark.compile
 def test_a_killed_worker_loses_only_its_batch(tmp_path):
     """SIGKILL a busy worker: its specs are retried elsewhere and every spec still builds."""
-    from gemmar_aot.keys import action_key, ingredients
+    from gemmar_aot.compiler.keys import action_key, ingredients
     from gemmar_aot.toolchain import load_toolchain
 
     fp = load_toolchain().fingerprint

@@ -1,4 +1,4 @@
-"""Signed locks (gemmar_aot.signing), with real Ed25519 and ECDSA P-256 keys from `cryptography`.
+"""Signed locks (gemmar_aot.trust), with real Ed25519 and ECDSA P-256 keys from `cryptography`.
 
 The runtime with trusted keys refuses an unsigned lock, a lock signed by another key, a signature
 over other bytes, a revoked key and an expired signature, each naming the lock, the signer and
@@ -32,17 +32,9 @@ from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.cli import main
 from gemmar_aot.runtime import ArtifactSignatureError, GemmAllReduceOp, load_artifacts
-from gemmar_aot.signing import (
-    PAYLOAD_TYPE,
-    SIGN_KEY_ENV,
-    TRUSTED_KEYS_ENV,
-    SignatureError,
-    envelope_path,
-    generate_key,
-    load_signing_key,
-    load_trust,
-    sign_lock_file,
-)
+from gemmar_aot.trust.envelope import PAYLOAD_TYPE, envelope_path, sign_lock_file
+from gemmar_aot.trust.keys import SIGN_KEY_ENV, SignatureError, TRUSTED_KEYS_ENV, generate_key, load_signing_key
+from gemmar_aot.trust.verify import load_trust
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import build_index_from_store, index_path, write_index
 
@@ -294,7 +286,7 @@ def test_a_lock_given_as_data_or_preloaded_cannot_pass_for_authenticated(signed_
 
 def test_signing_keys_come_from_the_option_or_the_environment_and_never_leak(keys, tmp_path, monkeypatch):
     pem = keys["ci"]["key"].read_text()
-    from gemmar_aot.signing import signing_keys
+    from gemmar_aot.trust.keys import signing_keys
 
     monkeypatch.setenv(SIGN_KEY_ENV, pem)  # the key itself, as a CI secret
     (k,) = signing_keys()
@@ -397,7 +389,7 @@ def test_a_signed_wheel_carries_its_envelope_inspect_shows_the_signer_and_the_po
     from conftest import SMOKE
     from test_wheel import FreshEnv
 
-    from gemmar_aot.signing import lock_statement, sign_statement
+    from gemmar_aot.trust.envelope import lock_statement, sign_statement
     from gemmar_aot.package.inspect import inspect_wheel
     from gemmar_aot.package.layout import ENVELOPE_ARCNAME
     from gemmar_aot.package.wheel import wheel_from_lock
@@ -471,7 +463,7 @@ def test_an_envelope_that_is_json_but_not_an_envelope_is_a_signature_error(signe
 
 def test_a_lock_signed_under_another_name_is_refused(smoke_store, keys, tmp_path):
     """The envelope vouches for these bytes, but names them as another manifest's lock."""
-    from gemmar_aot.signing import lock_statement, sign_statement
+    from gemmar_aot.trust.envelope import lock_statement, sign_statement
 
     root = tmp_path / "store"
     shutil.copytree(smoke_store, root)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot import keys
-from gemmar_aot.source_form import normal_form
+from gemmar_aot.compiler import keys
+from gemmar_aot.compiler.source_form import normal_form
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def _listed_modules():
 
 
 def test_every_listed_module_exists_and_none_reads_its_docstring():
-    from gemmar_aot.source_form import module_source
+    from gemmar_aot.compiler.source_form import module_source
 
     for name in _listed_modules():
         origin, data = module_source(name)
@@ -158,7 +158,7 @@ def test_the_normal_form_of_the_whole_package_is_the_same_under_every_python_her
 
 _PROBE = """
 import inspect, json, sys
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 spec = KernelSpec.from_json(json.loads(sys.argv[1]))
 called = {}
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry, LockTuple, RankLaunches, TupleId
 from gemmar_aot.store.record import record_digest
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.store import Digest, STORE_FORMAT, BlobNotFoundError, CorruptArtifactError, LockFileError, Store, StoreFormatError, default_store_root
 from gemmar_aot.model.lock import read_lock, write_lock
 from gemmar_aot.model.schema import LOCK_SCHEMA
@@ -589,7 +589,7 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     st = Store(root, durable=False)
     rec = st.put(key_of("m"), code_object(5), fields(5))
     # Rewrite it the way format 2 did.
-    from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
+    from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_json
 
     st.record_path(key_of("m")).write_bytes(zstandard.ZstdCompressor(level=3).compress(canonical_json(rec)))
     old_lock = root / "locks" / key_of("m")[:2] / f"{key_of('m')}.lock"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from gemmar_aot.toolchain import (
     Toolchain,
     compile_env,
@@ -27,7 +27,8 @@ from gemmar_aot.toolchain import (
     toolchain_root,
 )
 from gemmar_aot.toolchain import ccobc, fetch, pins
-from gemmar_aot.toolchain.digest import sha256_file, tree_digest, verify_sha256
+from gemmar_aot.toolchain.digest import verify_sha256
+from gemmar_aot.util.filedigest import sha256_file, tree_digest
 from gemmar_aot.toolchain.fingerprint import (
     fingerprint_digest,
     MORI_EP_SOURCE_GLOBS,

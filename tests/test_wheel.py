@@ -938,3 +938,24 @@ def test_an_installed_wheel_without_its_record_index_is_refused_never_served_unc
     assert out.returncode == 3, out.stdout + out.stderr
     assert "neither a record index beside the lock nor the store has it" in out.stdout, out.stdout
     assert "reinstall the artifact wheel" in out.stdout, out.stdout
+
+
+def test_the_wheel_of_a_build_is_made_in_memory_and_is_the_wheel_of_its_lock(smoke_wheel, store_copy, tmp_path,
+                                                                              monkeypatch):
+    """``gemmar-aot wheel`` hands the build's lock, record index and store handle to the wheel:
+    the lock is serialised once and never read back, the record index is the build's, and the
+    bytes are those of the wheel written from the same lock on disk."""
+    from gemmar_aot.model.lock import Lock
+
+    lock_path = Path(smoke_wheel["build"]["lock_file"])
+    from_disk = wheel_from_lock(lock_path, store_copy, SMOKE, tmp_path / "from-disk")
+    assert Path(from_disk["wheel"]).read_bytes() == Path(smoke_wheel["wheel"]).read_bytes()
+    serialised, rebuilt, read_back = [], [], []
+    real_encode = Lock.to_bytes
+    monkeypatch.setattr("gemmar_aot.package.wheel.build_index_from_store", lambda *a, **k: rebuilt.append(a))
+    monkeypatch.setattr("gemmar_aot.package.wheel.read_lock", lambda *a, **k: read_back.append(a))
+    monkeypatch.setattr(Lock, "to_bytes", lambda self: (serialised.append("_bytes" not in self.__dict__),
+                                                        real_encode(self))[1])
+    again = cli_wheel(SMOKE, store_copy, tmp_path / "again")
+    assert Path(again["wheel"]).read_bytes() == Path(smoke_wheel["wheel"]).read_bytes()
+    assert rebuilt == [] and read_back == [] and sum(serialised) == 1, (rebuilt, read_back, serialised)

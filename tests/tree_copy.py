@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Prints, as JSON, every action key of each manifest given (plan and keys only, no compile).
 KEYS_SCRIPT = """
 import json, sys
-from gemmar_aot.keys import action_key, ingredients
+from gemmar_aot.compiler.keys import action_key, ingredients
 from gemmar_aot.build.manifest import load_manifest
 from gemmar_aot.build.plan import make_plan
 from gemmar_aot.toolchain import load_toolchain

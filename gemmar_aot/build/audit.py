@@ -148,9 +148,9 @@ def audit_lock(lock_path: str | os.PathLike, *, store: str | os.PathLike | None 
     quarantined in ``store`` (default: the lock's own store), so the next build compiles it."""
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.compiler.scheduler import LocalExecutor, Task
-    from gemmar_aot.errors import GemmarError
-    from gemmar_aot.keys import action_key, ingredients
-    from gemmar_aot.spec import KernelSpec
+    from gemmar_aot.util.errors import GemmarError
+    from gemmar_aot.compiler.keys import action_key, ingredients
+    from gemmar_aot.model.spec import KernelSpec
     from gemmar_aot.store import Store, default_store_root
     from gemmar_aot.toolchain import load_toolchain
 
@@ -205,3 +205,37 @@ def audit_lock(lock_path: str | os.PathLike, *, store: str | os.PathLike | None 
     return {"lock": str(lock_path), "store": str(root), "kernels": len(kernels), "sampled": len(picked),
             "seed": seed, "audited": rep["audited"], "seconds": rep["seconds"],
             "findings": [f.to_json() for f in findings], "quarantined": quarantined, "ok": not findings}
+
+
+def audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, session, *, n: int,
+                       seed: int | None, jobs: int | None, toolchain_root: str | None, costs, progress: bool,
+                       trace) -> dict:
+    """Audit ``n`` of the remote hits ``found`` (key -> record, already in the local store). A
+    finding quarantines that entry, and distrusts every remote hit of the build: their local
+    copies are quarantined too, so the caller compiles them.
+
+    The audit compiles on this machine in workers of its own, closed after it: a compile
+    worker must compile a spec at most once (FlyDSL keeps what it compiled in the process and
+    would hand the build's second compile of that spec no artifact)."""
+    from gemmar_aot.compiler.scheduler import LocalExecutor, Task
+    from gemmar_aot.compiler.trace import maybe_phase
+
+    picked, seed = sample(found, n, seed)
+    tasks = [Task(spec_of[k], k, ingr[ids[spec_of[k]]]) for k in picked]
+    claimed = {k: {"blob": found[k]["blob"]["digest"], "record": record_digest(found[k]).hash} for k in picked}
+    origin = f"remote cache {session.backend.name}"
+    with maybe_phase(trace, "audit remote hits", kernels=len(tasks)), \
+            LocalExecutor(min(jobs or len(tasks), len(tasks)), toolchain_root=toolchain_root, costs=costs) as ex:
+        rep = audit_tasks(tasks, claimed, dict.fromkeys(picked, origin), executor=ex, costs=costs,
+                          progress=progress)
+    distrusted = []
+    if rep["findings"]:
+        bad = {f.key: f for f in rep["findings"]}
+        for k in sorted(found):
+            why = (bad[k].describe() if k in bad else
+                   f"distrusted: {origin} served a poisoned entry in the same build ({next(iter(bad))[:16]})")
+            st.quarantine(st.record_path(k), why)
+            distrusted.append(k)
+    return {"sampled": len(picked), "of": len(found), "seed": seed, "audited": rep["audited"],
+            "seconds": rep["seconds"], "findings": [f.to_json() for f in rep["findings"]],
+            "distrusted": len(distrusted), "distrusted_keys": distrusted, "specs": spec_of}

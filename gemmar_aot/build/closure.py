@@ -51,7 +51,8 @@ from typing import Any, Iterable, Mapping
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.schema import LOCK_SCHEMA
 from gemmar_aot.model.types import Digest
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.model.spec import canonical_json
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: Bump when what a closure entry holds, or how its key is made, changes.
 CLOSURE_SCHEMA = 2
@@ -74,9 +75,9 @@ def closure_key(*, manifest: Mapping[str, str], profile: str, toolchain_digest: 
 
 def latest_key(*, manifest_name: str, profile: str, toolchain_digest: str) -> str:
     """The action key of the newest closure of a manifest name (for a manifest that changed)."""
-    return hashlib.sha256(canonical_json({
+    return sha256_hex(canonical_json({
         "what": "gemmar-aot closure, latest of a manifest", "schema": CLOSURE_SCHEMA, "manifest": manifest_name,
-        "profile": profile, "toolchain": toolchain_digest}).encode()).hexdigest()
+        "profile": profile, "toolchain": toolchain_digest}).encode())
 
 
 @dataclass
@@ -241,7 +242,7 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
                 launchers[ln.hash] = reader.load_blob(ln.hash, ln.size)
     except StoreError as e:
         raise ClosureRefused(f"{where}: {e}") from None
-    from gemmar_aot.canonical_json import canonical_json_line
+    from gemmar_aot.util.canonical_json import canonical_json_line
 
     for data in launchers.values():
         local.put_blob(data)
@@ -293,3 +294,26 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, record
         return {"uploaded": False, "problem": str(e)}
     return {"uploaded": True, "pack_bytes": len(pack), "pack": pack_d.hash, "launchers": len(launchers),
             "launchers_missing": len(lns) - len(launchers)}
+
+
+def closure_keys(manifest, sha: str, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
+    """(exact, latest): the action keys of this build's closure entry and of its manifest's newest."""
+    from gemmar_aot.compiler.keys import derive_code_digest
+
+    return (closure_key(manifest={"name": manifest.name, "sha256": sha}, profile=profile,
+                        toolchain_digest=toolchain_digest, keys=all_keys, derive_code=derive_code_digest()),
+            latest_key(manifest_name=manifest.name, profile=profile, toolchain_digest=toolchain_digest))
+
+
+def closure_lookup(session, closure_keys: tuple[str, str], manifest_sha: str, toolchain_digest: str,
+                    all_keys: set[str], missing: list[str]) -> dict:
+    """Ask for the closure when anything is missing locally (else only whether the remote holds
+    it: then nothing needs backfilling and nothing uploading). The summary's ``closure``."""
+    exact, latest = closure_keys
+    if not missing:  # only whether the remote holds it; the build's first request, so its probe
+        present = session.first_request(lambda: session.backend.client.head("ac", exact))
+        return {"key": exact, "status": "local", "present": bool(present), "records": {}, "entries": 0}
+    got = fetch_closure(session, exact=exact, latest=latest, all_keys=all_keys, need=set(missing),
+                        manifest_sha256=manifest_sha,
+                        toolchain_digest=toolchain_digest)
+    return {"key": exact, **got.summary(), "present": got.status == "hit", "records": got.records}

@@ -17,9 +17,9 @@ from typing import Any, Mapping
 
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry
-from gemmar_aot.errors import GemmarError
-from gemmar_aot.keys import action_key, diff_ingredients, flatten, ingredients
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.util.errors import GemmarError
+from gemmar_aot.compiler.keys import action_key, diff_ingredients, flatten, ingredients
+from gemmar_aot.model.spec import KernelSpec
 
 
 def _record(store, key: str) -> dict:
@@ -93,7 +93,7 @@ def diff_locks(a: Lock, b: Lock, store=None) -> dict:
 
 def check_lock(lock: Lock, store, fingerprint: Mapping[str, Any]) -> dict:
     """Recompute each launch's key with the current toolchain; explain every one that moved."""
-    from gemmar_aot.keys import toolchain_ingredients
+    from gemmar_aot.compiler.keys import toolchain_ingredients
 
     now_tool = toolchain_ingredients(fingerprint)
     toolchain = diff_ingredients(lock.toolchain.ingredients, now_tool)

@@ -90,8 +90,8 @@ Warnings
     print (and put in their ``--json`` output).
 
 Errors
-    Validation applies the op's own rules (:mod:`gemmar_aot.rules`) and collects
-    every problem before raising one :class:`~gemmar_aot.errors.ManifestError`.
+    Validation applies the op's own rules (:mod:`gemmar_aot.model.rules`) and collects
+    every problem before raising one :class:`~gemmar_aot.util.errors.ManifestError`.
     Each problem names the file, the entry and its line, the field, the value,
     the rule and a fix, e.g.::
 
@@ -116,7 +116,7 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.build.manifest_check import (
     COMMON,
     Checker,
@@ -130,7 +130,7 @@ from gemmar_aot.build.manifest_check import (
 )
 from gemmar_aot.build.manifest_ep import EpEntry, check_ep, entry_lines
 from gemmar_aot.build.workload import Workload
-from gemmar_aot.errors import ManifestError
+from gemmar_aot.util.errors import ManifestError
 
 #: Most distinct workloads (tuples after padding and de-duplication) one manifest
 #: may ask for, across all its tuples.

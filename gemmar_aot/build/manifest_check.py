@@ -4,7 +4,7 @@ every problem collected with the file, entry, line, field, value, rule and fix
 workloads and bounds the whole manifest).
 
 A checked tuple is a :class:`Draft`: its typed fields, every rule of its mode
-(:mod:`gemmar_aot.rules`) holding, its M values not yet expanded.
+(:mod:`gemmar_aot.model.rules`) holding, its M values not yet expanded.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.build.workload import MODES
 
 #: Targets a manifest may name.
@@ -339,7 +339,7 @@ def _m_values(ck: Checker, entry: str, value: Any) -> Sequence[int] | None:
     return None
 
 
-#: Fixes for the rules in :mod:`gemmar_aot.rules`, by rule name: f(value, fields) -> text.
+#: Fixes for the rules in :mod:`gemmar_aot.model.rules`, by rule name: f(value, fields) -> text.
 _FIXES = {
     "quant": lambda v, f: f"use {_one_of(rules.QUANTS)}",
     "mode_quant": lambda v, f: ('set quant = "mxfp8", or use transport = "split-lsa" for a '

@@ -11,7 +11,6 @@ compile each key once. The lock file is written last.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections import defaultdict
@@ -25,71 +24,11 @@ from gemmar_aot.model.lock import Lock, lock_file_path, write_lock
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
-from gemmar_aot.keys import action_key, ingredients, toolchain_ingredients
-from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.compiler.keys import action_key, ingredients, toolchain_ingredients
+from gemmar_aot.model.launch import LaunchRecord
 from gemmar_aot.store.blob_index import blob_index_path, build_blob_index, write_blob_index
 from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
-
-
-def _audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, session, *, n: int,
-                       seed: int | None, jobs: int | None, toolchain_root: str | None, costs, progress: bool,
-                       trace) -> dict:
-    """Audit ``n`` of the remote hits ``found`` (key -> record, already in the local store). A
-    finding quarantines that entry, and distrusts every remote hit of the build: their local
-    copies are quarantined too, so the caller compiles them.
-
-    The audit compiles on this machine in workers of its own, closed after it: a compile
-    worker must compile a spec at most once (FlyDSL keeps what it compiled in the process and
-    would hand the build's second compile of that spec no artifact)."""
-    from gemmar_aot.build.audit import audit_tasks, sample
-    from gemmar_aot.compiler.scheduler import LocalExecutor, Task
-    from gemmar_aot.compiler.trace import maybe_phase
-
-    picked, seed = sample(found, n, seed)
-    tasks = [Task(spec_of[k], k, ingr[ids[spec_of[k]]]) for k in picked]
-    claimed = {k: {"blob": found[k]["blob"]["digest"], "record": record_digest(found[k]).hash} for k in picked}
-    origin = f"remote cache {session.backend.name}"
-    with maybe_phase(trace, "audit remote hits", kernels=len(tasks)), \
-            LocalExecutor(min(jobs or len(tasks), len(tasks)), toolchain_root=toolchain_root, costs=costs) as ex:
-        rep = audit_tasks(tasks, claimed, dict.fromkeys(picked, origin), executor=ex, costs=costs,
-                          progress=progress)
-    distrusted = []
-    if rep["findings"]:
-        bad = {f.key: f for f in rep["findings"]}
-        for k in sorted(found):
-            why = (bad[k].describe() if k in bad else
-                   f"distrusted: {origin} served a poisoned entry in the same build ({next(iter(bad))[:16]})")
-            st.quarantine(st.record_path(k), why)
-            distrusted.append(k)
-    return {"sampled": len(picked), "of": len(found), "seed": seed, "audited": rep["audited"],
-            "seconds": rep["seconds"], "findings": [f.to_json() for f in rep["findings"]],
-            "distrusted": len(distrusted), "distrusted_keys": distrusted, "specs": spec_of}
-
-
-def _closure_keys(manifest, sha: str, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
-    """(exact, latest): the action keys of this build's closure entry and of its manifest's newest."""
-    from gemmar_aot.build.closure import closure_key, latest_key
-    from gemmar_aot.keys import derive_code_digest
-
-    return (closure_key(manifest={"name": manifest.name, "sha256": sha}, profile=profile,
-                        toolchain_digest=toolchain_digest, keys=all_keys, derive_code=derive_code_digest()),
-            latest_key(manifest_name=manifest.name, profile=profile, toolchain_digest=toolchain_digest))
-
-
-def _closure_lookup(session, closure_keys: tuple[str, str], manifest_sha: str, toolchain_digest: str,
-                    all_keys: set[str], missing: list[str]) -> dict:
-    """Ask for the closure when anything is missing locally (else only whether the remote holds
-    it: then nothing needs backfilling and nothing uploading). The summary's ``closure``."""
-    from gemmar_aot.build.closure import fetch_closure
-
-    exact, latest = closure_keys
-    if not missing:  # only whether the remote holds it; the build's first request, so its probe
-        present = session.first_request(lambda: session.backend.client.head("ac", exact))
-        return {"key": exact, "status": "local", "present": bool(present), "records": {}, "entries": 0}
-    got = fetch_closure(session, exact=exact, latest=latest, all_keys=all_keys, need=set(missing),
-                        manifest_sha256=manifest_sha,
-                        toolchain_digest=toolchain_digest)
-    return {"key": exact, **got.summary(), "present": got.status == "hit", "records": got.records}
+from gemmar_aot.util.filedigest import sha256_hex
 
 
 def _rederive(st, writer, key: str, rec: dict) -> dict | None:
@@ -136,7 +75,7 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
                 for e in plan.eps)
     text = Path(manifest.path).read_bytes()
     return Lock(
-        manifest=ManifestRef(manifest.name, manifest.arch, hashlib.sha256(text).hexdigest()),
+        manifest=ManifestRef(manifest.name, manifest.arch, sha256_hex(text)),
         arch=fp["target"]["arch"],
         code_object_version=fp["target"]["code_object_version"],
         toolchain=ToolchainInfo(fp["digest"], toolchain_ingredients(fp), fp.get("profile")),
@@ -197,17 +136,30 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
-def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
+@dataclass(frozen=True)
+class Built:
+    """What a build made, in memory, for the step after it (the wheel): the summary, the lock
+    (None when the build wrote none: a failure, a shard), the record index it wrote beside the
+    lock, and the store it wrote into (one handle)."""
+
+    summary: dict
+    lock: Lock | None
+    record_index: bytes | None
+    store: Any
+
+
+def build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               shard: tuple[int, int] | None = None,
               remote: str | None = None, remote_read_only: bool = False, remote_required: bool = False,
               progress: bool = True, toolchain_root: str | None = None,
               trace_path: str | os.PathLike | None = None, executor=None,
               toolchain_profile: str | None = None, signers: Sequence[Any] = (),
-              sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None) -> dict:
-    """Build ``manifest_path`` into the store; returns the summary.
+              sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None) -> Built:
+    """Build ``manifest_path`` into the store; returns what it made (:class:`Built`), the summary
+    among it (:func:`run_build` returns that alone).
 
-    ``signers`` (:mod:`gemmar_aot.signing`: keys, or anything with ``keyid`` and ``sign``): sign
+    ``signers`` (:mod:`gemmar_aot.trust`: keys, or anything with ``keyid`` and ``sign``): sign
     the lock, its envelope written beside it; ``sign_expires``: seconds until the signature
     expires (None: never). Load the keys before calling: a bad key is refused before any compile.
 
@@ -225,12 +177,21 @@ def run_build(manifest_path: Path, *, store: Path | None = None, jobs: int | Non
     processes, started as soon as the first store miss is seen so their start-up overlaps
     the rest of the key look-ups. ``trace_path``: write a Chrome-trace/Perfetto JSON timeline.
     """
-    return _BuildRun(manifest_path, _BuildOptions(
+    run = _BuildRun(Path(manifest_path), _BuildOptions(
         store=store, jobs=jobs, debug_locations=debug_locations, only=only, shard=shard, remote=remote,
         remote_read_only=remote_read_only, remote_required=remote_required, progress=progress,
         toolchain_root=toolchain_root, trace_path=trace_path, executor=executor,
         toolchain_profile=toolchain_profile, signers=tuple(signers), sign_expires=sign_expires,
-        audit_remote=audit_remote, audit_seed=audit_seed)).run()
+        audit_remote=audit_remote, audit_seed=audit_seed))
+    summary = run.run()
+    return Built(summary, run.lock if run.lock_file else None, run.index if run.lock_file else None, run.st)
+
+
+
+
+def run_build(manifest_path: Path, **options: Any) -> dict:
+    """Build ``manifest_path`` into the store (:func:`build`'s keywords); returns the summary."""
+    return build(manifest_path, **options).summary
 
 
 @dataclass(frozen=True)
@@ -399,7 +360,7 @@ class _BuildRun:
         """The record of ``s``'s kernel under its key schema 3 key, taken over under its key now
         (the same spec, toolchain and compile code: only the key's form moved; the blobs are
         verified when the record is derived again, next), or None."""
-        from gemmar_aot.keys import schema3_key
+        from gemmar_aot.compiler.keys import schema3_key
 
         old_key = schema3_key(self.ingr[self.ids[s]])
         old = self.st.get_record(old_key, verify=True) if old_key is not None else None
@@ -417,10 +378,12 @@ class _BuildRun:
         missing = [keys[ids[s]] for s in selected if ids[s] not in self.records]
         if self.o.whole:  # a build of the whole manifest: it has a closure
             all_keys = set(keys.values())
-            sha = hashlib.sha256(Path(self.manifest.path).read_bytes()).hexdigest()
-            self.closure_keys = _closure_keys(self.manifest, sha, self.tc.profile.name, self.fp["digest"], all_keys)
+            sha = sha256_hex(Path(self.manifest.path).read_bytes())
+            from gemmar_aot.build.closure import closure_keys, closure_lookup
+
+            self.closure_keys = closure_keys(self.manifest, sha, self.tc.profile.name, self.fp["digest"], all_keys)
             with self.phase("remote closure"):
-                self.closure = _closure_lookup(session, self.closure_keys, sha, self.fp["digest"], all_keys, missing)
+                self.closure = closure_lookup(session, self.closure_keys, sha, self.fp["digest"], all_keys, missing)
         from_closure = self.closure["records"] if self.closure else {}
         session.counts["remote_hits"] += len(from_closure)  # hits, whichever way they came
         rest = [k for k in missing if k not in from_closure]
@@ -447,8 +410,10 @@ class _BuildRun:
     def audit(self, found: dict) -> None:
         """Recompile a sample of the remote hits ``found``; one finding distrusts them all (each
         is dropped from ``found`` and the records, to be compiled here)."""
+        from gemmar_aot.build.audit import audit_remote_hits
+
         o, ids, keys = self.o, self.ids, self.keys
-        report = self.audit_report = _audit_remote_hits(
+        report = self.audit_report = audit_remote_hits(
             found, {keys[ids[s]]: s for s in self.selected}, self.ingr, ids, self.st, self.session,
             n=o.audit_remote, seed=o.audit_seed, jobs=self.local.jobs if self.local is not None else o.jobs,
             toolchain_root=o.toolchain_root, costs=self.costs, progress=o.progress, trace=self.trace)
@@ -570,7 +535,7 @@ class _BuildRun:
         o, report = self.o, self.audit_report
         if self.lock_file is None or not o.signers:
             return
-        from gemmar_aot.signing import sign_lock_file
+        from gemmar_aot.trust.envelope import sign_lock_file
 
         with self.phase("sign lock"):
             now = datetime.now(timezone.utc)

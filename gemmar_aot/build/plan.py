@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gemmar_aot.model.layout import window_layout
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.build.manifest import Manifest
 from gemmar_aot.build.manifest_ep import EpEntry
 from gemmar_aot.build.workload import Workload, dedup_workloads
 from gemmar_aot.model.ep import Arena, arena_layout, variants
 from gemmar_aot.model.layout import WindowLayout
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 from gemmar_aot_kernels import ep as ep_recipe, recipe_module
 from gemmar_aot_kernels._common import RankKernels
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gemmar_aot.device_abi import device_abi_files
-from gemmar_aot.filedigest import sha256_file
-from gemmar_aot.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
+from gemmar_aot.model.device_abi import device_abi_files
+from gemmar_aot.util.filedigest import sha256_file
+from gemmar_aot.compiler.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
 
 
 def _mori_files(mori_dir: Path) -> dict[str, str]:

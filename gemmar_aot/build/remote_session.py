@@ -35,7 +35,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gemmar_aot.atomic_write import atomic_write_bytes
+from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.compiler.derive import DeriveError, is_current, with_derived
 from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError

@@ -20,8 +20,8 @@ import re
 from collections.abc import Sequence
 
 from gemmar_aot.compiler.scheduler import expected_cost
-from gemmar_aot.errors import GemmarError
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.util.errors import GemmarError
+from gemmar_aot.model.spec import KernelSpec
 
 
 class ShardError(GemmarError):

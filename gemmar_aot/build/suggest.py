@@ -4,7 +4,7 @@ The pods append each distinct miss to a report (:mod:`gemmar_aot.runtime.misses`
 any number of reports, groups the misses by tuple (transport, N, K, world, quant, wire, block_m,
 SDMA queues and the window's m_max), leaves out the M values the manifest already builds (the
 pod ran older artifacts: rebuild and redeploy), and writes the rest as ``[[tuple]]`` blocks in
-the form the runtime's own miss error prints (:func:`gemmar_aot.manifest_lines.manifest_snippet`),
+the form the runtime's own miss error prints (:func:`gemmar_aot.model.manifest_lines.manifest_snippet`),
 pinned to the pod's window so the new kernels share its layout. An EP op's misses become
 ``[[ep]]`` entries (:func:`gemmar_aot.model.ep.manifest_entry`, the block its error prints), one per
 configuration, with the capacity raised to the largest dispatch it refused. ``--write`` appends them to the
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from gemmar_aot.model.types import TupleKey
-from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.util.errors import GemmarError
 
 #: The tuple fields of a miss line, in the order a group is named by.
 FIELDS = ("transport", "n", "k", "world", "quant", "gather_dtype", "gather_transport", "block_m", "sdma_queues",
@@ -56,7 +56,7 @@ def manifest_ms(manifest: Any) -> dict[tuple, set[int]]:
 def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
     """The manifest lines for the misses ``lines`` (:func:`gemmar_aot.runtime.misses.read_reports`).
     Returns ``{"groups": [...], "snippet": TOML, "already_built": [...], "misses": N}``."""
-    from gemmar_aot.manifest_lines import manifest_snippet
+    from gemmar_aot.model.manifest_lines import manifest_snippet
 
     wanted: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     ep = _ep_suggestions([d for d in lines if isinstance(d.get("ep"), dict)], manifest)

@@ -2,7 +2,7 @@
 
 This is the boundary between the manifest (which parses and validates) and the
 plan (which expands a workload into per-rank kernel specs). Everything here is
-already validated against the op's rules (see ``gemmar_aot.rules``).
+already validated against the op's rules (see ``gemmar_aot.model.rules``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import sys
 
 import click
 
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 
 from . import build, mori_patch, profiles, runtime, store, trust, wheel
 

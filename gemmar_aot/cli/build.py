@@ -291,7 +291,7 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
 def _plan_cmd(tokens: Path, budget: int, world: int, block_m: int, m_max: int | None, manifest: Path | None,
               as_json: bool) -> None:
     from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.manifest_lines import m_field
+    from gemmar_aot.model.manifest_lines import m_field
     from gemmar_aot.build.suggest import manifest_ms, padded_work, plan_buckets, read_histogram
 
     hist = read_histogram(tokens)

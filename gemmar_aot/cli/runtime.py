@@ -56,7 +56,7 @@ def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, ga
     each of those needs built kernels. Prints the missing ones and the manifest
     lines that would add them.
     """
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.runtime.artifacts import load_artifacts
     from gemmar_aot.runtime.coverage import coverage as run_coverage
     from gemmar_aot.runtime.errors import ArtifactNotFoundError

@@ -16,7 +16,7 @@ JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readabl
 
 
 def _open(store: Path | None, *, must_exist: bool = True):
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.store import Store, default_store_root
 
     root = default_store_root(str(store) if store is not None else None)
@@ -103,7 +103,7 @@ def ls_cmd(store, as_json, kind, rank, m, n, k, lock):
 @JSON_OPT
 def show(key, store, as_json):
     """Show one kernel's record: spec, metadata, launch record (KEY may be a unique prefix)."""
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
 
     st = _open(store)
     matches = [r for r in inventory.ls(st, lambda r: r["key"].startswith(key))]
@@ -137,7 +137,7 @@ _HEX = frozenset("0123456789abcdef")
 
 def _resolve_blob(st, ref: str) -> tuple[str, int | None, str]:
     """(blob digest, size or None, what matched) for a unique prefix of an action key or a blob digest."""
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
 
     if not (4 <= len(ref) <= 64 and set(ref) <= _HEX):
         raise GemmarError(f"{ref!r} is not a key or blob digest: give at least 4 of its lowercase hex "
@@ -171,8 +171,8 @@ def _resolve_blob(st, ref: str) -> tuple[str, int | None, str]:
 def cat_cmd(ref, output, store):
     """Write the raw, verified code object of an action KEY or a blob DIGEST (a unique prefix of
     either), e.g. for llvm-objdump, rocprofv3 or roc-obj. `gemmar-aot show KEY` prints both."""
-    from gemmar_aot.atomic_write import atomic_write_bytes
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.atomic_write import atomic_write_bytes
+    from gemmar_aot.util.errors import GemmarError
 
     st = _open(store)
     digest, size, what = _resolve_blob(st, ref)
@@ -306,10 +306,11 @@ def _fetch_launchers(st, health, remote: str) -> dict:
 
 
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
-    """Every lock of the store with its signature (:func:`gemmar_aot.signing.describe_signature`)."""
+    """Every lock of the store with its signature (:func:`gemmar_aot.trust.verify.describe_signature`)."""
     from gemmar_aot.model.codec import plain_lock_bytes
     from gemmar_aot.model.lock import LOCK_SUFFIX
-    from gemmar_aot.signing import describe_signature, envelope_path, trust_from
+    from gemmar_aot.trust.envelope import envelope_path
+    from gemmar_aot.trust.verify import describe_signature, trust_from
 
     trust = trust_from(trusted_keys) if trusted_keys is not None else None
     out = []
@@ -331,7 +332,7 @@ def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
 @click.option("--all-locks", is_flag=True, help="Keep everything the store's own locks/ reference.")
 def gc_cmd(store, as_json, keep, max_bytes, max_age_days, all_locks):
     """Remove entries no given lock file references (or cap size / age)."""
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
@@ -365,7 +366,7 @@ def export_cmd(lock, dest, store, as_json):
     res = transfer.export(st, read_lock(lock).check_parts(), dest)
     (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
-    from gemmar_aot.signing import envelope_path
+    from gemmar_aot.trust.envelope import envelope_path
 
     if envelope_path(lock).is_file():  # the signature travels with its lock
         shutil.copyfile(envelope_path(lock), envelope_path(Path(dest) / "locks" / Path(lock).name))
@@ -403,7 +404,7 @@ def explain(what, store, as_json):
     explain LOCK_A LOCK_B    two builds: which toolchain ingredients and launches changed
     """
     from gemmar_aot.build import explain as ex
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.model.lock import read_lock
 
     st = _open(store)
@@ -444,7 +445,7 @@ def explain(what, store, as_json):
 
 
 def _full_key(st, prefix: str) -> str:
-    from gemmar_aot.errors import GemmarError
+    from gemmar_aot.util.errors import GemmarError
 
     if len(prefix) == 64:
         return prefix

@@ -1,4 +1,4 @@
-"""Trust commands: ``gemmar-aot keygen`` and ``sign`` (:mod:`gemmar_aot.signing`), ``audit``
+"""Trust commands: ``gemmar-aot keygen`` and ``sign`` (:mod:`gemmar_aot.trust`), ``audit``
 (:mod:`gemmar_aot.build.audit`), and the ``--sign-key`` options that ``build`` and ``wheel`` share."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def sign_options(fn):
 
 def resolve_signing(sign_keys: tuple[str, ...], sign_expires: str | None):
     """(signers, seconds to expiry): loaded before anything runs, so a bad key costs no compile."""
-    from gemmar_aot.signing import parse_duration, signing_keys
+    from gemmar_aot.trust.envelope import parse_duration
+    from gemmar_aot.trust.keys import signing_keys
 
     signers = signing_keys(sign_keys)
     if sign_expires is not None and not signers:
@@ -62,7 +63,7 @@ def signature_lines(sig: dict | None) -> list[str]:
 def keygen(out: Path, name: str, algorithm: str, as_json: bool) -> None:
     """Make a signing key pair: NAME.key (private, mode 0600: put it in CI's secret store) and
     NAME.pub.pem (public: give it to the pods, in $GEMMAR_AOT_TRUSTED_KEYS)."""
-    from gemmar_aot.signing import generate_key
+    from gemmar_aot.trust.keys import generate_key
 
     priv, pub, keyid = generate_key(out, name, algorithm)
     if as_json:
@@ -82,7 +83,8 @@ def sign_cmd(lock: Path, sign_keys: tuple[str, ...], sign_expires: str | None, a
     that signs what a build job built; `gemmar-aot build --sign-key` signs as it builds."""
     from datetime import datetime, timedelta, timezone
 
-    from gemmar_aot.signing import SignatureError, sign_lock_file
+    from gemmar_aot.trust.envelope import sign_lock_file
+    from gemmar_aot.trust.keys import SignatureError
 
     signers, expires_s = resolve_signing(sign_keys, sign_expires)
     if not signers:

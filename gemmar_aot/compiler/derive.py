@@ -23,13 +23,13 @@ Standard library only (no FlyDSL): the store's tools and a wheel build can re-de
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Mapping
 
-from gemmar_aot.codeobject import parse_code_object
+from gemmar_aot.model.codeobject import parse_code_object
 from gemmar_aot.compiler.hostir import read_launch_record
 from gemmar_aot.compiler.launcher import Launcher, LauncherError
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: The architecture every code object here is compiled for.
 ARCH = "gfx950"
@@ -70,19 +70,19 @@ def derive(code: bytes, launcher: bytes) -> dict[str, Any]:
 
 def derive_key(code_digest: str, launcher_digest: str) -> str:
     """The derive action's key: its two input blobs and the derive code."""
-    from gemmar_aot.keys import derive_code_digest
+    from gemmar_aot.compiler.keys import derive_code_digest
 
     doc = {"code_object": code_digest, "launcher": launcher_digest, "derive_code": derive_code_digest()}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return sha256_hex(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
 
 def derived_fields(code: bytes, launcher: bytes) -> dict[str, Any]:
     """:func:`derive`'s fields plus the record's ``derive`` stamp."""
-    from gemmar_aot.keys import derive_code_digest
+    from gemmar_aot.compiler.keys import derive_code_digest
 
     out = derive(code, launcher)
     out["derive"] = {"code": derive_code_digest(),
-                     "key": derive_key(hashlib.sha256(code).hexdigest(), hashlib.sha256(launcher).hexdigest())}
+                     "key": derive_key(sha256_hex(code), sha256_hex(launcher))}
     return out
 
 
@@ -94,7 +94,7 @@ def with_derived(rec: Mapping[str, Any], code: bytes, launcher: bytes) -> dict:
 
 def is_current(rec: Mapping[str, Any]) -> bool:
     """Whether ``rec``'s derived fields were made by this process's derive code."""
-    from gemmar_aot.keys import derive_code_digest
+    from gemmar_aot.compiler.keys import derive_code_digest
 
     d = rec.get("derive")
     return isinstance(d, Mapping) and d.get("code") == derive_code_digest()

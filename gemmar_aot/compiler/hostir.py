@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from gemmar_aot.launch import LaunchRecord, RuntimeArg
+from gemmar_aot.model.launch import LaunchRecord, RuntimeArg
 
 _FUNC = re.compile(r"^\s*llvm\.func @(?P<name>[\w.$-]+)\((?P<sig>.*)\)(?: attributes \{.*\})? \{\s*$")
 _ASSIGN = re.compile(r"^\s*(?P<res>%\d+) = (?P<op>[\w.]+)(?P<rest>.*)$")

@@ -53,9 +53,10 @@ from typing import Any, Iterator, Sequence
 
 from gemmar_aot.compiler.scheduler import Task
 from gemmar_aot.compiler.worker import CompileResult
-from gemmar_aot.errors import GemmarError
-from gemmar_aot.keys import diff_ingredients, toolchain_ingredients
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.util.errors import GemmarError
+from gemmar_aot.compiler.keys import diff_ingredients, toolchain_ingredients
+from gemmar_aot.model.spec import KernelSpec
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: Ray re-runs a task whose worker or node died this many times (then we split or fail it).
 MAX_RETRIES = 3
@@ -168,7 +169,7 @@ def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_l
     out = []
     for spec_json, _key, ingr in items:
         res, outputs = compile_detached(spec_json, ingr)
-        out.append((res, outputs, None if outputs is None else tuple(hashlib.sha256(b).hexdigest() for b in outputs)))
+        out.append((res, outputs, None if outputs is None else tuple(sha256_hex(b) for b in outputs)))
     return {"node_id": node_id, "refused": None, "results": out}
 
 
@@ -185,7 +186,7 @@ def verify_result(task: Task, res: CompileResult, outputs: tuple[bytes, bytes] |
     if outputs is None or reported is None or len(outputs) != 2 or len(reported) != 2:
         return "the node reported success but sent no code object and launcher"
     for what, data, want in zip(("code object", "launcher"), outputs, reported):
-        have = hashlib.sha256(data).hexdigest()
+        have = sha256_hex(data)
         if have != want:
             return f"the {what} arrived with sha256 {have}, the node computed {want}"
     fields = res.record or {}

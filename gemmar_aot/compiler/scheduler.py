@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from gemmar_aot.compiler.trace import BuildTrace
 from gemmar_aot.compiler.worker import CompileResult, serve
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import KernelSpec
 from gemmar_aot_kernels import recipe_module
 
 

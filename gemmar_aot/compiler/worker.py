@@ -41,8 +41,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemmar_aot.filedigest import sha256_hex
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.util.filedigest import sha256_hex
+from gemmar_aot.model.spec import KernelSpec
 
 _STATE: dict[str, Any] = {}
 

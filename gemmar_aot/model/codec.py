@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from gemmar_aot.canonical_json import canonical_json_line
+from gemmar_aot.util.canonical_json import canonical_json_line
 from gemmar_aot.model.types import Digest
 from gemmar_aot.model.schema import LockFileError
 

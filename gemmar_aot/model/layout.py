@@ -1,6 +1,6 @@
 """The symmetric window's layout the kernels were compiled for: :class:`WindowLayout`, the per-M
 values of a call, :class:`CallLayout`, and :func:`window_layout`, which computes both from the
-op's rules (:mod:`gemmar_aot.rules`). Because every offset is a constant inside the code objects,
+op's rules (:mod:`gemmar_aot.model.rules`). Because every offset is a constant inside the code objects,
 the runtime has to reproduce them exactly: a window one byte different is a different (wrong)
 layout. Standard library only."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
-from gemmar_aot import rules
-from gemmar_aot.rules import (BF16_BYTES, GATHER_BANDS, K_MAX_BLOCKS, LSA_BLOCK_CAP, MAX_CHUNKS, MAX_WORLD,
+from gemmar_aot.model import rules
+from gemmar_aot.model.rules import (BF16_BYTES, GATHER_BANDS, K_MAX_BLOCKS, LSA_BLOCK_CAP, MAX_CHUNKS, MAX_WORLD,
                               PACK_BYTES, SDMA_REDUCE_BLOCK_CAP, THREADS, align_up)
 
 

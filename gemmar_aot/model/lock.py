@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.canonical_json import canonical_json_bytes
+from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
 from gemmar_aot.model.schema import LOCK_SCHEMA, LOCK_SCHEMA_EP, LockFileError, _REBUILD, _TOP, _TOP_EP
 from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
@@ -151,13 +151,19 @@ class Lock:
         }
 
     def to_bytes(self) -> bytes:
-        """The canonical bytes of this lock: the same lock always gives the same bytes."""
+        """The canonical bytes of this lock: the same lock always gives the same bytes (made once
+        per lock: the build writes them, signs them and ships them in the wheel)."""
+        got = self.__dict__.get("_bytes")
+        if got is not None:
+            return got
         try:
-            return encode_lock_doc(self.to_json())
+            data = encode_lock_doc(self.to_json())
         except (TypeError, ValueError) as exc:
             if isinstance(exc, LockFileError):
                 raise
             raise LockFileError(f"cannot write the lock: a value is not JSON ({exc})") from None
+        object.__setattr__(self, "_bytes", data)  # a cache, not a field: equality and hashing ignore it
+        return data
 
     @classmethod
     def from_json(cls, data: Any, where: str = "<lock>") -> "Lock":

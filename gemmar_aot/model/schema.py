@@ -4,8 +4,8 @@ objects, and :class:`LockFileError`, which every refusal of a lock file raises."
 from __future__ import annotations
 
 
-from gemmar_aot.errors import GemmarError
-from gemmar_aot.launch import PARAM_SIZES
+from gemmar_aot.util.errors import GemmarError
+from gemmar_aot.model.launch import PARAM_SIZES
 from gemmar_aot.model.layout import _WINDOW_FIELDS, _WINDOW_STR_FIELDS, _WINDOW_TUPLE_FIELDS
 from gemmar_aot.model.types import _TUPLE_ID_FIELDS
 

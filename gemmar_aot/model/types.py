@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
-from gemmar_aot.filedigest import is_hex64
-from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.util.filedigest import is_hex64, sha256_hex
+from gemmar_aot.model.launch import LaunchRecord
 from gemmar_aot.model.layout import WindowLayout
 
 if TYPE_CHECKING:  # only a lock with [[ep]] entries needs it (its reader imports it then)
@@ -60,7 +59,7 @@ class Digest:
 
     @classmethod
     def of(cls, data: bytes) -> "Digest":
-        return cls(hashlib.sha256(data).hexdigest(), len(data))
+        return cls(sha256_hex(data), len(data))
 
     def to_json(self) -> dict:
         return {"hash": self.hash, "size": self.size}

@@ -7,12 +7,11 @@ names it. A rank's part is read when first used (:class:`_LockPart`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import fields
 from typing import Any, Sequence
 
-from gemmar_aot.launch import LaunchRecord, LaunchRecordError
+from gemmar_aot.model.launch import LaunchRecord, LaunchRecordError
 from gemmar_aot.model.layout import CallLayout, WindowLayout, _CALL_FIELDS, _WINDOW_STR_FIELDS, _WINDOW_TUPLE_FIELDS
 from gemmar_aot.model.types import (
     Digest, LaunchEntry, LockEp, LockTuple, RankLaunches, TupleId, _TUPLE_ID_CHOICES, _TUPLE_ID_FIELDS, _TUPLE_ID_INTS,
@@ -23,6 +22,7 @@ from gemmar_aot.model.schema import (
     _PART_KEYS,
     _PART_REF_KEYS, _REBUILD, _RECORD_KEYS, _TUPLE_KEYS, _WINDOW_INT_FIELDS, _WINDOW_KEYS
 )
+from gemmar_aot.util.filedigest import sha256_hex
 
 _KEYSETS: dict[tuple, frozenset] = {}
 _INT = frozenset({int})
@@ -272,7 +272,7 @@ class _DocReader:
         path = f"$.parts[{p.index}]"
         v = p.data
         if p.ref is not None:
-            if len(v) != p.ref.size or hashlib.sha256(v).hexdigest() != p.ref.hash:
+            if len(v) != p.ref.size or sha256_hex(v) != p.ref.hash:
                 got = Digest.of(v)
                 raise LockFileError(f"{self.where}: rank {p.rank}'s part (line {p.index + 2}) is {got}, the head "
                                     f"names {p.ref}: the file is damaged or was edited; {_REBUILD}")

@@ -11,7 +11,6 @@ the report's ``problems``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import zipfile
@@ -22,7 +21,7 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PREFIX_HEX, PackBackend
@@ -30,13 +29,14 @@ from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_p
 
 from .archive import parse_record, record_hash
 from .layout import ENVELOPE_ARCNAME, OLD_LOCK_ARCNAME, PACK_ARCPATH, WheelError, coverage, lock_sizes
+from gemmar_aot.util.filedigest import sha256_hex
 
 
 def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
     """What an artifact wheel holds, and whether it is intact.
 
     ``signature``: who signed the lock and the provenance they signed (None: unsigned); with
-    ``trusted_keys`` (:func:`gemmar_aot.signing.load_trust`) also whether it verifies against them,
+    ``trusted_keys`` (:func:`gemmar_aot.trust.verify.load_trust`) also whether it verifies against them,
     ``verified``, a failure being a problem like any other.
 
     Checks every file against RECORD (sha256 and size; files missing from either side),
@@ -152,7 +152,7 @@ def _read_lock(contents: Mapping[str, bytes], pkg: str, info: Mapping[str, Any],
         lock = Lock.from_bytes(lock_file, lock_name).check_parts()
     except GemmarError as e:
         problems.append(str(e))
-    if lock is not None and hashlib.sha256(lock.to_bytes()).hexdigest() != (info.get("lock") or {}).get("sha256"):
+    if lock is not None and sha256_hex(lock.to_bytes()) != (info.get("lock") or {}).get("sha256"):
         problems.append(f"{lock_name} does not have the sha256 BUILD_INFO.json records")
     return lock_name, lock
 
@@ -161,7 +161,7 @@ def _manifest_problems(info: Mapping[str, Any], lock: Lock | None) -> list[str]:
     """BUILD_INFO.json's manifest text against its sha256, and that sha256 against the lock's."""
     man = info.get("manifest") or {}
     out = []
-    if hashlib.sha256(man.get("text", "").encode()).hexdigest() != man.get("sha256"):
+    if sha256_hex(man.get("text", "").encode()) != man.get("sha256"):
         out.append("BUILD_INFO.json's manifest text does not match its sha256")
     if lock is not None and lock.manifest.sha256 != man.get("sha256"):
         out.append("the lock was built from another manifest than the one BUILD_INFO.json records")
@@ -245,7 +245,7 @@ def _signature(contents: Mapping[str, bytes], pkg: str, lock: Lock | None, lock_
     """The wheel's envelope, read (and verified against ``trusted_keys`` when given); a finding goes
     to ``problems``."""
     from gemmar_aot.model.codec import plain_lock_bytes
-    from gemmar_aot.signing import describe_signature, trust_from
+    from gemmar_aot.trust.verify import describe_signature, trust_from
 
     if lock is None:
         return None

@@ -42,16 +42,16 @@ without the action key and blob digest the lock already holds -- in one small zs
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from gemmar_aot import __version__
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.model.lock import Lock
-from gemmar_aot.signing import envelope_path
+from gemmar_aot.trust.envelope import envelope_path
 from gemmar_aot.store.pack import PACK_FILE
 from gemmar_aot.store.record_index import index_path
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
 WHEEL_FORMAT = 1
@@ -86,7 +86,7 @@ def default_version(lock_bytes: bytes, profile: str | None = None) -> str:
     """``1.0.0+<first 12 hex of the lock's sha256>``; a toolchain profile other than the default
     is named in the local label (``1.0.0+nightly.<hex>``), so the two wheels of one manifest
     tell themselves apart by version as well as by content."""
-    label = hashlib.sha256(lock_bytes).hexdigest()[:12]
+    label = sha256_hex(lock_bytes)[:12]
     if profile and profile != DEFAULT_PROFILE:
         label = f"{profile}.{label}"
     return f"{DEFAULT_PUBLIC_VERSION}+{label}"

@@ -27,7 +27,6 @@ toolchain" therefore also means the same python-zstandard/libzstd (recorded in B
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from gemmar_aot import __version__
-from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.canonical_json import canonical_json_bytes
+from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, compress_lock, read_lock
-from gemmar_aot.signing import envelope_path, read_envelope
+from gemmar_aot.trust.envelope import envelope_path, read_envelope
 from gemmar_aot.store import STORE_FORMAT, BlobNotFoundError, CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend, write_pack
 from gemmar_aot.store.pack_encode import encode_blobs
@@ -48,6 +47,7 @@ from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 from .archive import record_file, zip_bytes
 from .layout import (ENVELOPE_ARCNAME, INDEX_ARCNAME, LOCK_ARCNAME, PACK_ARCPATH, TAG, WHEEL_FORMAT, WheelError,
                      check_version, coverage, default_version, lock_sizes, names, requires_dist, wheel_filename)
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: zstd level of the shipped blobs (as the store's DEFAULT_LEVEL; see bench/bench_store.py).
 ZSTD_LEVEL = 19
@@ -71,13 +71,30 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
 
     ``manifest``: the manifest file the lock was built from (or pass ``manifest_text`` and
     ``manifest_file``, its bare file name); its sha256 must be the lock's. ``envelope``: the lock's
-    signature envelope (:mod:`gemmar_aot.signing`), shipped as ``lock.intoto.jsonl``; default: the one
+    signature envelope (:mod:`gemmar_aot.trust`), shipped as ``lock.intoto.jsonl``; default: the one
     beside a lock given as a path, if any. It must vouch for this lock's bytes. Returns a summary.
     """
     signed = _signed_lock(lock, envelope)
-    source = _manifest_source(signed.lock, manifest, manifest_text, manifest_file)
+    store = _open_store(Path(store_root))
+    return _write_wheel(signed, _manifest_source(signed.lock, manifest, manifest_text, manifest_file),
+                        _store_content(signed.lock, store, _record_index(signed.lock, store)), out_dir, version)
+
+
+def wheel_from_build(built: Any, manifest: str | os.PathLike, out_dir: str | os.PathLike, *,
+                     version: str | None = None) -> dict:
+    """Write the wheel of a build that just ran (``gemmar_aot.build.pipeline.Built``), from what it
+    holds in memory: its lock (serialised once), the record index it wrote beside the lock, and
+    its store handle. The same lock gives the same bytes as :func:`wheel_from_lock`."""
+    lock_path = Path(built.summary["lock_file"])
+    env_file = envelope_path(lock_path)
+    signed = _signed_lock(built.lock, env_file.read_bytes() if env_file.is_file() else None)
+    return _write_wheel(signed, _manifest_source(signed.lock, manifest, None, None),
+                        _store_content(signed.lock, built.store, built.record_index), out_dir, version)
+
+
+def _write_wheel(signed: "SignedLock", source: "ManifestSource", content: "StoreContent",
+                 out_dir: str | os.PathLike, version: str | None) -> dict:
     name = _wheel_name(signed, version)
-    content = _store_content(signed.lock, Path(store_root))
     build_info = _build_info(signed, source, name, content)
     data = zip_bytes(_wheel_files(signed, source, name, content, build_info))
     dest = Path(out_dir) / name.filename
@@ -107,7 +124,7 @@ def _signed_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, envelope: b
     elif not isinstance(lock, Lock):
         lock = read_lock(lock).check_parts()
     lock_bytes = lock.to_bytes()
-    sha256 = hashlib.sha256(lock_bytes).hexdigest()
+    sha256 = sha256_hex(lock_bytes)
     if envelope is None and lock_path is not None and envelope_path(lock_path).is_file():
         envelope = envelope_path(lock_path).read_bytes()
     signature = None
@@ -148,7 +165,7 @@ def _manifest_source(lock: Lock, manifest: str | os.PathLike | None, text: bytes
     if text is None:
         raise WheelError("the manifest text is needed (the wheel records it): pass manifest (the file the "
                          "lock was built from), or manifest_text and manifest_file")
-    sha256 = hashlib.sha256(text).hexdigest()
+    sha256 = sha256_hex(text)
     if lock.manifest.sha256 != sha256:
         raise WheelError(f"the lock for {lock.manifest.name} was built from another version of the manifest "
                          f"{file or ''} (lock: sha256 {lock.manifest.sha256}, file: {sha256}); rebuild "
@@ -202,19 +219,23 @@ class StoreContent:
     encoding: dict
 
 
-def _store_content(lock: Lock, store_root: Path) -> StoreContent:
+def _open_store(store_root: Path) -> Store:
+    st = Store(store_root, readonly=True)
+    if st.format is None:
+        raise WheelError(f"{store_root} is not an artifact store (no STORE_FORMAT file)")
+    return st
+
+
+def _store_content(lock: Lock, st: Store, record_index: bytes | None) -> StoreContent:
     lock_file = compress_lock(lock, ZSTD_LEVEL)
-    raws = _load_raws(lock, store_root)
-    record_index = _record_index(lock, store_root)
+    raws = _load_raws(lock, st)
     pack, encoding = pack_blobs(raws)
     return StoreContent(lock_file, raws, record_index, pack, encoding)
 
 
-def _load_raws(lock: Lock, store_root: Path) -> dict[str, bytes]:
+def _load_raws(lock: Lock, st: Store) -> dict[str, bytes]:
     """Every code object the lock names, verified (against digest and the lock's size)."""
-    st = Store(store_root, readonly=True)
-    if st.format is None:
-        raise WheelError(f"{store_root} is not an artifact store (no STORE_FORMAT file)")
+    store_root = st.root
     raws: dict[str, bytes] = {}
     problems: list[str] = []
     for d, size in sorted(lock_sizes(lock).items()):
@@ -228,12 +249,12 @@ def _load_raws(lock: Lock, store_root: Path) -> dict[str, bytes]:
     return raws
 
 
-def _record_index(lock: Lock, store_root: Path) -> bytes | None:
+def _record_index(lock: Lock, st: Store) -> bytes | None:
     """The lock's record index, made from the store's records (None when the store lacks one of
     them: such a wheel loads as wheels before the index did, its lock entries unbound). A record
     that is not the one the lock names is an error: the wheel would be refused at load."""
     try:
-        return build_index_from_store(lock, Store(store_root, readonly=True))
+        return build_index_from_store(lock, st)
     except RecordMissingError:
         return None
     except RecordIndexError as e:
@@ -385,7 +406,7 @@ def _summary(dest: Path, data: bytes, signed: SignedLock, name: WheelName, conte
         "toolchain": lock.toolchain.digest,
         "toolchain_profile": lock.toolchain.profile or DEFAULT_PROFILE,
         "wheel_bytes": len(data),
-        "wheel_sha256": hashlib.sha256(data).hexdigest(),
+        "wheel_sha256": sha256_hex(data),
         "kernels": build_info["kernels"],
         "code_objects": build_info["code_objects"],
         "raw_bytes": build_info["raw_bytes"],
@@ -412,14 +433,14 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.build.pipeline import build
 
-    summary = run_build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
-                        progress=progress, toolchain_root=toolchain_root, remote=remote,
-                        remote_read_only=remote_read_only, remote_required=remote_required,
-                        toolchain_profile=toolchain_profile, signers=signers, sign_expires=sign_expires)
-    if summary["failed"] or not summary["lock_file"]:
-        raise WheelBuildFailed(summary)
-    out = wheel_from_lock(summary["lock_file"], summary["store"], manifest, out_dir, version=version)
-    out["build"] = summary
+    built = build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
+                  progress=progress, toolchain_root=toolchain_root, remote=remote,
+                  remote_read_only=remote_read_only, remote_required=remote_required,
+                  toolchain_profile=toolchain_profile, signers=signers, sign_expires=sign_expires)
+    if built.summary["failed"] or built.lock is None:
+        raise WheelBuildFailed(built.summary)
+    out = wheel_from_build(built, manifest, out_dir, version=version)
+    out["build"] = built.summary
     return out

@@ -32,7 +32,9 @@ from .errors import (
 )
 from .hip import HipDriver
 from .gemm import Mxfp8GemmOp, Mxfp8GemvOp
-from .op import GemmAllReduceOp, padded_m, supports, window_bytes_for
+from .op import GemmAllReduceOp
+from .support import padded_m, supports
+from .window import window_bytes_for
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -18,7 +18,7 @@ Where the runtime looks, first match wins:
        dsv4-pro-wo_b = "gemmar_aot_artifacts_dsv4:locate"
 
 **Authenticity.** With trusted public keys (``trusted_keys=`` or ``$GEMMAR_AOT_TRUSTED_KEYS``;
-:mod:`gemmar_aot.signing`) every lock must carry a signature envelope beside it
+:mod:`gemmar_aot.trust`) every lock must carry a signature envelope beside it
 (``locks/M.intoto.jsonl``, a wheel's ``lock.intoto.jsonl``) by a trusted, unrevoked key, over
 exactly its bytes and not expired; else :class:`~.errors.ArtifactSignatureError`, before anything
 of the lock is parsed. The lock names every record, code object and part by digest, and each is
@@ -46,21 +46,23 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.lock import ENTRY_POINT_GROUP, LOCK_SUFFIX, Lock, lock_file_path, read_lock
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, RankLaunches, TupleKey
-from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
 from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError, blob_index_path
 
-from gemmar_aot.signing import SignatureError, TrustSet, Verified, envelope_path, trust_from
 
 from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
                      ArtifactSignatureError)
 from .provenance import MoriIdentity
+
+if TYPE_CHECKING:  # a pod imports the store's code and the trust package only when it uses them
+    from gemmar_aot.store import Store
+    from gemmar_aot.trust.verify import TrustSet, Verified
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "EpRankEntry", "LockInfo", "RankEntry", "Source",
            "TupleKey", "load_artifacts"]
@@ -243,8 +245,12 @@ class Artifacts:
                 f"Remove one of them, or point artifacts=/${ENV_VAR} at exactly one")
 
     def store(self, source: Source) -> Store:
+        """The store of ``source``, opened when first asked for (a lock whose record and blob
+        indexes serve every record and code object never opens one)."""
         st = self._stores.get(source.store_root)
         if st is None:
+            from gemmar_aot.store import Store
+
             st = self._stores[source.store_root] = Store(source.store_root, readonly=True)
         return st
 
@@ -379,6 +385,9 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
             read_lock(path)  # raises the reader's error (no such file, a directory)
             raise
         src = Source(path, root or _store_root_for_lock(path), origin)
+        from gemmar_aot.trust.envelope import envelope_path
+        from gemmar_aot.trust.keys import SignatureError
+
         env_path = envelope_path(path)
         try:
             env = env_path.read_bytes()
@@ -480,6 +489,25 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
                     f"dict, an Artifacts object or a list of these; got {type(spec).__name__}")
 
 
+#: The pod's trusted public keys (``gemmar_aot.trust.keys.TRUSTED_KEYS_ENV``), read here so that a
+#: pod that sets none never imports the trust package.
+TRUSTED_KEYS_ENV = "GEMMAR_AOT_TRUSTED_KEYS"
+
+
+def _trust(trusted_keys: Any) -> TrustSet | None:
+    """The trust set of ``trusted_keys`` (else ``$GEMMAR_AOT_TRUSTED_KEYS``), or None when neither
+    names any; raises ArtifactSignatureError on keys that cannot be used."""
+    if trusted_keys is None and not os.environ.get(TRUSTED_KEYS_ENV, "").strip():
+        return None
+    from gemmar_aot.trust.keys import SignatureError
+    from gemmar_aot.trust.verify import trust_from
+
+    try:
+        return trust_from(trusted_keys)
+    except SignatureError as exc:
+        raise ArtifactSignatureError(str(exc)) from None
+
+
 def _checked_against(arts: Artifacts, trust: TrustSet) -> bool:
     """Whether every lock of ``arts`` was verified with keys ``trust`` holds (and does not revoke),
     by a signature that has not expired since."""
@@ -521,16 +549,13 @@ def load_artifacts(artifacts: Any = None, *, trusted_keys: Any = None) -> Artifa
     """The merged artifacts: ``artifacts`` if given, else ``$GEMMAR_AOT_ARTIFACTS``, else packages.
 
     ``trusted_keys`` (else ``$GEMMAR_AOT_TRUSTED_KEYS``): the public keys every lock must be signed
-    by (:func:`gemmar_aot.signing.load_trust`); none: locks are not authenticated.
+    by (:func:`gemmar_aot.trust.verify.load_trust`); none: locks are not authenticated.
 
     Raises ArtifactNotFoundError when none of the three yields a lock file,
     ArtifactConflictError when two sources disagree about one (tuple, M, rank), and
     ArtifactSignatureError when trusted keys are set and a lock is not vouched for by one.
     """
-    try:
-        trust = trust_from(trusted_keys)
-    except SignatureError as exc:
-        raise ArtifactSignatureError(str(exc)) from None
+    trust = _trust(trusted_keys)
     if isinstance(artifacts, Artifacts):
         if trust is not None and not _checked_against(artifacts, trust):
             raise ArtifactSignatureError(

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.model.types import FUSED_SDMA, TupleKey
 
 from .artifacts import Artifacts, load_artifacts
 from .errors import ArtifactError
-from gemmar_aot.manifest_lines import manifest_snippet
+from gemmar_aot.model.manifest_lines import manifest_snippet
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Errors the runtime raises on purpose. Each says what was wrong and what to do about it.
 
-All of them are :class:`~gemmar_aot.errors.GemmarError` subclasses, so a caller can
+All of them are :class:`~gemmar_aot.util.errors.GemmarError` subclasses, so a caller can
 catch the runtime's deliberate failures in one place. Operand and argument errors
 that mori's op raises as ``ValueError`` stay ``ValueError`` here, so code written
 against ``mori.ops.gemm_ar.GemmAllReduceOp`` keeps catching what it caught.
@@ -8,7 +8,7 @@ against ``mori.ops.gemm_ar.GemmAllReduceOp`` keeps catching what it caught.
 
 from __future__ import annotations
 
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 
 
 class ArtifactError(GemmarError):
@@ -29,7 +29,7 @@ class ArtifactMismatchError(ArtifactError, ValueError):
 
 class ArtifactSignatureError(ArtifactError):
     """Trusted keys are set and a lock is not vouched for: unsigned, signed by an untrusted, revoked
-    or expired key, or its signature covers other bytes (:mod:`gemmar_aot.signing`)."""
+    or expired key, or its signature covers other bytes (:mod:`gemmar_aot.trust`)."""
 
 
 class ArtifactMissingError(ArtifactError, LookupError):

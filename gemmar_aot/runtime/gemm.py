@@ -33,9 +33,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.model.types import GEMM_ONLY, GEMV, TupleKey
-from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.model.launch import LaunchRecord
 
 from . import misses
 from .artifacts import load_artifacts
@@ -43,7 +43,7 @@ from .driver import Driver
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .launches import Launch, prepare_launch
 from .loading import Kernels, check_device, check_provenance, verify_kernels
-from gemmar_aot.manifest_lines import manifest_snippet
+from gemmar_aot.model.manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import FNUZ_REASON, check_operands
 from .verify import EntryPosition

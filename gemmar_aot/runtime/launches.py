@@ -26,8 +26,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence
 
-from gemmar_aot.codeobject import KernelMetadata
-from gemmar_aot.launch import LaunchRecord, LaunchRecordError
+from gemmar_aot.model.codeobject import KernelMetadata
+from gemmar_aot.model.launch import LaunchRecord, LaunchRecordError
 
 from .driver import KernArgs
 from .errors import ArtifactMismatchError

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from gemmar_aot.codeobject import KernelMetadata
+from gemmar_aot.model.codeobject import KernelMetadata
 
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactMismatchError

@@ -28,7 +28,6 @@ Runtime module: standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
+from gemmar_aot.util.filedigest import sha256_hex
 
 log = logging.getLogger("gemmar_aot.runtime")
 
@@ -194,7 +194,7 @@ def lock_digests(artifacts: Any) -> list[str]:
         p = info.source.lock_path
         if p is not None:
             try:
-                out.append(hashlib.sha256(Path(p).read_bytes()).hexdigest())
+                out.append(sha256_hex(Path(p).read_bytes()))
             except OSError:
                 continue
     return out

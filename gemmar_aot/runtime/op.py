@@ -12,7 +12,7 @@ Same constructor keywords, call signature, validation and results as
                   (default ``$GEMMAR_AOT_MISS_REPORT``; :mod:`.misses`), for
                   ``gemmar-aot suggest`` to turn into manifest lines;
 ``trusted_keys``  the public keys the artifacts' locks must be signed by (default
-                  ``$GEMMAR_AOT_TRUSTED_KEYS``; none: not authenticated; :mod:`gemmar_aot.signing`);
+                  ``$GEMMAR_AOT_TRUSTED_KEYS``; none: not authenticated; :mod:`gemmar_aot.trust`);
 ``self_test``     run :meth:`self_test` before returning (default True);
 ``self_test_gemm`` also run :meth:`self_test_gemm` before returning (default False: it
                   allocates and quantises two operand tensors; cost in BENCHMARKS.md);
@@ -58,28 +58,27 @@ import logging
 import time
 from typing import Any
 
-from gemmar_aot import rules
-from gemmar_aot.model.types import FUSED_SDMA, LaunchEntry
+from gemmar_aot.model import rules
+from gemmar_aot.model.types import LaunchEntry
 
 from . import misses, self_test as tests
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver
-from .errors import ArtifactError, ArtifactMismatchError, ArtifactMissingError
+from .errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
 from .loading import Kernels, check_device, check_provenance, verify_kernels
-from gemmar_aot.manifest_lines import manifest_snippet, nearest
+from gemmar_aot.model.manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
 from .padding import PadBuffers
 from .provenance import COMMUNICATORS
 from .verify import EntryPosition
+from .support import TRANSPORT, checked_arguments, supports
 from .window import check_layouts, window_bytes_for
 
 log = logging.getLogger("gemmar_aot.runtime")
 
-#: The mode a GemmAllReduceOp serves unless told otherwise (mori's own op).
-TRANSPORT = FUSED_SDMA
 DEFAULT_BLOCK_N = rules.DEFAULT_BLOCK_N
 #: The GEMM launcher's arguments, in order: (kind, dtype per quant or None).
 _GEMM_ARGS = ("tensor", "tensor", "tensor", "tensor", "tensor", "i32", "i32", "i64", "i64", "stream")
@@ -100,61 +99,6 @@ class _Plan:
         self.calls = 0  # served calls at this M (op.stats())
 
 
-def padded_m(m: int, world_size: int, block_m: int = 128) -> int:
-    """``m`` rounded up to a whole number of row bands per destination (mori's ``padded_m``)."""
-    return rules.padded_m(m, world_size, block_m)
-
-
-def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = None,
-             block_n: int = DEFAULT_BLOCK_N, gather_dtype: str = "bf16", gather_transport: str = "lsa",
-             quant: str = "blockscale", sdma_queues: int = 1, m_max: int | None = None,
-             artifacts: Any = None, transport: str = TRANSPORT) -> bool:
-    """Whether an op could serve M here: the shape rules hold AND the kernels for padded M exist.
-
-    "Exist" means for every rank of the world, which is what the op itself requires
-    (an M only some ranks can run would hang the others). ``m_max`` (optional) must
-    also match the window the artifacts were built for. Never raises: no artifacts
-    at all is False.
-    """
-    try:
-        if rules.check_gemm_ar(m, n, k, world_size, block_m=block_m, block_n=block_n, gather_dtype=gather_dtype,
-                               gather_transport=gather_transport, quant=quant, sdma_queues=sdma_queues,
-                               m_max=m_max if m_max is not None else m) is not None:
-            return False
-        bm = rules.default_block_m(quant) if block_m is None else block_m
-        arts = load_artifacts(artifacts)
-        if _transport_problem(transport, gather_dtype, gather_transport, sdma_queues):
-            return False
-        key = TupleKey.make(transport=transport, n=n, k=k, world=world_size, quant=quant,
-                            gather_dtype=gather_dtype, gather_transport=gather_transport, block_m=bm,
-                            sdma_queues=sdma_queues)
-        pm = rules.padded_m(m, world_size, bm)
-        if pm not in arts.m_values(key, world=world_size):
-            return False
-        if m_max is not None:
-            want = rules.padded_m(m_max, world_size, bm)
-            for r in range(world_size):
-                e = arts.entry(key, pm, r)
-                if e is None or e.layout is None or e.layout.m_max != want:
-                    return False
-        return True
-    except (ArtifactError, ValueError, TypeError, OSError):
-        return False
-
-
-def _transport_problem(transport: str, gather_dtype: str, gather_transport: str, sdma_queues: int) -> str | None:
-    """Why a collective mode cannot run this wire (or these queues), or None."""
-    if transport not in rules.COLLECTIVE_TRANSPORTS:
-        return (f"transport={transport!r}: must be one of {', '.join(rules.COLLECTIVE_TRANSPORTS)} (gemm-only and "
-                f"gemv are Mxfp8GemmOp and Mxfp8GemvOp)")
-    wire = rules.wire_problem(transport, gather_dtype, gather_transport)
-    if wire:
-        return f"{wire[0]}={gather_dtype if wire[0] == 'gather_dtype' else gather_transport!r}: {wire[2]}"
-    if transport not in rules.SDMA_TRANSPORTS and sdma_queues != 1:
-        return f"sdma_queues={sdma_queues}: {transport} uses no SDMA queue; leave it at 1"
-    return None
-
-
 class GemmAllReduceOp:
     """Fused fp8 GEMM + all-reduce over cco SDMA, from ahead-of-time compiled kernels.
 
@@ -171,7 +115,52 @@ class GemmAllReduceOp:
                  jit_fallback: bool = False, self_test_gemm: bool = False, transport: str = TRANSPORT,
                  trusted_keys: Any = None, miss_report: Any = None, on_miss: str | None = None):
         t_start = time.perf_counter()
-        # Cleanup state first, so a failure anywhere below can roll back through close().
+        self._init_state()  # first, so a failure anywhere below can roll back through close()
+        block_m, m_max_pad, max_shapes, self._on_miss = checked_arguments(
+            comm, n=n, k=k, m_max=m_max, block_m=block_m, block_n=block_n, sdma_queues=sdma_queues,
+            gather_dtype=gather_dtype, gather_transport=gather_transport, quant=quant, max_shapes=max_shapes,
+            jit_fallback=jit_fallback, transport=transport, on_miss=on_miss)
+        self.comm = comm
+        self.rank, self.world_size = int(comm.rank), int(comm.nranks)
+        self.n, self.k = n, k
+        self.quant = quant
+        self.block_m, self.block_n = block_m, block_n
+        self.sdma_queues = sdma_queues
+        self.gather_dtype, self.gather_transport = gather_dtype, gather_transport
+        self.max_shapes = max_shapes
+        self.m_max = m_max_pad
+        self._jit_fallback = bool(jit_fallback)
+        self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=self.rank)
+        self.transport = transport
+        ordered = self._find_entries(artifacts, trusted_keys)
+
+        # provenance (one profile per op and per communicator; the pod's mori), the device
+        self._mori = check_provenance(ordered)
+        COMMUNICATORS.acquire(comm, self._mori, ordered[0].where, check_only=True)
+        if driver is None:
+            from .hip import HipDriver
+
+            driver = HipDriver()
+        self._driver = driver
+        self.device = communicator_device(comm)
+        self.arch = check_device(ordered, driver, self.device)
+        # every kernel verified, nothing acquired yet: records, blobs, code objects
+        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: (*e.launches, *e.self_test),
+                                 position=self._position)
+        with device_context(self.device):
+            try:
+                self._acquire(ordered, kernels)
+                if self_test:
+                    self.self_test()
+                if self_test_gemm:
+                    self.self_test_gemm()
+            except BaseException:
+                self._rollback()
+                raise
+        self._startup_seconds = time.perf_counter() - t_start
+
+    def _init_state(self) -> None:
+        """What close() reads: nothing acquired yet."""
         self._closed = True
         self._startup_seconds: float | None = None
         self._padded_rows = 0
@@ -188,62 +177,14 @@ class GemmAllReduceOp:
         self._mori = None  # the artifacts' mori / toolchain profile, counted on the communicator
         self._mori_held = False
 
-        # ---- 1. arguments, in mori's order ----
-        why = rules.check_quant(quant)
-        if why:
-            raise ValueError(f"quant={quant!r}: {why}")
-        if block_m is None:
-            block_m = rules.default_block_m(quant)
-        for why in (rules.check_block_m_for_quant(quant, block_m), rules.check_gather_dtype(gather_dtype),
-                    rules.check_gather_transport(gather_transport), rules.check_block_n(block_n),
-                    rules.check_tile(block_m, block_n)):
-            if why:
-                raise ValueError(why)
-        why = _transport_problem(transport, gather_dtype, gather_transport, sdma_queues)
-        if why:
-            raise ValueError(why)
-        on_miss = misses.policy(on_miss)
-        if on_miss == "pad" and jit_fallback:
-            raise ValueError("on_miss='pad' and jit_fallback=True both serve a missing M: choose one")
-        self._on_miss = on_miss
-        if jit_fallback and transport != TRANSPORT:
-            raise ValueError(f"jit_fallback=True needs mori's own op, which only runs {TRANSPORT}; "
-                             f"transport {transport!r} has no mori class to fall back to")
-        if m_max < 1 or sdma_queues < 1:
-            raise ValueError(f"m_max and sdma_queues must both be >= 1; got m_max={m_max} sdma_queues={sdma_queues}")
-        world, rank = int(comm.nranks), int(comm.rank)
-        why = rules.check_world(world)
-        if why:
-            raise ValueError(f"world_size={world}: {why}")
-        m_max_pad = rules.padded_m(m_max, world, block_m)
-        if max_shapes is None:
-            max_shapes = rules.default_max_shapes(m_max_pad, world, block_m)
-        if max_shapes < 1:
-            raise ValueError(f"max_shapes must be >= 1; got {max_shapes}")
-        why = rules.check_gemm_shape(n, k, block_n, quant) or rules.check_gemm_ar(
-            m_max_pad, n, k, world, block_m=block_m, block_n=block_n, gather_dtype=gather_dtype,
-            gather_transport=gather_transport, quant=quant, sdma_queues=sdma_queues, max_shapes=max_shapes)
-        if why:
-            raise ValueError(f"unsupported shape: {why}")
-
-        self.comm = comm
-        self.rank, self.world_size = rank, world
-        self.n, self.k = n, k
-        self.quant = quant
-        self.block_m, self.block_n = block_m, block_n
-        self.sdma_queues = sdma_queues
-        self.gather_dtype, self.gather_transport = gather_dtype, gather_transport
-        self.max_shapes = max_shapes
-        self.m_max = m_max_pad
-        self._jit_fallback = bool(jit_fallback)
-        self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=rank)
-        self.transport = transport
-
-        # ---- 2. the artifacts: every M held for this op and rank, one shared layout ----
+    def _find_entries(self, artifacts: Any, trusted_keys: Any) -> list[RankEntry]:
+        """Every M held for this op and rank (built for every rank), with one shared window
+        layout, in M order; raises the miss error when there is none."""
         self.artifacts: Artifacts = load_artifacts(artifacts, trusted_keys=trusted_keys)
-        self.key = TupleKey.make(transport=transport, n=n, k=k, world=world, quant=quant,
-                                 gather_dtype=gather_dtype, gather_transport=gather_transport,
-                                 block_m=block_m, sdma_queues=sdma_queues)
+        world, rank = self.world_size, self.rank
+        self.key = TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=world, quant=self.quant,
+                                 gather_dtype=self.gather_dtype, gather_transport=self.gather_transport,
+                                 block_m=self.block_m, sdma_queues=self.sdma_queues)
         # Only M values built for EVERY rank: a rank that served an M its peers lack would enter
         # the collective alone and hang them, so all ranks must agree on the set -- and they do,
         # given the same artifacts, without talking to each other.
@@ -258,54 +199,33 @@ class GemmAllReduceOp:
             self._report_miss(None, err)
             raise err
         self._entries = entries
-        self.window_bytes = check_layouts(entries, world=world, n=n, m_max=m_max_pad, block_m=block_m,
-                                          block_n=block_n, gather_dtype=gather_dtype, max_shapes=max_shapes)
+        self.window_bytes = check_layouts(entries, world=world, n=self.n, m_max=self.m_max, block_m=self.block_m,
+                                          block_n=self.block_n, gather_dtype=self.gather_dtype,
+                                          max_shapes=self.max_shapes)
+        return [e for _m, e in sorted(entries.items())]
 
-        # ---- 3. provenance (one profile per op and per communicator; the pod's mori), the device ----
-        ordered = [e for _m, e in sorted(entries.items())]
-        self._mori = check_provenance(ordered)
-        COMMUNICATORS.acquire(comm, self._mori, ordered[0].where, check_only=True)
-        if driver is None:
-            from .hip import HipDriver
-
-            driver = HipDriver()
-        self._driver = driver
-        self.device = communicator_device(comm)
-        self.arch = check_device(ordered, driver, self.device)
-
-        # ---- 4. every kernel verified, nothing acquired yet: records, blobs, code objects ----
-        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: (*e.launches, *e.self_test),
-                                 position=self._position)
-
-        # ---- 5. acquire (on the op's device); roll everything back if any step fails ----
-        with device_context(self.device):
-            try:
-                COMMUNICATORS.acquire(comm, self._mori, ordered[0].where)
-                self._mori_held = True
-                self._kernels = kernels
-                kernels.load(driver)
-                self.mem = comm.alloc_mem(self.window_bytes)
-                self.win = comm.register_window(self.mem.ptr, self.mem.size)
-                # Counters live in the window and are read before first written: zero it once,
-                # completely, before any peer can run the protocol.
-                driver.memset(self.mem.ptr, 0, self.window_bytes)
-                self.dev_comm = comm.create_dev_comm(dev_comm_requirements(comm, sdma_queues))
-                comm.barrier()
-                self._closed = False
-                shared: dict = {}  # what the M values' launches have in common, derived once
-                for e in ordered:
-                    self._plans[e.m] = self._make_plan(e, kernels, shared)
-                if self._on_miss == "pad":
-                    self._buckets = tuple(sorted(self._plans))
-                    self._pad = PadBuffers(self._buckets[-1], k, quant, self.device)
-                if self_test:
-                    self.self_test()
-                if self_test_gemm:
-                    self.self_test_gemm()
-            except BaseException:
-                self._rollback()
-                raise
-        self._startup_seconds = time.perf_counter() - t_start
+    def _acquire(self, ordered: list[RankEntry], kernels: Kernels) -> None:
+        """Acquire (on the op's device): the communicator's profile count, the modules, the window
+        (zeroed), the dev comm; then one plan per M. The caller rolls back on failure."""
+        comm, driver = self.comm, self._driver
+        COMMUNICATORS.acquire(comm, self._mori, ordered[0].where)
+        self._mori_held = True
+        self._kernels = kernels
+        kernels.load(driver)
+        self.mem = comm.alloc_mem(self.window_bytes)
+        self.win = comm.register_window(self.mem.ptr, self.mem.size)
+        # Counters live in the window and are read before first written: zero it once,
+        # completely, before any peer can run the protocol.
+        driver.memset(self.mem.ptr, 0, self.window_bytes)
+        self.dev_comm = comm.create_dev_comm(dev_comm_requirements(comm, self.sdma_queues))
+        comm.barrier()
+        self._closed = False
+        shared: dict = {}  # what the M values' launches have in common, derived once
+        for e in ordered:
+            self._plans[e.m] = self._make_plan(e, kernels, shared)
+        if self._on_miss == "pad":
+            self._buckets = tuple(sorted(self._plans))
+            self._pad = PadBuffers(self._buckets[-1], self.k, self.quant, self.device)
 
     def _rollback(self) -> None:
         """Release whatever the constructor acquired; never masks the error being raised."""

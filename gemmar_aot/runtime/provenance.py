@@ -5,7 +5,7 @@ Two rules, both checked when an op is constructed, before anything is acquired:
 1. **The pod's mori must be the artifacts' mori.** The kernels inline cco device code
    built from one mori release and read the ``ccoDevComm`` that the *installed* mori's
    host library creates. When ``mori`` is importable here, its distribution version
-   and its device-ABI digest (:mod:`gemmar_aot.device_abi`, computed from its files,
+   and its device-ABI digest (:mod:`gemmar_aot.model.device_abi`, computed from its files,
    without importing it) must equal what the lock recorded at build time
    (``toolchain.mori``). Otherwise :class:`~.errors.ArtifactMismatchError` names both
    and the fix. No mori installed (a communicator from elsewhere, tests) skips the rule.
@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from gemmar_aot.device_abi import DeviceAbiUnknown, device_abi_digest
+from gemmar_aot.model.device_abi import DeviceAbiUnknown, device_abi_digest
 
 from .errors import ArtifactMismatchError
 

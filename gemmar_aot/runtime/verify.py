@@ -4,12 +4,12 @@ Nothing here acquires anything; a bad artifact is refused before a module is loa
 (:mod:`.loading` is the step after, :mod:`.launches` the one after that).
 
 * :func:`check_sequences` -- each rank's launches and self-test are its mode's sequence
-  (:mod:`gemmar_aot.launch_sequence`), and no slot holds another rank's kernel.
+  (:mod:`gemmar_aot.model.launch_sequence`), and no slot holds another rank's kernel.
 * :class:`RecordBinding` -- each lock entry is the action-cache record it names (from the
   lock's record index, else the store), and that record's spec describes the kernel the lock
   launches where the entry sits.
 * :func:`verify_code_object` -- the code object's own metadata note (parsed by
-  :func:`gemmar_aot.codeobject.parse_code_object`, the independent oracle) must agree with the
+  :func:`gemmar_aot.model.codeobject.parse_code_object`, the independent oracle) must agree with the
   launch record FlyDSL produced: target arch, exactly one kernel, its name, every explicit
   argument at the offset and size the record's types give at natural alignment *and of the
   kind they give* (a pointer is a ``global_buffer``, a length or scalar ``by_value``: a record
@@ -28,11 +28,11 @@ from __future__ import annotations
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.store.record import record_digest
-from gemmar_aot.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
-from gemmar_aot.launch_sequence import sequence_problems
-from gemmar_aot.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
+from gemmar_aot.model.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
+from gemmar_aot.model.launch_sequence import sequence_problems
+from gemmar_aot.model.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
 from gemmar_aot.store.backend import RECORD_SCHEMA, BadRecord, check_record
 from gemmar_aot.store.record_index import RecordIndexError, parse_lines
 
@@ -257,7 +257,7 @@ def binding_problems(spec: Any, pos: EntryPosition) -> list[str]:
 
 def check_sequences(rank_entries: Iterable[Any]) -> None:
     """Refuse a (tuple, M, rank) whose launches or self-test are not its mode's sequence
-    (:mod:`gemmar_aot.launch_sequence`), or that holds another rank's kernel: a lock-only edit
+    (:mod:`gemmar_aot.model.launch_sequence`), or that holds another rank's kernel: a lock-only edit
     that reorders, drops or duplicates launches, or moves a kernel between ranks' slots,
     keeps every digest consistent, and only the mode's own sequence tells."""
     for e in rank_entries:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from gemmar_aot.model.layout import window_layout
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 
 from .errors import ArtifactMismatchError
 

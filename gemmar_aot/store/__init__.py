@@ -26,31 +26,26 @@ Runtime-safe: imports only the standard library and ``zstandard`` (``filelock`` 
 when claiming a key to build it).
 """
 
-from .backend import CacheBackend, Digest
-from .cas import DEFAULT_LEVEL, RECORD_SCHEMA, STORE_FORMAT, Claim, Store, read_store_format
-from .errors import (
-    BlobNotFoundError,
-    CorruptArtifactError,
-    LockFileError,
-    StoreError,
-    StoreFormatError,
-)
-from .root import ENV_VAR, default_store_root
+import importlib
 
-__all__ = [
-    "BlobNotFoundError",
-    "CacheBackend",
-    "Claim",
-    "CorruptArtifactError",
-    "DEFAULT_LEVEL",
-    "Digest",
-    "ENV_VAR",
-    "LockFileError",
-    "RECORD_SCHEMA",
-    "STORE_FORMAT",
-    "Store",
-    "StoreError",
-    "StoreFormatError",
-    "default_store_root",
-    "read_store_format",
-]
+#: name -> the module that defines it, imported when the name is first read: a pod that reads
+#: its records and code objects from a lock's indexes (``record_index``, ``blob_index``) never
+#: imports the store's write side (``cas``, ``local``).
+_EXPORTS = {
+    "CacheBackend": "backend", "Digest": "backend",
+    "DEFAULT_LEVEL": "cas", "RECORD_SCHEMA": "cas", "STORE_FORMAT": "cas", "Claim": "cas", "Store": "cas",
+    "read_store_format": "cas",
+    "BlobNotFoundError": "errors", "CorruptArtifactError": "errors", "LockFileError": "errors",
+    "StoreError": "errors", "StoreFormatError": "errors",
+    "ENV_VAR": "root", "default_store_root": "root",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,7 +1,7 @@
 """Filesystem primitives of the store: fanned-out paths, digest checks, temp-file debris.
 
 Standard library only (the runtime imports this). Every file the store publishes goes
-through :func:`gemmar_aot.atomic_write.atomic_write_bytes` (temp file in the final
+through :func:`gemmar_aot.util.atomic_write.atomic_write_bytes` (temp file in the final
 directory, fsync, rename, fsync the directory), so a reader sees either nothing or the
 whole file. Temp files start with "." and end in ".tmp"; every listing skips them and
 ``gc`` removes old ones (left by a killed writer).
@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from gemmar_aot.atomic_write import TMP_SUFFIX, atomic_write_bytes, file_mode, fsync_dir
-from gemmar_aot.filedigest import is_hex64
+from gemmar_aot.util.atomic_write import TMP_SUFFIX, atomic_write_bytes, file_mode, fsync_dir
+from gemmar_aot.util.filedigest import is_hex64
 
 __all__ = ["TMP_SUFFIX", "atomic_write_bytes", "check_hex64", "fanout", "file_mode", "fsync_dir", "iter_fanned",
            "iter_stray", "remove_stale_temps"]

@@ -31,20 +31,20 @@ Runtime-safe: standard library + ``zstandard``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.model.lock import lock_sibling
 
 from .blobfmt import FrameError, checked_frame
 from ._fs import read_if_present
 from .errors import StoreError
 from .record_index import lock_rank_groups
+from gemmar_aot.util.filedigest import sha256_hex
 
 INDEX_SCHEMA = 1
 INDEX_FORMAT = "gemmar-aot blob index"
@@ -212,7 +212,7 @@ class BlobIndex:
         g, off, n = where
         text = self._text(g)
         data = text[off:off + n]
-        if len(data) != n or (size is not None and n != size) or hashlib.sha256(data).hexdigest() != digest:
+        if len(data) != n or (size is not None and n != size) or sha256_hex(data) != digest:
             raise BlobIndexError(f"{self.path}: the code object it holds under {digest[:PREFIX_HEX]} is not "
                                  f"{digest} ({size} bytes): the index is damaged or was written for another "
                                  f"lock; rebuild the manifest (gemmar-aot build) or delete {self.path}")

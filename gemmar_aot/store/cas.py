@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
+from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_json
 
 from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_blob, record_launcher
 from .codec import BadBlob, SizeMismatch, check_content

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import zstandard
 
 from . import blobfmt
-from gemmar_aot.filedigest import sha256_hex
+from gemmar_aot.util.filedigest import sha256_hex
 
 
 class BadBlob(Exception):

@@ -86,7 +86,7 @@ def train_best_dictionary(samples: list[bytes], *, max_dict_bytes: int = MAX_DIC
 
 def _record_samples(store: Store, limit: int) -> list[bytes]:
     """Canonical JSON of up to ``limit`` readable records (sorted by key)."""
-    from gemmar_aot.canonical_json import canonical_json_bytes
+    from gemmar_aot.util.canonical_json import canonical_json_bytes
 
     out: list[bytes] = []
     total = 0

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gemmar_aot.model.schema import LockFileError  # noqa: F401 - a lock is malformed or of another schema
-from gemmar_aot.errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 
 
 class StoreError(GemmarError):

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from gemmar_aot.filedigest import is_hex64
+from gemmar_aot.util.filedigest import is_hex64
 
 from ._fs import iter_fanned, remove_stale_temps
 from .backend import BadRecord, record_blobs

@@ -35,10 +35,10 @@ from typing import Any
 
 from . import blobfmt
 from gemmar_aot.store.record import RECORD_VOLATILE_FIELDS, record_digest
-from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.canonical_json import canonical_json_bytes as canonical_json
+from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_json
 
-from gemmar_aot.filedigest import is_hex64, sha256_hex
+from gemmar_aot.util.filedigest import is_hex64, sha256_hex
 
 from ._fs import check_hex64, fanout, iter_fanned
 from .backend import BadRecord, CacheBackend, Digest, check_record
@@ -208,7 +208,9 @@ class DirectoryBackend(CacheBackend):
     def _init_layout(self) -> None:
         fmt = read_store_format(self.root)
         if fmt is not None and fmt != STORE_FORMAT:
-            migrate(self, fmt)
+            from .migrate import migrate  # a store of an older format, once
+
+            migrate(self, fmt, to=STORE_FORMAT, format_file=FORMAT_FILE, dictionary_pointer=DICT_POINTERS["blobs"])
         # The format file first: a directory with store subdirectories but no format
         # file is refused by read_store_format.
         if fmt is None:
@@ -571,39 +573,3 @@ class DirectoryBackend(CacheBackend):
             (dest.parent / (dest.name + ".reason")).write_text(f"{path}\n{reason}\n")
         self.counters["quarantined"] += 1
         return dest
-
-
-def migrate(backend: DirectoryBackend, fmt: int) -> None:
-    """Upgrade a store of format ``fmt`` to :data:`STORE_FORMAT` in place.
-
-    2 -> 3: records and blobs are read as they are (a format-2 record is a plain zstd
-    frame, which format 3 reads); the per-key build locks in ``locks/ab/<key>.lock`` go
-    (claims now live in ``claims/``; a builder of the old version still running would
-    not be excluded, so stop old builders first); each dictionary gets its spare copy.
-    The format file is written last: an interrupted migration is simply redone.
-    """
-    if fmt != 2:
-        raise StoreFormatError(f"{backend.root}: no migration from store format {fmt}")
-    lock_dir = backend.lock_dir
-    if lock_dir.is_dir():
-        for sub in sorted(lock_dir.iterdir()):
-            if len(sub.name) == 2 and sub.is_dir():
-                for p in sub.iterdir():
-                    if p.name.endswith(".lock") and is_hex64(p.name[:-5]):
-                        with contextlib.suppress(OSError):
-                            p.unlink()
-                with contextlib.suppress(OSError):
-                    sub.rmdir()  # only when empty: anything else is not ours
-    pointer = backend.root / DICT_POINTERS["blobs"]
-    with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
-        d = json.loads(pointer.read_bytes())["digest"]
-        if is_hex64(d) and backend.blob_path(d).is_file() and not backend.spare_path(d).is_file():
-            data = backend.blob_path(d).read_bytes()
-            try:
-                backend.codec.decode_dictionary(data, d)
-                backend.write_file(backend.spare_path(d), data)
-            except BadBlob:
-                pass  # a corrupt dictionary is handled (quarantined) on first use
-    backend.write_file(backend.root / FORMAT_FILE, f"{STORE_FORMAT}\n".encode())
-    backend.format = STORE_FORMAT
-

@@ -5,7 +5,6 @@ reader never needs."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 import zstandard
@@ -13,6 +12,7 @@ import zstandard
 from . import blobfmt
 from .dictionaries import train_best_dictionary
 from .pack import PackBackend, write_pack
+from gemmar_aot.util.filedigest import sha256_hex
 
 
 def encode_blobs(raws: Mapping[str, bytes], level: int) -> tuple[dict[str, bytes], dict]:
@@ -24,7 +24,7 @@ def encode_blobs(raws: Mapping[str, bytes], level: int) -> tuple[dict[str, bytes
     files: dict[str, bytes] = {}
     dict_digest = None
     if dict_raw is not None:
-        dict_digest = hashlib.sha256(dict_raw).hexdigest()
+        dict_digest = sha256_hex(dict_raw)
         files[dict_digest] = blobfmt.encode(dict_raw, blobfmt.compressor(level), None)
         cctx = blobfmt.compressor(level, zstandard.ZstdCompressionDict(dict_raw))
     else:

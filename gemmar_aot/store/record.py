@@ -3,11 +3,11 @@ halves (the members the runtime reads, and the rest), so a reader may parse one 
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Mapping
 
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.model.types import Digest
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: Record fields that differ between two compiles of one key (timings): a record's digest leaves
 #: them out, so the same manifest and toolchain give the same lock in any store.
@@ -38,13 +38,13 @@ def record_digest_of_halves(read: bytes, rest: bytes) -> Digest:
 def record_digest_text(read: bytes, rest: bytes) -> bytes:
     """What the record digest of a record with these halves is the digest of:
     ``{"read": sha256(read), "rest": sha256(rest)}`` in canonical JSON."""
-    return (b'{"read":"' + hashlib.sha256(read).hexdigest().encode() + b'","rest":"'
-            + hashlib.sha256(rest).hexdigest().encode() + b'"}')
+    return (b'{"read":"' + sha256_hex(read).encode() + b'","rest":"'
+            + sha256_hex(rest).encode() + b'"}')
 
 
 def is_record_digest(text: bytes, want: Digest) -> bool:
     """Whether ``want`` is the Digest of ``text`` (:func:`record_digest_text`), without making one."""
-    return len(text) == want.size and hashlib.sha256(text).hexdigest() == want.hash
+    return len(text) == want.size and sha256_hex(text) == want.hash
 
 
 def record_digest(record: Mapping[str, Any]) -> Digest:

@@ -48,7 +48,6 @@ given libzstd. Runtime-safe: standard library + ``zstandard``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -60,11 +59,12 @@ from gemmar_aot.model.types import Digest
 from gemmar_aot.store.record import (
     is_record_digest, record_digest, record_digest_text, record_halves
 )
-from gemmar_aot.atomic_write import atomic_write_bytes
-from gemmar_aot.canonical_json import canonical_json
+from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.model.spec import canonical_json
 
 from ._fs import read_if_present
 from .errors import StoreError
+from gemmar_aot.util.filedigest import sha256_hex
 
 INDEX_SCHEMA = 4
 #: Schemas this reader understands (3: the same lines, the second half never abridged).
@@ -119,8 +119,8 @@ def derive_key_of(blob: str, launcher: str, derive_code: str) -> str:
     carries: what ``gemmar_aot.compiler.derive.derive_key`` computes (a test holds the two equal;
     were they ever to differ, lines would be written whole, never restored wrong: a restored line
     must still hash to the lock's record digest)."""
-    return hashlib.sha256(b'{"code_object":"%s","derive_code":"%s","launcher":"%s"}'
-                          % (blob.encode(), derive_code.encode(), launcher.encode())).hexdigest()
+    return sha256_hex(b'{"code_object":"%s","derive_code":"%s","launcher":"%s"}'
+                          % (blob.encode(), derive_code.encode(), launcher.encode()))
 
 
 def _derive_parts(rest: bytes) -> tuple[int, str, str] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gemmar_aot.checkout import checkout_dir
+from gemmar_aot.util.checkout import checkout_dir
 
 ENV_VAR = "GEMMAR_AOT_STORE"
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import GemmarError
+from gemmar_aot.util.errors import GemmarError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import ToolchainError
-from .digest import sha256_file
+from gemmar_aot.util.errors import ToolchainError
+from gemmar_aot.util.filedigest import sha256_file
 from .paths import Layout
 from .pins import CCO_CUID, CODE_OBJECT_VERSION, TARGET_ARCH
 from .tools import run, zig_tool

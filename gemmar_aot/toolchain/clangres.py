@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from .fsutil import staging_dir
 from .paths import Layout
 from .tools import run

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ToolchainError
-from .digest import sha256_file
+from gemmar_aot.util.errors import ToolchainError
+from gemmar_aot.util.filedigest import sha256_file
 from .fingerprint import dist_version, mori_sources_digest, read_fingerprint
 from .paths import FIX, Layout, toolchain_root
 from .pins import TORCH_VERSION, ZIGLANG_VERSION

@@ -1,13 +1,13 @@
-"""sha256 digests of files and trees, and verification against pins."""
+"""A downloaded file checked against its pin (the digests themselves: :mod:`gemmar_aot.util.filedigest`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ToolchainError
-from ..filedigest import iter_files, sha256_file, tree_digest
+from gemmar_aot.util.errors import ToolchainError
+from gemmar_aot.util.filedigest import sha256_file
 
-__all__ = ["iter_files", "sha256_file", "tree_digest", "verify_sha256"]
+__all__ = ["verify_sha256"]
 
 
 def verify_sha256(path: Path, expected: str, *, fix: str = "") -> str:

@@ -12,8 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import ToolchainError
-from .digest import sha256_file, verify_sha256
+from gemmar_aot.util.errors import ToolchainError
+from gemmar_aot.util.filedigest import sha256_file
+
+from .digest import verify_sha256
 from .pins import DebPin, WheelPin
 from .tools import run
 

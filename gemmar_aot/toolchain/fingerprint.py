@@ -19,11 +19,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.spec import canonical_json
+from gemmar_aot.model.spec import canonical_json
 
-from ..errors import ToolchainError
-from gemmar_aot.filedigest import iter_files, sha256_hex, tree_digest
-from gemmar_aot.atomic_write import atomic_write_text
+from gemmar_aot.util.errors import ToolchainError
+from gemmar_aot.util.filedigest import iter_files, sha256_hex, tree_digest
+from gemmar_aot.util.atomic_write import atomic_write_text
 from .pins import DEFAULT_FLYDSL_OPT_LEVEL
 
 SCHEMA = 1

@@ -1,4 +1,5 @@
-"""Atomic file and directory installs (a crash never leaves a half-written output)."""
+"""Atomic directory installs and the setup lock (a crash never leaves a half-written output; files are
+written by :mod:`gemmar_aot.util.atomic_write`)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from gemmar_aot.atomic_write import atomic_write_bytes as _atomic_write_bytes
-from gemmar_aot.atomic_write import fsync_dir as _fsync_dir
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """The one atomic writer (gemmar_aot.atomic_write), with the toolchain's default mode 0644."""
-    _atomic_write_bytes(path, data, mode=mode)
-
-
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
-    _atomic_write_bytes(path, text.encode(), mode=mode)
+from gemmar_aot.util.atomic_write import fsync_dir as _fsync_dir
 
 
 @contextlib.contextmanager

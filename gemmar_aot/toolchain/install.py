@@ -9,7 +9,6 @@ written last.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -18,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from . import ccobc, clangres, devicelibs
-from ..device_abi import device_abi_digest
-from .digest import sha256_file, tree_digest
+from gemmar_aot.model.device_abi import device_abi_digest
+from gemmar_aot.util.atomic_write import atomic_write_bytes, atomic_write_text
+from gemmar_aot.util.filedigest import sha256_file, sha256_hex, tree_digest
 from .fetch import fetch_deb, fetch_wheel
 from .fingerprint import (
     SCHEMA,
@@ -34,7 +34,7 @@ from .fingerprint import (
     python_version,
     write_fingerprint,
 )
-from .fsutil import atomic_write_bytes, atomic_write_text, file_lock
+from .fsutil import file_lock
 from .linker import bundled_zig, install_ld_lld, wrapper_text
 from .paths import Layout, toolchain_root
 from .pins import (
@@ -102,6 +102,7 @@ def run_step(layout: Layout, step: Step, log: Log) -> str:
     atomic_write_text(
         _stamp_path(layout, step.name),
         json.dumps({"step": step.name, "inputs": step.inputs, "output": current}, indent=1, sort_keys=True) + "\n",
+        mode=0o644,
     )
     log(f"  {step.name:<15} done   {time.monotonic() - t0:6.2f}s  {step.what} [{current[:12]}]")
     return current
@@ -376,9 +377,9 @@ def _env_bitcode(layout: Layout) -> str:
 
 def _install_env_bitcode(src: Path, dest: Path, expected: str) -> None:
     data = Path(src).read_bytes()
-    if hashlib.sha256(data).hexdigest() != expected:
+    if sha256_hex(data) != expected:
         raise ToolchainError(f"${CCO_BC_ENV} ({src}) changed while it was being copied")
-    atomic_write_bytes(dest, data)
+    atomic_write_bytes(dest, data, mode=0o644)
 
 
 def _build_reproducibly(layout: Layout) -> None:

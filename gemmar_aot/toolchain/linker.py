@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .fsutil import atomic_write_text
+from gemmar_aot.util.atomic_write import atomic_write_text
 from .tools import lld_identity, zig_dir
 
 

@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ToolchainError
-from ..device_abi import DeviceAbiUnknown, device_abi_digest
-from gemmar_aot.filedigest import sha256_file
+from gemmar_aot.util.errors import ToolchainError
+from gemmar_aot.model.device_abi import DeviceAbiUnknown, device_abi_digest
+from gemmar_aot.util.filedigest import sha256_file
 from .fingerprint import dist_version, mori_ep_sources_digest, mori_sources_digest, python_version, read_fingerprint
 from .paths import FIX, Layout, toolchain_root
 from .profiles import DEFAULT_PROFILE, Profile, get_profile

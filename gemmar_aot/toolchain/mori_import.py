@@ -19,7 +19,7 @@ import sys
 import types
 from pathlib import Path
 
-from ..errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from .load import Toolchain
 
 #: The packages whose ``__init__`` must not run (they load native libraries).

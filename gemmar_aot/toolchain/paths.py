@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemmar_aot.checkout import checkout_dir
+from gemmar_aot.util.checkout import checkout_dir
 
 from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 

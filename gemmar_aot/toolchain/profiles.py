@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from .pins import FLYDSL_VERSION, MORI, MORI_NIGHTLY, WheelPin
 
 #: Environment variable naming the profile when no ``--toolchain`` / ``profile=`` is given.

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from ..errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from .pins import ZIGLANG_VERSION
 
 #: Variables that would silently change what clang reads; scrubbed for every tool run.

@@ -6,7 +6,7 @@ import shutil
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from ..errors import ToolchainError
+from gemmar_aot.util.errors import ToolchainError
 from .fsutil import staging_dir
 from .paths import Layout
 

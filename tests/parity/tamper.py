@@ -21,7 +21,7 @@ from typing import Callable
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry
 from gemmar_aot.store.record import record_digest
-from gemmar_aot.launch import LaunchRecord
+from gemmar_aot.model.launch import LaunchRecord
 
 EntryEdit = Callable[[LaunchEntry], LaunchEntry]
 

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gemmar_aot.model.types import Digest
-from gemmar_aot.canonical_json import canonical_json_bytes
+from gemmar_aot.util.canonical_json import canonical_json_bytes
 
 from . import reapi
 from ..backend import BadRecord, CacheBackend, check_record, record_blob, record_launcher

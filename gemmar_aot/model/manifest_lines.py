@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gemmar_aot import rules
+from gemmar_aot.model import rules
 from gemmar_aot.model.types import TupleKey
 
 

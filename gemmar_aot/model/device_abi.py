@@ -8,7 +8,7 @@ and gives the top bit of an SDMA queue's committed write pointer a new meaning, 
 kernel built against one release and run against the other's host library corrupts
 queues instead of failing.
 
-The **device-ABI digest** is a :func:`~gemmar_aot.filedigest.tree_digest` over the
+The **device-ABI digest** is a :func:`~gemmar_aot.util.filedigest.tree_digest` over the
 files of the installed ``mori`` package that define that ABI:
 
 * ``_jit-sources/src/cco/device/*``: the device wrapper compiled into the bitcode;
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemmar_aot.filedigest import tree_digest
+from gemmar_aot.util.filedigest import tree_digest
 
 #: Globs relative to the directory that holds ``mori/``.
 DEVICE_ABI_GLOBS = (

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from gemmar_aot.filedigest import sha256_hex
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: Bump when the meaning of a spec's fields changes (it is part of every key).
 SPEC_SCHEMA = 1

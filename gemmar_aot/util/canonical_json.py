@@ -1,7 +1,8 @@
-"""The canonical JSON encodings: one for hashing, one for files, one for JSON Lines. Standard library only.
+"""The canonical JSON encodings of files and JSON Lines. Standard library only. (The hashing form,
+sorted keys, no spaces, ASCII -- what every digest is taken over: spec ids, action keys, the
+toolchain fingerprint -- is :func:`gemmar_aot.model.spec.canonical_json`: the spec is compile
+code, and the form is part of every key.)
 
-* :func:`canonical_json` -- sorted keys, no spaces, ASCII: what every digest is taken
-  over (spec ids, action keys, the toolchain fingerprint).
 * :func:`canonical_json_bytes` -- sorted keys, indent 1, ASCII, finite numbers only and a
   trailing newline: what every JSON file we publish holds (store records, wheel
   metadata). The same value always gives the same bytes, whatever the insertion order of
@@ -15,12 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# The hashing form lives in spec.py because that file's bytes are an ingredient of every
-# action key: moving the function would re-key every store. This module is where callers
-# import it from.
-from gemmar_aot.spec import canonical_json
-
-__all__ = ["canonical_json", "canonical_json_bytes", "canonical_json_line"]
+__all__ = ["canonical_json_bytes", "canonical_json_line"]
 
 
 def canonical_json_bytes(obj: Any) -> bytes:

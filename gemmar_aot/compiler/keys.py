@@ -12,7 +12,7 @@ Ingredients, each named so ``gemmar-aot explain`` can say which one changed:
 * ``compiler``   the recipe version and the digest of the *compile code* this kernel's
                  build runs (:func:`compile_code_digest`): the compile worker, the
                  toolchain set-up it does, and the recipe modules of the spec's own
-                 recipe -- in normal form (:mod:`gemmar_aot.source_form`): import names
+                 recipe -- in normal form (:mod:`gemmar_aot.compiler.source_form`): import names
                  and syntax trees, so comments, docstrings, formatting and file paths are
                  not in the key, and a new mode's recipe moves no existing key.
 
@@ -49,13 +49,13 @@ or patched FlyDSL never shares entries with the released one.
 
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from typing import Any, Mapping
 
-from gemmar_aot.canonical_json import canonical_json
-from gemmar_aot.source_form import ModuleNames, modules_digest
-from gemmar_aot.spec import KernelSpec
+from gemmar_aot.model.spec import canonical_json
+from gemmar_aot.compiler.source_form import ModuleNames, modules_digest
+from gemmar_aot.model.spec import KernelSpec
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: 2: python, cco_bitcode_build and flydsl_package_digest left the key; ``flydsl`` names the build.
 #: 3: our own code by normal form and per recipe (``compile_code``), not file bytes; the
@@ -76,30 +76,30 @@ FLYDSL_WHEEL_DIGESTS = {
 }
 
 #: Every module of ours the compile and derive code is or imports, by *logical name*: what the
-#: module is, never where it lives (:mod:`gemmar_aot.source_form`, form 2). A key hashes a
+#: module is, never where it lives (:mod:`gemmar_aot.compiler.source_form`, form 2). A key hashes a
 #: module under its logical name, with every import of ours written by logical name too, so
 #: moving or renaming a module -- its importers updated and its entry here pointed at the new
 #: place -- moves no key. Logical names never change; a new module gets a new one.
 MODULES = ModuleNames({
     "package": "gemmar_aot",
-    "atomic_write": "gemmar_aot.atomic_write",
-    "checkout": "gemmar_aot.checkout",
-    "codeobject": "gemmar_aot.codeobject",
+    "atomic_write": "gemmar_aot.util.atomic_write",
+    "checkout": "gemmar_aot.util.checkout",
+    "codeobject": "gemmar_aot.model.codeobject",
     "compiler": "gemmar_aot.compiler",
     "compiler.derive": "gemmar_aot.compiler.derive",
     "compiler.hostir": "gemmar_aot.compiler.hostir",
     "compiler.launcher": "gemmar_aot.compiler.launcher",
     "compiler.worker": "gemmar_aot.compiler.worker",
-    "device_abi": "gemmar_aot.device_abi",
-    "errors": "gemmar_aot.errors",
-    "filedigest": "gemmar_aot.filedigest",
-    "keys": "gemmar_aot.keys",
-    "launch": "gemmar_aot.launch",
-    "launch_sequence": "gemmar_aot.launch_sequence",
+    "device_abi": "gemmar_aot.model.device_abi",
+    "errors": "gemmar_aot.util.errors",
+    "filedigest": "gemmar_aot.util.filedigest",
+    "keys": "gemmar_aot.compiler.keys",
+    "launch": "gemmar_aot.model.launch",
+    "launch_sequence": "gemmar_aot.model.launch_sequence",
     "model.ep": "gemmar_aot.model.ep",
     "model.layout": "gemmar_aot.model.layout",
-    "rules": "gemmar_aot.rules",
-    "spec": "gemmar_aot.spec",
+    "rules": "gemmar_aot.model.rules",
+    "spec": "gemmar_aot.model.spec",
     "store": "gemmar_aot.store",
     "store.backend": "gemmar_aot.store.backend",
     "store.errors": "gemmar_aot.store.errors",
@@ -260,7 +260,7 @@ def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
     generator = {k: v for k, v in ti["generator"].items() if k not in _RECIPE_ONLY or k in own}
     missing = [k for k in own if generator.get(k) is None]
     if missing:
-        from gemmar_aot.errors import ToolchainError
+        from gemmar_aot.util.errors import ToolchainError
 
         raise ToolchainError(f"the toolchain was set up before gemmar-aot hashed {missing} into {spec.recipe} "
                              f"kernels' keys (its toolchain.json lacks them): run `make setup` (or `python -m "
@@ -270,7 +270,7 @@ def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
 
 
 def action_key(ingr: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(ingr).encode()).hexdigest()
+    return sha256_hex(canonical_json(ingr).encode())
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -6,7 +6,7 @@ formatting and path, so a docstring fix re-keyed every kernel of every store; ha
 import name (key schema 3) re-keyed them all when a module moved. The normal form is the
 module's *logical name* and its syntax tree (form 2, key schema 4):
 
-* the logical name comes from one registry (:class:`ModuleNames`, ``gemmar_aot.keys.MODULES``):
+* the logical name comes from one registry (:class:`ModuleNames`, ``gemmar_aot.compiler.keys.MODULES``):
   what the module is, never where it lives. Every import of a module of ours (absolute or
   relative, ``from pkg import module`` included) is written with the logical name of the
   module it resolves to, so moving or renaming a module -- its importers updated, the
@@ -136,7 +136,7 @@ class ModuleNames:
         try:
             return self._by_logical[logical]
         except KeyError:
-            raise SourceFormError(f"no module is registered as {logical!r} (gemmar_aot.keys.MODULES)") from None
+            raise SourceFormError(f"no module is registered as {logical!r} (gemmar_aot.compiler.keys.MODULES)") from None
 
     def logical(self, import_name: str, *, imported_by: str = "") -> str:
         got = self._by_import.get(import_name)
@@ -144,7 +144,7 @@ class ModuleNames:
             by = f" (imported by {imported_by})" if imported_by else ""
             raise SourceFormError(
                 f"module {import_name}{by} has no logical name: every module of ours that compile or derive "
-                f"code is or imports must be in gemmar_aot.keys.MODULES; add it (a name for what it is)")
+                f"code is or imports must be in gemmar_aot.compiler.keys.MODULES; add it (a name for what it is)")
         return got
 
     def has(self, import_name: str) -> bool:

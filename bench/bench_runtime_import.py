@@ -1,0 +1,87 @@
+"""What ``import gemmar_aot.runtime`` costs a pod that has torch imported already (issue 33).
+
+Usage::
+
+    python bench/bench_runtime_import.py [--rounds 20] [--tree LABEL=DIR ...] [--json-out FILE]
+
+Each round starts a fresh interpreter per tree, in turn (interleaved), which imports torch,
+then times ``import gemmar_aot.runtime`` and, in the same process right after, the speed
+reference: a 10^6-step pure-Python loop (the best of 3). The number is the ratio of the two,
+so it holds across hosts and load. ``--tree`` runs another checkout's package (a directory
+holding ``gemmar_aot`` and ``gemmar_aot_kernels``, e.g. a tree_copy of an older commit) beside
+this one; the default is this checkout alone. The target: at most 1.5x the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench")]
+from _results import commit, emit  # noqa: E402
+
+CHILD = r"""
+import json, sys, time
+import torch  # the pod has it already
+t = time.perf_counter(); c = time.process_time()
+import gemmar_aot.runtime
+imp, imp_cpu = time.perf_counter() - t, time.process_time() - c
+best = float("inf")
+for _ in range(3):
+    t = time.perf_counter(); n = 0
+    for i in range(1_000_000):
+        n += i
+    best = min(best, time.perf_counter() - t)
+ours = sorted(m for m in sys.modules if m.split(".")[0] == "gemmar_aot")
+print(json.dumps({"import_ms": imp * 1e3, "import_cpu_ms": imp_cpu * 1e3, "loop_ms": best * 1e3,
+                  "modules": len(ours), "package": gemmar_aot.runtime.__file__}))
+"""
+
+
+def one(tree: Path | None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree) if tree is not None else ""
+    p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, cwd=tree or ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"the child failed:\n{p.stderr[-3000:]}")
+    out = json.loads(p.stdout.splitlines()[-1])
+    out["ratio"] = out["import_ms"] / out["loop_ms"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR")
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args()
+    trees: dict[str, Path | None] = {".": None}
+    for spec in a.tree:
+        label, _, d = spec.partition("=")
+        trees[label] = Path(d)
+    runs: dict[str, list] = {k: [] for k in trees}
+    for _ in range(a.rounds):
+        for label, tree in trees.items():
+            runs[label].append(one(tree))
+    result = {"rounds": a.rounds, "trees": {k: str(v) if v else str(ROOT) for k, v in trees.items()}, "arms": {}}
+    for label, rs in runs.items():
+        result["arms"][label] = {
+            "ratio_median": round(statistics.median(r["ratio"] for r in rs), 3),
+            "import_ms_median": round(statistics.median(r["import_ms"] for r in rs), 2),
+            "import_cpu_ms_median": round(statistics.median(r["import_cpu_ms"] for r in rs), 2),
+            "loop_ms_median": round(statistics.median(r["loop_ms"] for r in rs), 2),
+            "modules": rs[-1]["modules"], "runs": rs}
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["commit"] = commit()
+    return emit(result, a.json_out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
