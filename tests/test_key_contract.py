@@ -118,7 +118,7 @@ def test_a_move_the_registry_was_not_told_of_is_an_error_naming_the_module_and_t
     import tree_copy
 
     tree = _moved_tree(tmp_path / "moved")
-    keys_py = tree / "gemmar_aot" / "keys.py"
+    keys_py = tree / "gemmar_aot" / "compiler" / "keys.py"
     keys_py.write_text(keys_py.read_text().replace('"gemmar_aot.toolchain.versions"', '"gemmar_aot.toolchain.pins"'))
     p = tree_copy.run(tree, "-c", tree_copy.KEYS_SCRIPT, str(ROOT / "manifests" / "smoke.toml"))
     assert p.returncode != 0

@@ -88,7 +88,7 @@ def test_a_new_recipe_moves_no_existing_key(tmp_path, our_keys):
     tree = tree_copy.copy_tree(tmp_path / "tree")
     (tree / "gemmar_aot_kernels" / "new_mode.py").write_text(
         '"""A mode added later."""\nRECIPE = "new-mode"\n\n\ndef build(spec):\n    raise NotImplementedError\n')
-    keys_py = tree / "gemmar_aot" / "keys.py"
+    keys_py = tree / "gemmar_aot" / "compiler" / "keys.py"
     src = keys_py.read_text()
     anchor, entry = '    "gemm-only": ("kernels.gemm_only",),', '    "kernels": "gemmar_aot_kernels",'
     assert anchor in src and entry in src

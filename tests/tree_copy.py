@@ -112,7 +112,7 @@ def rewrite_parser(tree: Path) -> Path:
     """Rewrite the copy's code-object parser without changing what it returns for any input: the
     section bounds that fail the one-pass check named by an index loop instead of ``zip`` (a real
     edit of derive code, as a performance change would make it). Returns ``tree``."""
-    co = tree / "gemmar_aot" / "codeobject.py"
+    co = tree / "gemmar_aot" / "model" / "codeobject.py"
     src = co.read_text()
     old = ("        for i, (sh_type, off, size) in enumerate(zip(types, offsets, sizes)):\n"
            "            if off + size > n and sh_type != 8:  # 8 = SHT_NOBITS\n")

@@ -82,6 +82,8 @@ FLYDSL_WHEEL_DIGESTS = {
 #: place -- moves no key. Logical names never change; a new module gets a new one.
 MODULES = ModuleNames({
     "package": "gemmar_aot",
+    "model": "gemmar_aot.model",
+    "util": "gemmar_aot.util",
     "atomic_write": "gemmar_aot.util.atomic_write",
     "checkout": "gemmar_aot.util.checkout",
     "codeobject": "gemmar_aot.model.codeobject",
@@ -105,7 +107,6 @@ MODULES = ModuleNames({
     "store.errors": "gemmar_aot.store.errors",
     "toolchain": "gemmar_aot.toolchain",
     "toolchain.diagnose": "gemmar_aot.toolchain.diagnose",
-    "toolchain.digest": "gemmar_aot.toolchain.digest",
     "toolchain.fingerprint": "gemmar_aot.toolchain.fingerprint",
     "toolchain.install": "gemmar_aot.toolchain.install",
     "toolchain.load": "gemmar_aot.toolchain.load",
@@ -152,11 +153,12 @@ COMPILE_CODE = _imports("checkout", "compiler", "compiler.launcher", "compiler.w
 #: cannot change a byte.
 IMPORTED_ONLY = {MODULES.import_name(k): why for k, why in {
     "package": "the package: its docstring and __version__ (a version number is no compile input)",
+    "model": "a package: its docstring",
+    "util": "a package: its docstring",
     "atomic_write": "writes files atomically; a compile writes none",
     "device_abi": "the pod's mori check; the worker imports only its exception class",
     "errors": "exception classes, raised only when a compile cannot produce a code object",
     "toolchain.diagnose": "`gemmar-aot doctor`'s checks",
-    "toolchain.digest": "digests the toolchain at setup (its result is in the key)",
     "toolchain.tools": "locates and fingerprints setup tools (clang, ld.lld) at setup",
 }.items()}
 
