@@ -136,9 +136,9 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
     from gemmar_aot.runtime.verify import RecordBinding
-    from gemmar_aot.store.record_index import index_path
+    from gemmar_aot.model.bundle import LockBundle
 
-    index = index_path(store)  # the lock's record index: the binding reads it when present
+    index = LockBundle(store).record_index  # the lock's record index: the binding reads it when present
 
     names = ("lock_read", "lock_read_and_index", "lock_read_and_rank0", "construct_to_ready",
              "construct_to_ready_without_parse_in_driver", "construct_to_ready_without_record_binding")

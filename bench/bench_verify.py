@@ -51,13 +51,13 @@ def import_cost_ms(n: int = 5) -> list[float]:
 def verify_step_ms(lock: Path, trusted: Path, n: int = 200) -> dict:
     """The check alone, as the runtime runs it: read the trusted keys and the envelope, hash the
     lock's bytes, verify the signature (medians of ``n``)."""
-    from gemmar_aot.trust.envelope import envelope_path
+    from gemmar_aot.model.bundle import LockBundle
     from gemmar_aot.trust.verify import load_trust
 
     ts = []
     for _ in range(n):
         t = time.perf_counter()
-        load_trust(trusted).verify(envelope_path(lock).read_bytes(), lock.read_bytes(), str(lock), "envelope")
+        load_trust(trusted).verify(LockBundle(lock).envelope.read_bytes(), lock.read_bytes(), str(lock), "envelope")
         ts.append((time.perf_counter() - t) * 1e3)
     return {"median": round(statistics.median(ts), 3), "min": round(min(ts), 3)}
 
@@ -77,7 +77,7 @@ def main() -> int:
     from gemmar_aot.runtime import GemmAllReduceOp
     from gemmar_aot.trust.envelope import sign_lock_file
     from gemmar_aot.trust.keys import generate_key, load_signing_key
-    from gemmar_aot.store.record_index import index_path
+    from gemmar_aot.model.bundle import LockBundle
 
     src = a.store / "locks" / f"{a.manifest}.lock.json"
     if not src.is_file():
@@ -91,7 +91,7 @@ def main() -> int:
         locks.mkdir()
         lock = locks / src.name
         shutil.copyfile(src, lock)
-        shutil.copyfile(index_path(src), index_path(lock))
+        shutil.copyfile(LockBundle(src).record_index, LockBundle(lock).record_index)
         priv, pub, keyid = generate_key(tmp / "keys", "bench")
         sign_lock_file(lock, [load_signing_key(priv)])
         trusted = tmp / "keys"

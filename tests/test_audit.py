@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from test_remote_build import SMOKE, _a_cheap_kernel_with_its_own_blob, _build, _lock_bytes, _lock_entries
 from gemmar_aot.build.audit import FETCHES_FILE, sample
 from gemmar_aot.cli import main
-from gemmar_aot.trust.envelope import envelope_path
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.trust.keys import generate_key, load_signing_key
 from gemmar_aot.store import Store
 from gemmar_aot.store.remote.backend import HttpBackend
@@ -92,7 +92,7 @@ def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock
     # the rebuilt entry replaced the poisoned one on the remote
     assert HttpBackend(per_key_remote.url).get_record(victim)["blob"] == true_rec["blob"]
     # the signed provenance says the remote hits were audited, and what was found
-    env = json.loads(envelope_path(tmp_path / "audited" / "locks" / "smoke.lock.json").read_bytes())
+    env = json.loads(LockBundle(tmp_path / "audited" / "locks" / "smoke.lock.json").envelope.read_bytes())
     pred = json.loads(base64.b64decode(env["payload"]))["predicate"]
     audit = pred["buildDefinition"]["internalParameters"]["remote_audit"]
     assert audit == {"remote": True, "remote_hits": 0, "audited": 3, "seed": seed, "findings": 1}

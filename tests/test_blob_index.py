@@ -16,9 +16,8 @@ from fakes import FakeCommunicator, FakeHipDriver
 from gemmar_aot.model.lock import read_lock
 from gemmar_aot.runtime import GemmAllReduceOp
 from gemmar_aot.store import Store
-from gemmar_aot.store.blob_index import (
-    BlobIndex, BlobIndexError, blob_index_path, build_blob_index, encode_blob_index, lock_rank_blob_groups
-)
+from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError, build_blob_index, encode_blob_index, lock_rank_blob_groups
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.store.errors import BlobNotFoundError
 
 N, WORLD = 1024, 2
@@ -34,7 +33,7 @@ def _op(store, lock, rank=0):
 
 
 def test_the_build_writes_every_code_object_of_the_lock_grouped_by_rank(smoke_store, smoke_lock):
-    index = BlobIndex.read(blob_index_path(_lock_path(smoke_store)))
+    index = BlobIndex.read(LockBundle(_lock_path(smoke_store)).blob_index)
     st = Store(smoke_store, readonly=True)
     kernels = smoke_lock.kernels()
     assert {e.blob.hash for e in kernels.values()} == {d for g in lock_rank_blob_groups(smoke_lock) for d in g}
@@ -44,7 +43,7 @@ def test_the_build_writes_every_code_object_of_the_lock_grouped_by_rank(smoke_st
     rank0 = set(lock_rank_blob_groups(smoke_lock)[0])
     assert {index._find(d[:16])[0] for d in rank0} == {0}
     # the same lock and store give the same bytes
-    assert build_blob_index(smoke_lock, st.load_blob) == blob_index_path(_lock_path(smoke_store)).read_bytes()
+    assert build_blob_index(smoke_lock, st.load_blob) == LockBundle(_lock_path(smoke_store)).blob_index.read_bytes()
 
 
 def test_a_rank_gets_ready_from_the_index_alone(smoke_store, smoke_lock, tmp_path):
@@ -71,7 +70,7 @@ def test_with_both_indexes_beside_the_lock_the_store_is_never_opened(smoke_store
 def test_a_store_is_opened_when_an_index_lacks_what_a_rank_needs(smoke_store, smoke_lock, tmp_path, monkeypatch):
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
-    blob_index_path(_lock_path(store)).unlink()
+    LockBundle(_lock_path(store)).blob_index.unlink()
     opened = []
     real = Store.__init__
     monkeypatch.setattr(Store, "__init__", lambda self, *a, **k: opened.append(a) or real(self, *a, **k))
@@ -82,14 +81,14 @@ def test_a_store_is_opened_when_an_index_lacks_what_a_rank_needs(smoke_store, sm
 def test_without_the_index_the_store_serves(smoke_store, smoke_lock, tmp_path):
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
-    blob_index_path(_lock_path(store)).unlink()
+    LockBundle(_lock_path(store)).blob_index.unlink()
     _op(store, smoke_lock).close()
 
 
 def test_a_damaged_index_is_said_once_and_the_store_serves(smoke_store, smoke_lock, tmp_path, caplog):
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
-    path = blob_index_path(_lock_path(store))
+    path = LockBundle(_lock_path(store)).blob_index
     data = bytearray(path.read_bytes())
     frames = BlobIndex.read(path)._frames
     start = len(data) - sum(len(f) for f in frames)  # after the header's frame
@@ -118,7 +117,7 @@ def test_an_index_holding_other_bytes_is_refused_per_code_object(smoke_store, sm
         raw = st.load_blob(d, sizes[d])
         return raw[:-1] + bytes([raw[-1] ^ 1]) if d == victim else raw
 
-    path = blob_index_path(_lock_path(store))
+    path = LockBundle(_lock_path(store)).blob_index
     path.write_bytes(encode_blob_index(groups, blob_of))
     with pytest.raises(BlobIndexError, match=f"is not {victim}"):
         BlobIndex.read(path).blob(victim, sizes[victim])
@@ -156,7 +155,7 @@ def test_a_lock_read_back_names_the_same_groups(smoke_store):
 def test_an_index_that_cannot_be_read_is_said_and_the_store_serves(smoke_store, smoke_lock, tmp_path, caplog):
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
-    path = blob_index_path(_lock_path(store))
+    path = LockBundle(_lock_path(store)).blob_index
     path.unlink()
     path.mkdir()  # not a file: reading it fails with an OSError
     with caplog.at_level(logging.WARNING, logger="gemmar_aot.runtime"):

@@ -139,11 +139,11 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     from gemmar_aot.model.types import Digest
     from gemmar_aot.build.closure import INDEX_PATH, LOCK_PATH
     from gemmar_aot.store.pack_encode import pack_closure
-    from gemmar_aot.store.record_index import index_path
+    from gemmar_aot.model.bundle import LockBundle
 
     lock_path = smoke_store / "locks" / "smoke.lock.json"
     doc = read_doc(lock_path)
-    index = index_path(lock_path).read_bytes()
+    index = LockBundle(lock_path).record_index.read_bytes()
     raws = None
     if edit_lock is not None:
         doc, index, raws = edit_lock(doc)

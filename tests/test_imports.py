@@ -274,7 +274,7 @@ def test_no_function_is_longer_than_a_reader_can_hold():
 #: or code object is not in the lock's indexes), not the EP op (only when asked for), nothing of
 #: the toolchain, compiler, build or package. A change here is a change of what every pod pays.
 POD_IMPORTS = {
-    "gemmar_aot", "gemmar_aot.model", "gemmar_aot.model.codec", "gemmar_aot.model.codeobject",
+    "gemmar_aot", "gemmar_aot.model", "gemmar_aot.model.bundle", "gemmar_aot.model.codec", "gemmar_aot.model.codeobject",
     "gemmar_aot.model.device_abi", "gemmar_aot.model.launch", "gemmar_aot.model.launch_sequence",
     "gemmar_aot.model.layout", "gemmar_aot.model.lock", "gemmar_aot.model.manifest_lines", "gemmar_aot.model.rules",
     "gemmar_aot.model.schema", "gemmar_aot.model.spec", "gemmar_aot.model.types", "gemmar_aot.model.validate",

@@ -25,14 +25,8 @@ from gemmar_aot.runtime.verify import envelope
 from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
-from gemmar_aot.store.record_index import (
-    RecordIndex,
-    RecordIndexError,
-    build_index_from_store,
-    encode_index,
-    index_path,
-    write_index,
-)
+from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, build_index_from_store, encode_index, write_index
+from gemmar_aot.model.bundle import LockBundle
 
 N, K, WORLD = 1024, 256, 2
 
@@ -57,7 +51,7 @@ def _no_record_files(monkeypatch):
 
 
 def test_the_build_writes_an_index_every_line_of_which_is_its_lock_s_record(smoke_store, smoke_lock):
-    path = index_path(smoke_store / "locks" / "smoke.lock.json")
+    path = LockBundle(smoke_store / "locks" / "smoke.lock.json").record_index
     assert path == smoke_store / "locks" / "smoke.records.zst" and path.is_file()
     index = RecordIndex.read(path)
     kernels = smoke_lock.kernels()
@@ -105,7 +99,7 @@ def test_the_runtime_reads_the_index_not_the_record_files(smoke_store, smoke_loc
 
 def test_a_missing_index_falls_back_to_the_record_files(smoke_store, smoke_lock, tmp_path, monkeypatch):
     root, lock_path = _copy(smoke_store, tmp_path)
-    index_path(lock_path).unlink()
+    LockBundle(lock_path).record_index.unlink()
     read = []
     orig = Store.read_record_named
     monkeypatch.setattr(Store, "read_record_named", lambda self, key, want: read.append(key) or orig(self, key, want))
@@ -120,7 +114,7 @@ def test_without_the_index_a_record_that_cannot_be_read_is_refused_never_uncheck
     """The record check never fails open: the index gone and a record the lock names missing or
     unreadable, the op is refused naming that record and the fix, rather than built unchecked."""
     root, lock_path = _copy(smoke_store, tmp_path)
-    index_path(lock_path).unlink()
+    LockBundle(lock_path).record_index.unlink()
     st = Store(root)
     r0 = next(r for t in smoke_lock.tuples if t.id.transport == "fused-sdma" for r in t.ranks if r.rank == 0)
     entry = r0.launches[0]
@@ -147,7 +141,7 @@ def test_without_the_index_a_record_that_cannot_be_read_is_refused_never_uncheck
 
 def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke_lock, tmp_path):
     root, lock_path = _copy(smoke_store, tmp_path)
-    path = index_path(lock_path)
+    path = LockBundle(lock_path).record_index
     head, groups = read_frames(path)
     prefix = head["prefix_hex"]
     # the rank-0 reduce at M=512: relabel it as rank 1's (what a lock pointing at the wrong rank's
@@ -176,7 +170,7 @@ def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke
 def test_the_half_the_runtime_never_parses_is_still_checked(smoke_store, smoke_lock, tmp_path):
     """One byte of a record's ingredients changed in the index: never parsed, yet refused."""
     root, lock_path = _copy(smoke_store, tmp_path)
-    path = index_path(lock_path)
+    path = LockBundle(lock_path).record_index
     head, groups = read_frames(path)
     key = next(le.key for t in smoke_lock.tuples if t.id.transport == "fused-sdma" and t.id.k == K
                and t.id.m == 256 and t.id.gather_dtype == "bf16" for r in t.ranks if r.rank == 0
@@ -192,7 +186,7 @@ def test_the_half_the_runtime_never_parses_is_still_checked(smoke_store, smoke_l
 
 
 def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, smoke_lock, tmp_path):
-    head, groups = read_frames(index_path(smoke_store / "locks" / "smoke.lock.json"))
+    head, groups = read_frames(LockBundle(smoke_store / "locks" / "smoke.lock.json").record_index)
     n = head["prefix_hex"]
     ranks = sorted({r.rank for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks})
     assert head["schema"] == 4 and len(groups) == len(ranks) > 1
@@ -208,10 +202,10 @@ def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, sm
     op.close()
     assert index._groups[0] is not None and index._groups[1] is None  # rank 0's frame never decompressed
     # rank 0's frame damaged: rank 1 does not notice, rank 0 is refused naming the index
-    data = bytearray(index_path(lock_path).read_bytes())
+    data = bytearray(LockBundle(lock_path).record_index.read_bytes())
     start = len(data) - sum(nbytes for nbytes, _p in head["groups"])
     data[start + head["groups"][0][0] // 2] ^= 0x20
-    index_path(lock_path).write_bytes(bytes(data))
+    LockBundle(lock_path).record_index.write_bytes(bytes(data))
     _op(root, smoke_lock, rank=1).close()
     with pytest.raises(ArtifactMismatchError, match="smoke.records.zst.*delete"):
         _op(root, smoke_lock, rank=0)
@@ -219,9 +213,9 @@ def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, sm
 
 def test_a_group_holding_other_lines_than_its_header_names_is_refused(smoke_store, smoke_lock, tmp_path):
     root, lock_path = _copy(smoke_store, tmp_path)
-    head, groups = read_frames(index_path(lock_path))
+    head, groups = read_frames(LockBundle(lock_path).record_index)
     groups[0], groups[1] = groups[1], groups[0]  # the frames swapped, the header left as it was
-    write_frames(index_path(lock_path), head, groups)
+    write_frames(LockBundle(lock_path).record_index, head, groups)
     with pytest.raises(ArtifactMismatchError, match="does not hold the lines its header names"):
         _op(root, smoke_lock)
 
@@ -232,7 +226,7 @@ def test_a_prefix_two_groups_name_finds_a_line_that_must_still_be_the_named_reco
     look-up finds under the prefix is checked against the record digest the lock names, so the
     forged one is refused (its digest handed back), never taken for the record."""
     root, lock_path = _copy(smoke_store, tmp_path)
-    path = index_path(lock_path)
+    path = LockBundle(lock_path).record_index
     head, groups = read_frames(path)
     n = head["prefix_hex"]
     kernels = smoke_lock.kernels()
@@ -254,10 +248,10 @@ def test_a_prefix_two_groups_name_finds_a_line_that_must_still_be_the_named_reco
 def test_an_index_of_an_older_schema_is_refused_with_the_fix(smoke_store, smoke_lock, tmp_path, schema):
     """Schemas 1 and 2 held whole records for the record digests of older locks."""
     root, lock_path = _copy(smoke_store, tmp_path)
-    head, groups = read_frames(index_path(lock_path))
+    head, groups = read_frames(LockBundle(lock_path).record_index)
     lines = sorted(line for g in groups for line in g)
     old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": schema}).encode()
-    index_path(lock_path).write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
+    LockBundle(lock_path).record_index.write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
                                       .compress(b"\n".join([old, *lines])))
     with pytest.raises(ArtifactMismatchError, match=f"record index schema {schema}, this gemmar-aot reads 3, 4 .*"
                                                     "rebuild the manifest.*or delete"):
@@ -271,7 +265,7 @@ def test_an_index_written_for_another_lock_is_refused(smoke_store, smoke_lock, t
     from dataclasses import replace
 
     other = replace(other, tuples=tuple(t for t in other.tuples if t.id.k != K))
-    write_index(index_path(lock_path), build_index_from_store(other, Store(root, readonly=True)))
+    write_index(LockBundle(lock_path).record_index, build_index_from_store(other, Store(root, readonly=True)))
     with pytest.raises(ArtifactMismatchError, match=r"has no record for that key: it was written for another lock"):
         _op(root, smoke_lock)
 
@@ -289,7 +283,7 @@ def test_a_lock_whose_records_are_all_in_the_index_is_served(smoke_store, smoke_
 @pytest.mark.parametrize("damage", ["flip", "truncate", "schema", "miscount"])
 def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_lock, tmp_path, damage):
     root, lock_path = _copy(smoke_store, tmp_path)
-    path = index_path(lock_path)
+    path = LockBundle(lock_path).record_index
     data = bytearray(path.read_bytes())
     if damage == "flip":  # in the header's frame (the groups' frames: the test above)
         head, _groups = read_frames(path)
@@ -343,7 +337,7 @@ def test_the_derive_key_is_left_out_of_each_line_and_restored_from_the_line_itse
         assert derive_key(e.blob.hash, launcher) == rec["derive"]["key"]  # this derive code made it
         line = encode_line(rec, key, e.blob.hash)
         assert rec["derive"]["key"].encode() not in line and b'"key":""}' in line
-    index = RecordIndex.read(index_path(smoke_store / "locks" / "smoke.lock.json"))
+    index = RecordIndex.read(LockBundle(smoke_store / "locks" / "smoke.lock.json").record_index)
     got = index.records((k, e.record, e.blob.hash) for k, e in kernels.items())
     assert all(isinstance(v, dict) for v in got.values()) and len(got) == len(kernels)
 

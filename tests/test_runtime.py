@@ -41,7 +41,7 @@ from gemmar_aot.runtime import (
 )
 from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store import CorruptArtifactError, Store
-from gemmar_aot.store.blob_index import blob_index_path
+from gemmar_aot.model.bundle import LockBundle
 
 ROOT = Path(__file__).resolve().parent.parent
 N, K, WORLD = 1024, 256, 2
@@ -314,7 +314,7 @@ def test_arch_mismatch_is_refused(smoke_store, smoke_lock):
 def test_corrupt_blob_is_refused_naming_its_path(smoke_store, smoke_lock, tmp_path):
     copy_root = tmp_path / "store"
     shutil.copytree(smoke_store, copy_root)
-    blob_index_path(copy_root / "locks" / "smoke.lock.json").unlink()  # the store serves every code object
+    LockBundle(copy_root / "locks" / "smoke.lock.json").blob_index.unlink()  # the store serves every code object
     _t, r = tuple_entry(smoke_lock, m=512)
     digest = r.launches[0].blob.hash
     path = Store(copy_root).blob_path(digest)

@@ -32,11 +32,12 @@ from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.cli import main
 from gemmar_aot.runtime import ArtifactSignatureError, GemmAllReduceOp, load_artifacts
-from gemmar_aot.trust.envelope import PAYLOAD_TYPE, envelope_path, sign_lock_file
+from gemmar_aot.trust.envelope import PAYLOAD_TYPE, sign_lock_file
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.trust.keys import SIGN_KEY_ENV, SignatureError, TRUSTED_KEYS_ENV, generate_key, load_signing_key
 from gemmar_aot.trust.verify import load_trust
 from gemmar_aot.store import Store
-from gemmar_aot.store.record_index import build_index_from_store, index_path, write_index
+from gemmar_aot.store.record_index import build_index_from_store, write_index
 
 N, K, WORLD = 1024, 256, 2
 
@@ -85,8 +86,8 @@ def _trusted(tmp_path, *pubs, revoked=()) -> Path:
 
 def test_the_envelope_is_dsse_over_an_in_toto_statement_naming_the_lock(signed_store, keys):
     root, lock_path = signed_store
-    env = json.loads(envelope_path(lock_path).read_bytes())
-    assert envelope_path(lock_path) == root / "locks" / "smoke.intoto.jsonl"
+    env = json.loads(LockBundle(lock_path).envelope.read_bytes())
+    assert LockBundle(lock_path).envelope == root / "locks" / "smoke.intoto.jsonl"
     assert env["payloadType"] == "application/vnd.in-toto+json" == PAYLOAD_TYPE
     payload = base64.b64decode(env["payload"])
     stmt = json.loads(payload)
@@ -162,7 +163,7 @@ def test_a_signature_over_other_bytes_is_refused(signed_store, smoke_lock, keys)
 def test_an_envelope_edited_after_signing_is_refused(signed_store, smoke_lock, keys):
     """The statement re-pointed at another lock digest: the signature no longer verifies."""
     root, lock_path = signed_store
-    p = envelope_path(lock_path)
+    p = LockBundle(lock_path).envelope
     env = json.loads(p.read_bytes())
     stmt = json.loads(base64.b64decode(env["payload"]))
     stmt["subject"][0]["digest"]["sha256"] = "0" * 64
@@ -243,7 +244,7 @@ def test_a_forged_lock_with_every_digest_consistent_is_stopped_only_by_the_signa
     k["record"] = record_digest(rec).to_json()
     write_doc(lock_path, doc)
     forged = read_lock(lock_path)
-    write_index(index_path(lock_path), build_index_from_store(forged, Store(root, readonly=True)))
+    write_index(LockBundle(lock_path).record_index, build_index_from_store(forged, Store(root, readonly=True)))
 
     op = _op(root, forged)  # integrity alone: the forgery is served
     try:
@@ -344,7 +345,7 @@ def test_build_signs_the_lock_and_verify_shows_the_signer(smoke_store, keys, tmp
     assert summary["compiled"] == 0 and summary["signature"]["keyids"] == [keys["ci"]["id"]]
     lock_path = Path(summary["lock_file"])
     assert "PRIVATE KEY" not in r.output and pem.splitlines()[1] not in r.output  # output and summary
-    env = json.loads(envelope_path(lock_path).read_bytes())
+    env = json.loads(LockBundle(lock_path).envelope.read_bytes())
     pred = json.loads(base64.b64decode(env["payload"]))["predicate"]
     assert pred["buildDefinition"]["internalParameters"]["remote_audit"] == {
         "remote": False, "remote_hits": 0, "audited": 0}
@@ -453,7 +454,7 @@ def test_artifacts_loaded_without_keys_cannot_pass_inside_a_list(signed_store, k
 
 def test_an_envelope_that_is_json_but_not_an_envelope_is_a_signature_error(signed_store, keys):
     root, lock_path = signed_store
-    p = envelope_path(lock_path)
+    p = LockBundle(lock_path).envelope
     for bad in (b"[1, 2]", json.dumps({"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(b"[1,2]").decode(),
                                         "signatures": [{"keyid": "x", "sig": ""}]}).encode()):
         p.write_bytes(bad)
@@ -470,7 +471,7 @@ def test_a_lock_signed_under_another_name_is_refused(smoke_store, keys, tmp_path
     lock_path = root / "locks" / "smoke.lock.json"
     stmt = lock_statement(lock_path.read_bytes())
     stmt["subject"][0]["name"] = "other.lock.json"
-    envelope_path(lock_path).write_bytes(sign_statement(stmt, [load_signing_key(keys["ci"]["key"])]))
+    LockBundle(lock_path).envelope.write_bytes(sign_statement(stmt, [load_signing_key(keys["ci"]["key"])]))
     with pytest.raises(ArtifactSignatureError, match="signed as 'other.lock.json'"):
         load_artifacts(root, trusted_keys=keys["ci"]["pub"])
 
@@ -484,7 +485,7 @@ def test_the_build_signs_the_bytes_it_wrote_never_a_file_swapped_after(smoke_sto
     write_doc(lock_path, doc)  # a writer of the store, between the build's write and its signature
     with pytest.raises(SignatureError, match="not the lock this build wrote"):
         sign_lock_file(lock_path, [load_signing_key(keys["ci"]["key"])], lock=smoke_lock)
-    assert not envelope_path(lock_path).exists()
+    assert not LockBundle(lock_path).envelope.exists()
 
 
 def test_the_ep_op_is_served_from_a_signed_lock_and_refused_by_another_key(signed_store, smoke_lock, keys, tmp_path):

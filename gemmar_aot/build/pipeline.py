@@ -20,14 +20,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from gemmar_aot.model.lock import Lock, lock_file_path, write_lock
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.compiler.keys import action_key, ingredients, toolchain_ingredients
 from gemmar_aot.model.launch import LaunchRecord
-from gemmar_aot.store.blob_index import blob_index_path, build_blob_index, write_blob_index
-from gemmar_aot.store.record_index import build_index, index_path, lock_rank_groups, write_index
+from gemmar_aot.store.blob_index import build_blob_index
+from gemmar_aot.store.record_index import build_index, lock_rank_groups
 from gemmar_aot.util.filedigest import sha256_hex
 
 
@@ -499,16 +500,11 @@ class _BuildRun:
             return
         with self.phase("lock file"):
             self.lock = make_lock(self.plan, self.manifest, self.keys, self.records, self.fp)
-            lock_path = lock_file_path(self.root, self.manifest.name, self.tc.profile.name)
-            # The indexes first, then the lock: a reader that finds a new record index beside the
-            # old lock refuses it (another lock's key set), never serves a mix of the two; one that
-            # finds a new blob index reads what that lacks from the store (each code object is
-            # checked against the digest its lock names).
+            bundle = LockBundle.in_store(self.root, self.manifest.name, self.tc.profile.name)
             by_key = {self.keys[sid]: rec for sid, rec in self.records.items()}
             self.index = build_index(self.lock.kernels(), by_key.get, groups=lock_rank_groups(self.lock))
-            write_index(index_path(lock_path), self.index)
-            write_blob_index(blob_index_path(lock_path), build_blob_index(self.lock, self.st.load_blob))
-            self.lock_file = write_lock(lock_path, self.lock)
+            self.lock_file = bundle.write(self.lock, record_index=self.index,
+                                          blob_index=build_blob_index(self.lock, self.st.load_blob))
 
     def finish_remote(self) -> None:
         """The closure uploaded when the remote lacks it, then the session's uploads finished."""

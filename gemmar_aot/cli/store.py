@@ -308,14 +308,14 @@ def _fetch_launchers(st, health, remote: str) -> dict:
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
     """Every lock of the store with its signature (:func:`gemmar_aot.trust.verify.describe_signature`)."""
     from gemmar_aot.model.codec import plain_lock_bytes
-    from gemmar_aot.model.lock import LOCK_SUFFIX
-    from gemmar_aot.trust.envelope import envelope_path
+    from gemmar_aot.model.bundle import LOCK_SUFFIX
+    from gemmar_aot.model.bundle import LockBundle
     from gemmar_aot.trust.verify import describe_signature, trust_from
 
     trust = trust_from(trusted_keys) if trusted_keys is not None else None
     out = []
     for lp in sorted((root / "locks").glob("*" + LOCK_SUFFIX)):
-        env = envelope_path(lp)
+        env = LockBundle(lp).envelope
         sig, problem = describe_signature(env.read_bytes() if env.is_file() else None,
                                           plain_lock_bytes(lp.read_bytes(), str(lp)), str(lp), str(env), trust)
         out.append({"lock": str(lp), "signature": sig, "problem": problem})
@@ -366,10 +366,10 @@ def export_cmd(lock, dest, store, as_json):
     res = transfer.export(st, read_lock(lock).check_parts(), dest)
     (Path(dest) / "locks").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
-    from gemmar_aot.trust.envelope import envelope_path
+    from gemmar_aot.model.bundle import LockBundle
 
-    if envelope_path(lock).is_file():  # the signature travels with its lock
-        shutil.copyfile(envelope_path(lock), envelope_path(Path(dest) / "locks" / Path(lock).name))
+    if LockBundle(lock).envelope.is_file():  # the signature travels with its lock
+        shutil.copyfile(LockBundle(lock).envelope, LockBundle(Path(dest) / "locks" / Path(lock).name).envelope)
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
 

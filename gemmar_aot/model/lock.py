@@ -18,22 +18,6 @@ from gemmar_aot.model.validate import _DocReader, _show, _type_name
 
 #: Entry-point group through which installed artifact packages announce their lock and store.
 ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
-#: ``<store>/locks/<manifest name>`` + this is a lock file.
-LOCK_SUFFIX = ".lock.json"
-#: The names a lock file goes by: in a store (LOCK_SUFFIX), in an artifact wheel (``lock.json.zst``)
-#: and in older wheels (``lock.json``).
-LOCK_NAME_SUFFIXES = (LOCK_SUFFIX, ".json.zst", ".json")
-
-
-def lock_sibling(lock_path: str | os.PathLike, suffix: str) -> Path:
-    """A file that belongs to the lock at ``lock_path`` and lives beside it: the lock's name with
-    its lock suffix replaced by ``suffix`` (``locks/M.lock.json`` -> ``locks/M<suffix>``,
-    ``pkg/lock.json.zst`` -> ``pkg/lock<suffix>``). The record index and the signature envelope."""
-    p = Path(lock_path)
-    for s in LOCK_NAME_SUFFIXES:
-        if p.name.endswith(s) and len(p.name) > len(s):
-            return p.with_name(p.name[: -len(s)] + suffix)
-    return p.with_name(p.name + suffix)
 
 
 @dataclass(frozen=True)
@@ -244,14 +228,6 @@ def write_lock(path: str | os.PathLike, lock: Lock) -> Path:
     Lock.from_bytes(data, f"{path} (not written)")  # never publish a lock the reader would refuse
     atomic_write_bytes(path, data)
     return path
-
-
-def lock_file_path(store_root: str | os.PathLike, manifest_name: str, profile: str | None = None) -> Path:
-    """Where the build of ``manifest_name`` into ``store_root`` writes its lock file:
-    ``locks/<manifest>.lock.json``, or ``locks/<manifest>.<profile>.lock.json`` for a toolchain
-    profile other than the default, so one store holds several profiles' locks side by side."""
-    suffix = "" if profile in (None, "default") else f".{profile}"
-    return Path(store_root) / "locks" / f"{manifest_name}{suffix}{LOCK_SUFFIX}"
 
 
 def _plain(v: Any) -> Any:

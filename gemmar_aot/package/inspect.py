@@ -25,7 +25,8 @@ from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PREFIX_HEX, PackBackend
-from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
+from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
+from gemmar_aot.model.bundle import LockBundle
 
 from .archive import parse_record, record_hash
 from .layout import ENVELOPE_ARCNAME, OLD_LOCK_ARCNAME, PACK_ARCPATH, WheelError, coverage, lock_sizes
@@ -221,7 +222,7 @@ def _check_blobs(lock: Lock, pack: PackBackend | None, pack_name: str, problems:
 def _index_problems(lock: Lock, lock_name: str, info: Mapping[str, Any], contents: Mapping[str, bytes],
                     pkg: str) -> list[str]:
     """What is wrong with the wheel's record index: every line must be its lock's record."""
-    name = f"{pkg}/{index_path(lock_name).name}"
+    name = f"{pkg}/{LockBundle(lock_name).record_index.name}"
     data = contents.get(name)
     if data is None:
         return [f"{name} is missing (BUILD_INFO.json lists it)"] if info.get("record_index") else []

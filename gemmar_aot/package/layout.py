@@ -47,9 +47,8 @@ import re
 from gemmar_aot import __version__
 from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.model.lock import Lock
-from gemmar_aot.trust.envelope import envelope_path
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.store.pack import PACK_FILE
-from gemmar_aot.store.record_index import index_path
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 from gemmar_aot.util.filedigest import sha256_hex
 
@@ -119,10 +118,10 @@ PACK_ARCPATH = f"store/{PACK_FILE}"
 #: The lock inside the package: its canonical bytes in one zstd frame (``model.lock.read_lock``
 #: reads either form); deflated JSON was 41% of the reference wheel, this is a third smaller.
 LOCK_ARCNAME = "lock.json.zst"
-#: The lock's record index, beside it (``record_index.index_path(LOCK_ARCNAME)``).
-INDEX_ARCNAME = index_path(LOCK_ARCNAME).name
-#: The lock's signature envelope, beside it (``signing.envelope_path(LOCK_ARCNAME)``).
-ENVELOPE_ARCNAME = envelope_path(LOCK_ARCNAME).name
+#: The lock's record index, beside it (``LockBundle(LOCK_ARCNAME).record_index``).
+INDEX_ARCNAME = LockBundle(LOCK_ARCNAME).record_index.name
+#: The lock's signature envelope, beside it (``LockBundle(LOCK_ARCNAME).envelope``).
+ENVELOPE_ARCNAME = LockBundle(LOCK_ARCNAME).envelope.name
 #: What wheels of gemmar-aot before LOCK_ARCNAME named their lock (plain JSON); inspect still reads them.
 OLD_LOCK_ARCNAME = "lock.json"
 

@@ -37,7 +37,8 @@ from gemmar_aot import __version__
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, compress_lock, read_lock
-from gemmar_aot.trust.envelope import envelope_path, read_envelope
+from gemmar_aot.trust.envelope import read_envelope
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.store import STORE_FORMAT, BlobNotFoundError, CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend, write_pack
 from gemmar_aot.store.pack_encode import encode_blobs
@@ -86,7 +87,7 @@ def wheel_from_build(built: Any, manifest: str | os.PathLike, out_dir: str | os.
     holds in memory: its lock (serialised once), the record index it wrote beside the lock, and
     its store handle. The same lock gives the same bytes as :func:`wheel_from_lock`."""
     lock_path = Path(built.summary["lock_file"])
-    env_file = envelope_path(lock_path)
+    env_file = LockBundle(lock_path).envelope
     signed = _signed_lock(built.lock, env_file.read_bytes() if env_file.is_file() else None)
     return _write_wheel(signed, _manifest_source(signed.lock, manifest, None, None),
                         _store_content(signed.lock, built.store, built.record_index), out_dir, version)
@@ -125,8 +126,8 @@ def _signed_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, envelope: b
         lock = read_lock(lock).check_parts()
     lock_bytes = lock.to_bytes()
     sha256 = sha256_hex(lock_bytes)
-    if envelope is None and lock_path is not None and envelope_path(lock_path).is_file():
-        envelope = envelope_path(lock_path).read_bytes()
+    if envelope is None and lock_path is not None and LockBundle(lock_path).envelope.is_file():
+        envelope = LockBundle(lock_path).envelope.read_bytes()
     signature = None
     if envelope is not None:
         env = read_envelope(envelope, "the lock's signature envelope")

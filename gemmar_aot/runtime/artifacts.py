@@ -50,10 +50,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.layout import WindowLayout
-from gemmar_aot.model.lock import ENTRY_POINT_GROUP, LOCK_SUFFIX, Lock, lock_file_path, read_lock
+from gemmar_aot.model.bundle import LOCK_SUFFIX
+from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, read_lock
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, RankLaunches, TupleKey
-from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, index_path
-from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError, blob_index_path
+from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
+from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError
 
 
 from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
@@ -272,7 +274,7 @@ class Artifacts:
         was written for another lock."""
         def read(lock_path: Path) -> RecordIndex | None:
             try:
-                return RecordIndex.read(index_path(lock_path))
+                return RecordIndex.read(LockBundle(lock_path).record_index)
             except RecordIndexError as exc:
                 raise ArtifactMismatchError(f"{exc} (lock {info.source})") from None
 
@@ -283,7 +285,7 @@ class Artifacts:
         None when the lock has none, or when it is damaged (said once, at WARNING: the store then
         serves every code object)."""
         def read(lock_path: Path) -> BlobIndex | None:
-            path = blob_index_path(lock_path)
+            path = LockBundle(lock_path).blob_index
             try:
                 return BlobIndex.read(path)
             except BlobIndexError as exc:
@@ -385,10 +387,10 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
             read_lock(path)  # raises the reader's error (no such file, a directory)
             raise
         src = Source(path, root or _store_root_for_lock(path), origin)
-        from gemmar_aot.trust.envelope import envelope_path
+        from gemmar_aot.model.bundle import LockBundle
         from gemmar_aot.trust.keys import SignatureError
 
-        env_path = envelope_path(path)
+        env_path = LockBundle(path).envelope
         try:
             env = env_path.read_bytes()
         except FileNotFoundError:
@@ -401,7 +403,7 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
         except SignatureError as exc:
             raise ArtifactSignatureError(str(exc)) from None
         lock = Lock.from_bytes(data, str(path))
-        want = lock_file_path("", lock.manifest.name, lock.toolchain.profile).name
+        want = LockBundle.in_store("", lock.manifest.name, lock.toolchain.profile).lock.name
         if verified.envelope.subject[0] != want:
             raise ArtifactSignatureError(
                 f"the lock {src} is signed as {verified.envelope.subject[0]!r}, but it is the lock of manifest "

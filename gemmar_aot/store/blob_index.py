@@ -38,7 +38,6 @@ from typing import Any
 
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.model.spec import canonical_json
-from gemmar_aot.model.lock import lock_sibling
 
 from .blobfmt import FrameError, checked_frame
 from ._fs import read_if_present
@@ -48,7 +47,6 @@ from gemmar_aot.util.filedigest import sha256_hex
 
 INDEX_SCHEMA = 1
 INDEX_FORMAT = "gemmar-aot blob index"
-INDEX_SUFFIX = ".blobs.zst"
 #: A rank's frame compresses to a few KB at any level (its code objects share most bytes); 9 takes
 #: a fraction of the time 19 does, for a frame within a few percent of 19's.
 ZSTD_LEVEL = 9
@@ -60,11 +58,6 @@ MAX_GROUP_BYTES = 1 << 30
 
 class BlobIndexError(StoreError):
     """A blob index that cannot be used: damaged, of another schema, or holding other bytes."""
-
-
-def blob_index_path(lock_path: str | os.PathLike) -> Path:
-    """Where the blob index of the lock at ``lock_path`` lives: beside it, ``<name>.blobs.zst``."""
-    return lock_sibling(lock_path, INDEX_SUFFIX)
 
 
 def lock_rank_blob_groups(lock: Any, kernels: Mapping[str, Any] | None = None) -> list[list[str]]:

@@ -54,7 +54,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.model.lock import lock_sibling
 from gemmar_aot.model.types import Digest
 from gemmar_aot.store.record import (
     is_record_digest, record_digest, record_digest_text, record_halves
@@ -70,7 +69,6 @@ INDEX_SCHEMA = 4
 #: Schemas this reader understands (3: the same lines, the second half never abridged).
 READABLE_SCHEMAS = (3, 4)
 INDEX_FORMAT = "gemmar-aot record index"
-INDEX_SUFFIX = ".records.zst"
 ZSTD_LEVEL = 19
 #: Key prefixes name the lines: at least this many hex digits (32 bits; longer when two keys of one
 #: lock share one). A prefix only finds a line: the line is verified against the lock's digest.
@@ -89,11 +87,6 @@ class RecordIndexError(StoreError):
 
 class RecordMissingError(RecordIndexError):
     """A record the lock names is not in the store (no index can be made from it)."""
-
-
-def index_path(lock_path: str | os.PathLike) -> Path:
-    """Where the record index of the lock at ``lock_path`` lives: beside it, ``<name>.records.zst``."""
-    return lock_sibling(lock_path, INDEX_SUFFIX)
 
 
 def _markers(key: str, blob: str) -> tuple[bytes, bytes, bytes, bytes]:

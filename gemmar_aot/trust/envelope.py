@@ -3,7 +3,7 @@
 encoding (:func:`pae`); its payload an in-toto Statement v1 whose one subject is the lock (its
 file name and the sha256 of its canonical bytes), with a SLSA Provenance v1 predicate holding
 the build's inputs; optionally ``expiresOn``. :func:`sign_lock_file` writes the envelope beside
-the lock (:func:`envelope_path`)."""
+the lock (its path: ``gemmar_aot.model.bundle.LockBundle.envelope``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from gemmar_aot.model.codec import plain_lock_bytes
-from gemmar_aot.model.lock import Lock, lock_file_path, lock_sibling
+from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 
 from .keys import SIGN_KEY_ENV, SignatureError, Signer
@@ -31,16 +32,8 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 #: What SLSA calls the build type: a gemmar-aot build of one manifest into one lock.
 BUILD_TYPE = "https://gemmar-aot.dev/build/v1"
-#: Beside a lock (``lock_sibling``): ``locks/M.intoto.jsonl`` in a store, ``lock.intoto.jsonl``
-#: in a wheel. One envelope per line, as SLSA's provenance files.
-ENVELOPE_SUFFIX = ".intoto.jsonl"
 #: An envelope larger than this is refused unread (ours are ~2 KB).
 MAX_ENVELOPE_BYTES = 1 << 20
-
-
-def envelope_path(lock_path: str | os.PathLike) -> Path:
-    """Where the signature envelope of the lock at ``lock_path`` lives."""
-    return lock_sibling(lock_path, ENVELOPE_SUFFIX)
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -95,7 +88,7 @@ def lock_statement(lock_bytes: bytes, *, audit: Mapping[str, Any] | None = None,
     from the lock itself, and this gemmar-aot."""
     lock = lock if lock is not None else Lock.from_bytes(lock_bytes, "<lock to sign>")
     now = datetime.now(timezone.utc)
-    name = lock_file_path("", lock.manifest.name, lock.toolchain.profile).name
+    name = LockBundle.in_store("", lock.manifest.name, lock.toolchain.profile).lock.name
     pred = provenance(manifest={"name": lock.manifest.name, "sha256": lock.manifest.sha256},
                       profile=lock.toolchain.profile, toolchain_digest=lock.toolchain.digest,
                       gemmar_aot=own_identity(), audit=audit, started=started or now, finished=now,
@@ -118,7 +111,7 @@ def sign_lock_file(lock_path: str | os.PathLike, signers: Sequence[Signer], *, l
                                  f"nothing signed; rebuild")
         plain = mine
     env = sign_statement(lock_statement(plain, lock=lock, **statement_args), signers)
-    dest = envelope_path(lock_path)
+    dest = LockBundle(lock_path).envelope
     atomic_write_bytes(dest, env)
     return dest
 
