@@ -268,18 +268,19 @@ def test_no_function_is_longer_than_a_reader_can_hold():
     assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}; split each into named steps"
 
 
-#: Every module of ours a pod imports with ``import gemmar_aot.runtime`` (torch already imported):
-#: the shared model of a lock and its kernels, the store's reading half, the runtime. Not the
-#: trust package (only when trusted keys are set), not the store's write side (only when a record
-#: or code object is not in the lock's indexes), not the EP op (only when asked for), nothing of
-#: the toolchain, compiler, build or package. A change here is a change of what every pod pays.
+#: Every module of ours a pod imports to serve the collective op (``from gemmar_aot.runtime import
+#: GemmAllReduceOp``, torch already imported): the shared model of a lock and its kernels, the
+#: store's reading half, the runtime. Not the trust package (only when trusted keys are set),
+#: not the store's write side (only when a record or code object is not in the lock's indexes),
+#: not the EP op (only when asked for), nothing of the toolchain, compiler, build or package. A
+#: change here is a change of what every pod pays.
 POD_IMPORTS = {
     "gemmar_aot", "gemmar_aot.model", "gemmar_aot.model.bundle", "gemmar_aot.model.codec", "gemmar_aot.model.codeobject",
     "gemmar_aot.model.device_abi", "gemmar_aot.model.launch", "gemmar_aot.model.launch_sequence",
     "gemmar_aot.model.layout", "gemmar_aot.model.lock", "gemmar_aot.model.manifest_lines", "gemmar_aot.model.rules",
     "gemmar_aot.model.schema", "gemmar_aot.model.spec", "gemmar_aot.model.types", "gemmar_aot.model.validate",
     "gemmar_aot.runtime", "gemmar_aot.runtime.artifacts", "gemmar_aot.runtime.driver", "gemmar_aot.runtime.errors",
-    "gemmar_aot.runtime.gc_pause", "gemmar_aot.runtime.gemm", "gemmar_aot.runtime.hip", "gemmar_aot.runtime.launches",
+    "gemmar_aot.runtime.gc_pause", "gemmar_aot.runtime.launches",
     "gemmar_aot.runtime.loading", "gemmar_aot.runtime.memory", "gemmar_aot.runtime.misses", "gemmar_aot.runtime.op",
     "gemmar_aot.runtime.operands", "gemmar_aot.runtime.padding", "gemmar_aot.runtime.provenance",
     "gemmar_aot.runtime.self_test", "gemmar_aot.runtime.support", "gemmar_aot.runtime.verify",
@@ -289,18 +290,26 @@ POD_IMPORTS = {
     "gemmar_aot.util.canonical_json", "gemmar_aot.util.errors",
     "gemmar_aot.util.filedigest",
 }
+#: ``import gemmar_aot.runtime`` alone: the errors a caller catches, nothing else.
+RUNTIME_PACKAGE_IMPORTS = {"gemmar_aot", "gemmar_aot.runtime", "gemmar_aot.runtime.errors", "gemmar_aot.util",
+                           "gemmar_aot.util.errors"}
 
 
-def test_a_pod_imports_exactly_the_modules_it_uses():
+def _new_modules(statement: str) -> set[str]:
     import json
     import subprocess
     import sys
 
-    code = ("import json, sys, torch; before = set(sys.modules); import gemmar_aot.runtime; "
-            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    code = f"import json, sys, torch; before = set(sys.modules); {statement}; print(json.dumps(sorted(set(sys.modules) - before)))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stderr
-    new = set(json.loads(p.stdout))
+    return set(json.loads(p.stdout))
+
+
+def test_a_pod_imports_exactly_the_modules_it_uses():
+    new = _new_modules("import gemmar_aot.runtime")
+    assert {m for m in new if m.split(".")[0] == "gemmar_aot"} == RUNTIME_PACKAGE_IMPORTS
+    new = _new_modules("from gemmar_aot.runtime import GemmAllReduceOp")
     ours = {m for m in new if m.split(".")[0] == "gemmar_aot"}
     assert ours == POD_IMPORTS, (f"the pod now imports {sorted(ours - POD_IMPORTS)} and no longer "
                                  f"{sorted(POD_IMPORTS - ours)}")

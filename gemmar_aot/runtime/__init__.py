@@ -18,8 +18,6 @@ Import rule: this package imports neither FlyDSL, MLIR, mori's kernel builders
 lazily, when an op is built or called; ``mori.cco`` only for a mori communicator.
 """
 
-from .artifacts import ENTRY_POINT_GROUP, ENV_VAR, Artifacts, Source, TupleKey, load_artifacts
-from .driver import Driver, KernArgs, arch_base
 from .errors import (
     ArtifactConflictError,
     ArtifactError,
@@ -30,11 +28,6 @@ from .errors import (
     HipError,
     SelfTestError,
 )
-from .hip import HipDriver
-from .gemm import Mxfp8GemmOp, Mxfp8GemvOp
-from .op import GemmAllReduceOp
-from .support import padded_m, supports
-from .window import window_bytes_for
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -66,9 +59,18 @@ __all__ = [
     "window_bytes_for",
 ]
 
-#: Imported when first asked for: a pod that serves no EP op never imports the EP model.
-_LAZY = {"EpDispatchCombineOp": ".ep", "EpDispatchCombineConfig": ".ep_config",
-         "EpDispatchRoutingHandle": ".ep_config"}
+#: Each name's module, imported when the name is first asked for: a pod imports the ops it
+#: serves and what they use, no more (a pod of Mxfp8GemvOp never imports the collective op, one
+#: that serves no EP op never the EP model). The errors are here from the start: they are what
+#: a caller catches.
+_LAZY = {
+    "ENTRY_POINT_GROUP": ".artifacts", "ENV_VAR": ".artifacts", "Artifacts": ".artifacts", "Source": ".artifacts",
+    "TupleKey": ".artifacts", "load_artifacts": ".artifacts",
+    "Driver": ".driver", "KernArgs": ".driver", "arch_base": ".driver",
+    "HipDriver": ".hip", "Mxfp8GemmOp": ".gemm", "Mxfp8GemvOp": ".gemm", "GemmAllReduceOp": ".op",
+    "padded_m": ".support", "supports": ".support", "window_bytes_for": ".window",
+    "EpDispatchCombineOp": ".ep", "EpDispatchCombineConfig": ".ep_config", "EpDispatchRoutingHandle": ".ep_config",
+}
 
 
 def __getattr__(name: str):
@@ -80,3 +82,7 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(mod, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
