@@ -19,12 +19,12 @@ timeout: a wedged SDMA submit lock hangs rather than fails.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import traceback
 from pathlib import Path
 
 import pytest
+
+from gpu_ranks import rank_outcome, run_ranks, skip_reason
 
 WORLD = 2
 N = 1024
@@ -32,30 +32,7 @@ M_MAX = 512
 TIMEOUT_S = float(os.environ.get("GEMMAR_AOT_GPU_TIMEOUT", "600"))
 
 
-def _gpu_skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no GPU: torch.cuda.is_available() is False"
-    if getattr(torch.version, "hip", None) is None:
-        return "torch is not a ROCm build"
-    if torch.cuda.device_count() < WORLD:
-        return f"needs {WORLD} GPUs, torch sees {torch.cuda.device_count()}"
-    archs = {torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(WORLD)}
-    if archs != {"gfx950"}:
-        return f"needs gfx950 (MI355X) devices, found {sorted(archs)}"
-    for mod in ("mori", "mori.cco", "mori.ops.gemm_ar"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return f"{mod} is not installed"
-        except Exception as exc:  # noqa: BLE001 - a broken install is also a skip reason
-            return f"{mod} cannot be found: {exc!r}"
-    return None
-
-
-SKIP_REASON = _gpu_skip_reason()
+SKIP_REASON = skip_reason(WORLD, ("mori", "mori.cco", "mori.ops.gemm_ar"))
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(SKIP_REASON is not None, reason=f"GPU tier skipped: {SKIP_REASON}"),
@@ -244,38 +221,17 @@ def _worker(rank: int, world: int, uid: bytes, artifacts: str, scenario: str, ou
     from gemmar_aot.runtime import window_bytes_for
 
     vmm = 3 * window_bytes_for(world, m_max=M_MAX, n=N) + (256 << 20)
-    status = Path(out_dir) / f"rank{rank}.txt"
-    try:
-        with Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
-            SCENARIOS[scenario](comm, rank, world, artifacts)
-            torch.cuda.synchronize()
-        status.write_text("ok")
-    except BaseException:
-        status.write_text(traceback.format_exc())
-        raise
+    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
+        SCENARIOS[scenario](comm, rank, world, artifacts)
+        torch.cuda.synchronize()
 
 
 def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
     from mori.cco import Communicator
 
     uid = bytes(Communicator.get_unique_id())
-    ctx = mp.start_processes(_worker, args=(WORLD, uid, artifacts, scenario, str(tmp_path)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    import time
-
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{scenario}: ranks still running after {TIMEOUT_S:.0f}s (hung SDMA submit?)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-    for r in range(WORLD):
-        text = (tmp_path / f"rank{r}.txt").read_text()
-        assert text == "ok", f"rank {r}:\n{text}"
+    run_ranks(_worker, (WORLD, uid, artifacts, scenario, str(tmp_path)), world=WORLD, out_dir=tmp_path, what=scenario,
+              timeout=TIMEOUT_S)
 
 
 def test_self_test_passes_on_real_gpus(gpu_artifacts, tmp_path):

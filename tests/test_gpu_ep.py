@@ -19,12 +19,12 @@ into a temporary store. Every multi-process run has a timeout.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import traceback
 from pathlib import Path
 
 import pytest
+
+from gpu_ranks import rank_outcome, run_ranks, skip_reason
 
 WORLD = 8
 HIDDEN, TOPK, EXPERTS, MAX_TOKENS = 7168, 8, 256, 4096
@@ -34,30 +34,7 @@ TIMEOUT_S = float(os.environ.get("GEMMAR_AOT_GPU_TIMEOUT", "900"))
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no GPU: torch.cuda.is_available() is False"
-    if getattr(torch.version, "hip", None) is None:
-        return "torch is not a ROCm build"
-    if torch.cuda.device_count() < WORLD:
-        return f"needs {WORLD} GPUs, torch sees {torch.cuda.device_count()}"
-    archs = {torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(WORLD)}
-    if archs != {"gfx950"}:
-        return f"needs gfx950 (MI355X) devices, found {sorted(archs)}"
-    for mod in ("mori", "mori.cco", "mori.ops.dispatch_combine_v2"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return f"{mod} is not installed"
-        except Exception as exc:  # noqa: BLE001 - a broken install is also a skip reason
-            return f"{mod} cannot be found: {exc!r}"
-    return None
-
-
-SKIP_REASON = _skip_reason()
+SKIP_REASON = skip_reason(WORLD, ("mori", "mori.cco", "mori.ops.dispatch_combine_v2"))
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(SKIP_REASON is not None, reason=f"GPU tier skipped: {SKIP_REASON}")]
 
@@ -197,38 +174,17 @@ def _worker(rank: int, world: int, uid: bytes, artifacts: str, scenario: str, ou
     torch.cuda.set_device(rank)
     from mori.cco import Communicator, UniqueId
 
-    status = Path(out_dir) / f"rank{rank}.txt"
-    try:
-        with Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=4 << 30) as comm:
-            SCENARIOS[scenario](comm, rank)
-            torch.cuda.synchronize()
-        status.write_text("ok")
-    except BaseException:
-        status.write_text(traceback.format_exc())
-        raise
+    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=4 << 30) as comm:
+        SCENARIOS[scenario](comm, rank)
+        torch.cuda.synchronize()
 
 
 def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
-    import time
-
-    import torch.multiprocessing as mp
     from mori.cco import Communicator
 
     uid = bytes(Communicator.get_unique_id())
-    ctx = mp.start_processes(_worker, args=(WORLD, uid, artifacts, scenario, str(tmp_path)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{scenario}: ranks still running after {TIMEOUT_S:.0f}s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-    for r in range(WORLD):
-        text = (tmp_path / f"rank{r}.txt").read_text()
-        assert text == "ok", f"rank {r}:\n{text}"
+    run_ranks(_worker, (WORLD, uid, artifacts, scenario, str(tmp_path)), world=WORLD, out_dir=tmp_path, what=scenario,
+              timeout=TIMEOUT_S)
 
 
 def test_ep_round_trip_against_the_torch_reference(ep_artifacts, tmp_path):

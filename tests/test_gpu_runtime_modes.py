@@ -14,11 +14,11 @@ test_gpu.py's). From the smoke artifacts (world 2, N 1024, K 256):
 from __future__ import annotations
 
 import os
-import time
-import traceback
 from pathlib import Path
 
 import pytest
+
+from gpu_ranks import rank_outcome, run_ranks
 
 from test_gpu import SKIP_REASON, _operands, _quantize, _reference, _rel_l2
 
@@ -115,36 +115,17 @@ def _worker(rank: int, world: int, uid: bytes, artifacts: str, scenario: str, ou
     from gemmar_aot.runtime import window_bytes_for
 
     vmm = 3 * window_bytes_for(world, m_max=M_MAX, n=N) + (256 << 20)
-    status = Path(out_dir) / f"rank{rank}.txt"
-    try:
-        with Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
-            SCENARIOS[scenario](comm, rank, world, artifacts)
-            torch.cuda.synchronize()
-        status.write_text("ok")
-    except BaseException:
-        status.write_text(traceback.format_exc())
-        raise
+    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
+        SCENARIOS[scenario](comm, rank, world, artifacts)
+        torch.cuda.synchronize()
 
 
 def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
     from mori.cco import Communicator
 
     uid = bytes(Communicator.get_unique_id())
-    ctx = mp.start_processes(_worker, args=(WORLD, uid, artifacts, scenario, str(tmp_path)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{scenario}: ranks still running after {TIMEOUT_S:.0f}s (hung SDMA submit?)")
-    finally:
-        for p in ctx.processes:  # only the processes this test started
-            if p.is_alive():
-                p.terminate()
-    for r in range(WORLD):
-        text = (tmp_path / f"rank{r}.txt").read_text()
-        assert text == "ok", f"rank {r}:\n{text}"
+    run_ranks(_worker, (WORLD, uid, artifacts, scenario, str(tmp_path)), world=WORLD, out_dir=tmp_path, what=scenario,
+              timeout=TIMEOUT_S)
 
 
 def test_split_and_fused_lsa_transports_against_a_reference(gpu_artifacts, tmp_path):
