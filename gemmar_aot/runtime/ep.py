@@ -47,7 +47,7 @@ from .ep_config import EpDispatchRoutingHandle, Requested, read_config, torch_dt
 from .errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
-from .loading import Kernels, check_device, check_provenance, verify_kernels
+from .loading import Kernels, check_device, check_provenance, release, verify_kernels
 from .memory import communicator_device, device_context, tensor_at
 from .provenance import COMMUNICATORS
 from .verify import EpPosition
@@ -505,15 +505,8 @@ class EpDispatchCombineOp:
             self._mori_held = False
             COMMUNICATORS.release(self.comm, self._mori)
         errors: list = []
-        for handle in (self.win, self.mem):  # deregister before free
-            if handle is not None:
-                try:
-                    handle.close()
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(exc)
+        release((self.win, self.mem), self._kernels, self._driver, errors)  # deregister before free
         self.win = self.mem = None
-        if self._kernels is not None:
-            self._kernels.unload(self._driver, errors)
         if errors:
             raise errors[0]
 

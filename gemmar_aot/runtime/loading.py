@@ -87,3 +87,17 @@ def verify_kernels(artifacts: Any, entries: Sequence[Any], *, launches: Callable
     ArtifactMismatchError (or the store's errors) on the first problem."""
     extra = {} if sequences is None else {"sequences": sequences}
     return Kernels(verify_entries(artifacts, entries, launches=launches, position=position, **extra))
+
+
+def release(handles: Sequence[Any], kernels: Kernels | None, driver: Driver, errors: list) -> None:
+    """Close ``handles`` in the order given (a window before the memory under it), then unload
+    ``kernels``; every error is appended to ``errors``, none raised: an op's ``close`` releases
+    everything it holds before it reports the first failure."""
+    for handle in handles:
+        if handle is not None:
+            try:
+                handle.close()
+            except Exception as exc:  # noqa: BLE001 - reported by the caller, after the rest is released
+                errors.append(exc)
+    if kernels is not None:
+        kernels.unload(driver, errors)

@@ -67,7 +67,7 @@ from .driver import Driver
 from .errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
-from .loading import Kernels, check_device, check_provenance, verify_kernels
+from .loading import Kernels, check_device, check_provenance, release, verify_kernels
 from gemmar_aot.model.manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
 from .operands import check_operands
@@ -552,15 +552,8 @@ class GemmAllReduceOp:
             except Exception as exc:  # noqa: BLE001
                 errors.append(exc)
             self._fallback = None
-        for handle in (self.win, self.mem):  # deregister before free
-            if handle is not None:
-                try:
-                    handle.close()
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(exc)
+        release((self.win, self.mem), self._kernels, self._driver, errors)  # deregister before free
         self.win = self.mem = None
-        if self._kernels is not None:
-            self._kernels.unload(self._driver, errors)
         if errors:
             raise errors[0]
 
