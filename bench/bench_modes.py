@@ -27,7 +27,6 @@ is all the timing and the agreement need.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -53,23 +52,13 @@ GEMV_ROTATE_BYTES = 768 << 20
 
 
 def skip_reason(world: int = WORLD) -> str | None:
-    """Why this machine cannot run the benchmark, or None."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no GPU: torch.cuda.is_available() is False"
-    if getattr(torch.version, "hip", None) is None:
-        return "torch is not a ROCm build"
-    if torch.cuda.device_count() < world:
-        return f"needs {world} GPUs (the PR's TP8), torch sees {torch.cuda.device_count()}"
-    archs = {torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(world)}
-    if archs != {"gfx950"}:
-        return f"needs gfx950 (MI355X) devices, found {sorted(archs)}"
-    if importlib.util.find_spec("mori") is None or importlib.util.find_spec("mori.cco") is None:
-        return "mori (its cco communicator) is not installed"
-    return None
+    """Why this machine cannot run the benchmark (the PR's TP8), or None: the GPU tier's check
+    (tests/gpu_ranks.py)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from gpu_ranks import skip_reason as gpu_skip_reason
+
+    return gpu_skip_reason(world, ("mori", "mori.cco"))
 
 
 # ---------------------------------------------------------------------------
