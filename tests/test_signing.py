@@ -131,6 +131,14 @@ def test_trusted_keys_from_the_environment_file_or_directory(signed_store, smoke
         load_artifacts(root)
 
 
+def test_the_pod_reads_the_trusted_keys_variable_the_trust_package_names():
+    """The runtime checks ``$GEMMAR_AOT_TRUSTED_KEYS`` before it imports the trust package (a pod
+    with no keys never imports it), so it spells the name itself: the two must be one name."""
+    from gemmar_aot.runtime import artifacts
+
+    assert artifacts.TRUSTED_KEYS_ENV == TRUSTED_KEYS_ENV
+
+
 def test_an_unsigned_lock_is_refused_naming_the_lock_and_the_fix(smoke_store, smoke_lock, keys, tmp_path):
     comm = FakeCommunicator(rank=0, nranks=WORLD)
     with pytest.raises(ArtifactSignatureError) as err:

@@ -50,13 +50,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.layout import WindowLayout
-from gemmar_aot.model.bundle import LOCK_SUFFIX
+from gemmar_aot.model.bundle import LOCK_SUFFIX, LockBundle
 from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, read_lock
-from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, RankLaunches, TupleKey
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
 from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError
-
 
 from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
                      ArtifactSignatureError)

@@ -102,6 +102,12 @@ class EpDispatchCombineOp:
         entry = self._entry = self._find_entry(req)
         c = self.config = entry.config
         self._roles = kernel_roles(c)
+        #: the kernels of one variant only (the local expert count, the converts), by kind
+        self._lone = {kind: (kind, b, w) for kind, b, w in self._roles if not kind.startswith(("dispatch", "combine"))}
+        # mori's _pick, resolved once: (bucket bound or None, dispatch variant, combine variant); a
+        # call scans this instead of re-deriving the schedule's variants
+        self._picks = tuple((b[0], *pick(c, b[0] if b[0] is not None else 1 << 62)) for b in c.schedule) \
+            if c.schedule else ((None, *pick(c, 0)),)
         self._dispatch_specs, self._combine_specs = variants(c)
         # provenance (one profile per op and per communicator; the pod's mori), the device
         self._mori = check_provenance([entry])
@@ -324,7 +330,10 @@ class EpDispatchCombineOp:
 
     def _pick(self, num_tokens: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """mori's ``_pick``: the (dispatch, combine) variants for ``num_tokens``, clamped to those built."""
-        return pick(self.config, num_tokens)
+        for bound, disp, comb in self._picks:
+            if bound is None or num_tokens <= bound:
+                return disp, comb
+        return self._picks[-1][1:]
 
     def _go(self, role: tuple, values: tuple = ()) -> None:
         launch = self._launch[role]
@@ -352,7 +361,7 @@ class EpDispatchCombineOp:
         n = int(input.shape[0])
         if n > c.max_tokens:
             raise self._over_capacity(n)
-        (b, w), _ = pick(c, n)
+        (b, w), _ = self._pick(n)
         if routing is not None:
             if not c.replay:
                 raise self._no_replay()
@@ -384,7 +393,7 @@ class EpDispatchCombineOp:
             raise RuntimeError("this EpDispatchCombineOp has been closed")
         c = self.config
         ct = int(routing.cur_rank_num_token)
-        _, (b, w) = pick(c, ct)
+        _, (b, w) = self._pick(ct)
         if not c.std_moe and input.data_ptr() != self._out_tok_ptr:
             self._views["combine_in"].view(-1)[:input.numel()].copy_(input.reshape(-1))
         self._go(("combine", b, w), (routing.disp_dest_tok_id_map.data_ptr(),
@@ -398,7 +407,7 @@ class EpDispatchCombineOp:
         """``[experts_per_rank]`` i32: received tokens per local expert (call after dispatch)."""
         self._check_open()
         self._local_expert_count_buf.zero_()
-        self._go(self._roles_of("local_expert_count"))
+        self._go(self._lone["local_expert_count"])
         return self._local_expert_count_buf
 
     def convert_dispatch_output(self):
@@ -406,7 +415,7 @@ class EpDispatchCombineOp:
         self._check_std_moe()
         self.packed_count.zero_()
         self.slot_map.fill_(-1)
-        self._go(self._roles_of("convert_dispatch"))
+        self._go(self._lone["convert_dispatch"])
         c = self.config
         x = self.packed_x.view(self._dispatch_dt).view(c.experts_per_rank, self._max_tok_per_expert, c.hidden)
         return x, self.packed_count, self.packed_src
@@ -414,10 +423,7 @@ class EpDispatchCombineOp:
     def convert_combine_input(self, routing):
         """mori's ConvertCombineInput (StdMoE): the expert outputs reduced back into the window."""
         self._check_std_moe()
-        self._go(self._roles_of("convert_combine"), (routing.total_recv_token_num.data_ptr(),))
-
-    def _roles_of(self, kind: str) -> tuple:
-        return next(r for r in self._roles if r[0] == kind)
+        self._go(self._lone["convert_combine"], (routing.total_recv_token_num.data_ptr(),))
 
     def _check_open(self) -> None:
         if self._closed:
