@@ -170,7 +170,7 @@ def build_commit(commit: str, scratch: Path) -> dict[str, str] | str:
     for key, path in st.local.iter_record_files():
         rec = st.local.get_record(key)
         if rec is not None:
-            blobs[json.dumps(rec["spec"], sort_keys=True)] = rec["blob"]["digest"]
+            blobs[json.dumps(rec["spec"], sort_keys=True)] = rec["blob"]["hash"]
     cache.write_text(json.dumps(blobs))
     return blobs
 

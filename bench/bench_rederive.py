@@ -51,8 +51,8 @@ def derive_all(store: Path, lock_path: Path) -> tuple[float, int]:
     recs = [st.read_record_file(k) for k in sorted(lock.action_keys())]
     t0 = time.perf_counter()
     for rec in recs:
-        code = st.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
-        launcher = st.load_blob(rec["launcher"]["digest"], rec["launcher"]["size"])
+        code = st.load_blob(rec["blob"]["hash"], rec["blob"]["size"])
+        launcher = st.load_blob(rec["launcher"]["hash"], rec["launcher"]["size"])
         derive(code, launcher)
     return time.perf_counter() - t0, len(recs)
 

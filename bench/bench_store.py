@@ -159,7 +159,7 @@ def bench_store(corpus: list[tuple[str, bytes]], level: int) -> dict:
         t0 = time.perf_counter()
         for key in keys:
             rec = fresh.get_record(key)
-            fresh.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
+            fresh.load_blob(rec["blob"]["hash"], rec["blob"]["size"])
         return time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,7 @@ def entries(source: Path) -> list[tuple[str, bytes, dict]]:
     out = []
     for key, _ in src.local.iter_record_files():
         rec = src.get_record(key)
-        code = src.load_blob(rec["blob"]["digest"])
+        code = src.load_blob(rec["blob"]["hash"])
         out.append((key, code, {k: v for k, v in rec.items() if k not in RESERVED_FIELDS}))
     return out
 

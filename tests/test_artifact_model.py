@@ -55,7 +55,7 @@ def _refuse(doc, match, where="x.lock.json"):
 # ---- round trip and canonical bytes ----
 
 def test_round_trip(lock, doc):
-    assert doc["schema"] == LOCK_SCHEMA == 3
+    assert doc["schema"] == LOCK_SCHEMA == 5 and doc["ep"] == []  # one schema, [[ep]] entries or not
     back = Lock.from_json(doc)
     assert back == lock
     assert back.to_bytes() == lock.to_bytes()
@@ -118,14 +118,17 @@ def test_one_action_key_is_one_kernel(lock):
 # ---- schema ----
 
 @pytest.mark.parametrize("schema, match", [
-    (5, "lock schema 5 was written by a newer gemmar-aot; this one reads lock schemas 3 and 4: upgrade "
-        "gemmar-aot"),
-    (4, "\\$ has no 'ep' \\(a required field\\)"),  # schema 4 is a lock with [[ep]] entries
-    (2, "lock schema 2 was written by an older gemmar-aot; this one reads lock schema 3 .*rebuild it with "
+    (6, "lock schema 6 was written by a newer gemmar-aot; this one reads lock schema 5: upgrade gemmar-aot"),
+    # 3 and 4: their records spelled blobs {"digest", "size"} (record schema 1); a rebuild re-derives them
+    (4, "lock schema 4 was written by an older gemmar-aot; this one reads lock schema 5 .*rebuild it with "
+        "`gemmar-aot build MANIFEST` \\(the store's kernels are reused, nothing is recompiled\\)"),
+    (3, "lock schema 3 was written by an older gemmar-aot; this one reads lock schema 5 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
-    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 3 .*rebuild it with "
+    (2, "lock schema 2 was written by an older gemmar-aot; this one reads lock schema 5 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
-    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 3\\)"),
+    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 5 .*rebuild it with "
+        "`gemmar-aot build MANIFEST`"),
+    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 5\\)"),
     ("2", "\\$.schema is '2', not an integer lock schema"),
     (None, "\\$.schema is None, not an integer lock schema"),
 ])
@@ -155,7 +158,7 @@ def test_missing_field(doc):
 
 def test_unknown_field(doc):
     doc["tuples"][0]["colour"] = "blue"
-    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 3")
+    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 5")
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -391,7 +394,7 @@ def test_bulk_validation_accepts_exactly_what_one_by_one_validation_accepts(doc)
 
 
 def test_record_digest_leaves_out_timings():
-    rec = {"schema": 1, "key": "ab" * 32, "blob": {"digest": "cd" * 32, "size": 3}, "spec": {"kind": "gemm"},
+    rec = {"schema": 2, "key": "ab" * 32, "blob": {"hash": "cd" * 32, "size": 3}, "spec": {"kind": "gemm"},
            "compile_seconds": 1.25}
     assert record_digest(rec) == record_digest({**rec, "compile_seconds": 7.5}) == record_digest(
         {k: v for k, v in rec.items() if k != "compile_seconds"})
@@ -408,7 +411,7 @@ def test_a_built_lock_names_each_kernel_s_record(smoke_store, smoke_lock):
     for key, e in kernels.items():
         rec = st.get_record(key)
         assert record_digest(rec) == e.record
-        assert (rec["blob"]["digest"], rec["blob"]["size"]) == (e.blob.hash, e.blob.size)
+        assert (rec["blob"]["hash"], rec["blob"]["size"]) == (e.blob.hash, e.blob.size)
         assert rec["spec"]["kind"] == e.kind and rec["launch"]["kernel"] == e.symbol
 
 

@@ -62,7 +62,7 @@ def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_st
     assert rep["audited"] == rep["kernels"] == naive["distinct_specs"]
     (f,) = rep["findings"]
     assert f["key"] == victim and f["problem"] == "another code object than this key compiles to"
-    assert f["claimed_blob"] == donor_rec["blob"]["digest"] and f["rebuilt_blob"] == true_rec["blob"]["digest"]
+    assert f["claimed_blob"] == donor_rec["blob"]["hash"] and f["rebuilt_blob"] == true_rec["blob"]["hash"]
     assert per_key_remote.url in f["origin"]
     assert rep["quarantined"] == [victim] and not Store(tmp_path / "naive").record_path(victim).exists()
     reasons = [p.read_text() for p in Store(tmp_path / "naive").quarantine_dir.glob("*.reason")]

@@ -42,14 +42,14 @@ def test_the_seed_build_uploads_the_closure_and_a_fresh_store_needs_a_few_reques
     assert _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)
     assert len(seen) == s["remote"]["requests"] == 2, seen  # the entry (the probe too), the pack
     pack = _closure_of(warm_remote, c["key"])
-    assert s["remote"]["bytes_down"] <= 1.3 * pack.size_bytes
+    assert s["remote"]["bytes_down"] <= 1.3 * pack.size
     # every record and code object is in the local store, verified: a second build is all local
     again = _build(tmp_path / "fresh", None)
     assert (again["compiled"], again["local_hits"]) == (0, n)
     st = Store(tmp_path / "fresh")
     for key, (_kind, blob) in _lock_entries(smoke_store).items():
         rec, _code = st.load(key)
-        assert rec["blob"]["digest"] == blob
+        assert rec["blob"]["hash"] == blob
 
 
 @pytest.mark.parametrize("fault", [("truncate", 100), ("flip", 5000)], ids=["truncated", "damaged"])
@@ -110,7 +110,7 @@ def test_a_manifest_one_tuple_away_takes_the_latest_closure_and_looks_up_only_th
     assert s["compiled"] == 0 and s["remote_hits"] == len(full)
     # two a kernel (record, code object), and one for each launcher the closure did not bring
     st = Store(smoke_store, readonly=True)
-    launchers = lambda keys: {st.get_record(k)["launcher"]["digest"] for k in keys}  # noqa: E731
+    launchers = lambda keys: {st.get_record(k)["launcher"]["hash"] for k in keys}  # noqa: E731
     reduced_keys = set(_lock_entries(tmp_path / "reduced"))
     new_launchers = launchers(set(full) - reduced_keys) - launchers(reduced_keys)
     assert c["per_key_requests"] == 2 * missing + len(new_launchers) and c["per_key_bytes"] > 0
@@ -160,7 +160,7 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     pack_d = Digest.of(pack)
     for d, data in ((pack_d, pack), (lock_d, lock_bytes), (index_d, index)):
         (server.data / "cas" / d.hash).write_bytes(data)
-    ar = reapi.ActionResult(tuple(reapi.OutputFile(p, reapi.Digest(d.hash, d.size)) for p, d in
+    ar = reapi.ActionResult(tuple(reapi.OutputFile(p, d) for p, d in
                                   ((PACK_PATH, pack_d), (LOCK_PATH, lock_d), (INDEX_PATH, index_d))))
     (server.data / "ac" / key).write_bytes(reapi.encode_action_result(ar))
 
@@ -218,7 +218,7 @@ def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, war
         forged = {**copy.deepcopy(donor_rec), "key": victim, "spec": true_rec["spec"],
                   "ingredients": true_rec["ingredients"]}
         k = kernel_entry(doc, victim)
-        k["blob"] = {"hash": donor_rec["blob"]["digest"], "size": donor_rec["blob"]["size"]}
+        k["blob"] = {"hash": donor_rec["blob"]["hash"], "size": donor_rec["blob"]["size"]}
         k["record"] = record_digest(forged).to_json()
         lock = Lock.from_bytes(encode_lock_doc(doc))
         recs = {key: (forged if key == victim else st.load(key)[0], e.blob.hash) for key, e in lock.kernels().items()}

@@ -134,7 +134,7 @@ def test_a_missing_blob_is_still_damage(smoke_store, tmp_path):
     store = _copy_store(smoke_store, tmp_path / "d")
     st = Store(store)
     key = next(k for k, _p in st.local.iter_record_files())
-    st.blob_path(st.read_record_file(key)["blob"]["digest"]).unlink()
+    st.blob_path(st.read_record_file(key)["blob"]["hash"]).unlink()
     rc, out = verify_cli(store)
     assert rc == 1 and [p["kind"] for p in out["problems"]] == ["record"] and "missing" in out["problems"][0]["problem"]
 

@@ -209,7 +209,7 @@ def test_a_store_built_by_key_schema_2_is_built_over_into_the_same_code_objects(
     assert code_blobs == old_blobs, "the same code objects, byte for byte"
     new_keys = {k for k, _ in st.local.iter_record_files()} - old_keys
     assert len(new_keys) == 4
-    launchers = {st.read_record_file(k)["launcher"]["digest"] for k in new_keys}
+    launchers = {st.read_record_file(k)["launcher"]["hash"] for k in new_keys}
     assert {d for d, _ in st.local.iter_blob_files()} - old_blobs == launchers, "the launchers are the new blobs"
     p = tree_copy.cli(None, "verify", "--store", str(store), "--json")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -252,3 +252,47 @@ def test_a_store_built_by_key_schema_3_is_taken_over_without_a_compile(tmp_path)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     again = tree_copy.build(None, FIXTURE3 / "tiny.toml", store)
     assert (again["compiled"], again["relabelled"], again["rederived"], again["hits"]) == (0, 0, 0, 4)
+
+
+# ---- record schema 2: a record's blobs spelled as the lock spells them, no key moved ----
+
+FIXTURE_RECORDS1 = Path(__file__).resolve().parent / "fixtures" / "store-record-schema-1"
+
+
+@pytest.mark.compile
+def test_a_store_of_record_schema_1_is_rewritten_in_schema_2_without_a_compile(tmp_path):
+    """Record schema 2 names a record's code object and launcher ``{"hash", "size"}``, as a lock
+    names every digest; it moves no key. A store built before it (20a7e08) verifies clean as it
+    is, its schema-3 lock is refused with the fix, and the build compiles nothing: it derives each
+    schema-1 record again from its verified blobs and writes it back in schema 2 under the same
+    key, with no new blob. The store then verifies clean and a second build is all hits."""
+    from gemmar_aot.model.lock import read_lock
+    from gemmar_aot.model.schema import LockFileError
+    from gemmar_aot.store import Store
+
+    store = tmp_path / "store"
+    shutil.copytree(FIXTURE_RECORDS1, store, ignore=shutil.ignore_patterns("README.md", "tiny.toml"))
+    old = Store(store, readonly=True).local
+    old_blobs = {d for d, _ in old.iter_blob_files()}
+    on_disk = {k: old.codec.decode_frame_only(p.read_bytes()) for k, p in old.iter_record_files()}
+    assert len(on_disk) == 4 and all(b'"digest"' in t and b'"schema": 1' in t for t in on_disk.values())
+    lines = (store / "locks" / "tiny.lock.json").read_bytes().splitlines()
+    old_lock_keys = {k for line in lines[1:] for k in json.loads(line)["kernels"]}
+    assert old_lock_keys == set(on_disk)
+    p = tree_copy.cli(None, "verify", "--store", str(store), "--json")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with pytest.raises(LockFileError, match="lock schema 3 was written by an older gemmar-aot.*nothing is recompiled"):
+        read_lock(store / "locks" / "tiny.lock.json")
+    summary = tree_copy.build(None, FIXTURE_RECORDS1 / "tiny.toml", store)
+    assert (summary["compiled"], summary["rederived"], summary["hits"], summary["failed"]) == (0, 4, 4, 0), summary
+    st = Store(store, readonly=True)
+    assert {d for d, _ in st.local.iter_blob_files()} == old_blobs, "no new blob: the same code objects"
+    for key, path in st.local.iter_record_files():
+        rec = json.loads(st.local.codec.decode_frame_only(path.read_bytes()))
+        assert rec["schema"] == 2 and set(rec["blob"]) == set(rec["launcher"]) == {"hash", "size"}, key
+    lock = read_lock(store / "locks" / "tiny.lock.json")
+    assert set(lock.kernels()) == old_lock_keys, "the same keys"
+    p = tree_copy.cli(None, "verify", "--store", str(store), "--json")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    again = tree_copy.build(None, FIXTURE_RECORDS1 / "tiny.toml", store)
+    assert (again["compiled"], again["rederived"], again["hits"]) == (0, 0, 4)

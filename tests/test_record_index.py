@@ -25,7 +25,7 @@ from gemmar_aot.runtime.verify import envelope
 from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
-from gemmar_aot.store.record_index import RecordIndex, RecordIndexError, build_index_from_store, encode_index, write_index
+from gemmar_aot.store.record_index import INDEX_SCHEMA, RecordIndex, RecordIndexError, build_index_from_store, encode_index, write_index
 from gemmar_aot.model.bundle import LockBundle
 
 N, K, WORLD = 1024, 256, 2
@@ -161,7 +161,7 @@ def test_a_tampered_index_line_is_refused_naming_both_digests(smoke_store, smoke
     msg = str(ei.value)
     assert want.hash in msg and str(path) in msg and "record index holds" in msg
     restored = line[prefix:].partition(b"\x1f")[0].replace(b'"key":""', f'"key":"{key}"'.encode()).replace(
-        b'"blob":{"digest":""', f'"blob":{{"digest":"{smoke_lock.kernels()[key].blob.hash}"'.encode())
+        b'"blob":{"hash":""', f'"blob":{{"hash":"{smoke_lock.kernels()[key].blob.hash}"'.encode())
     derive_key = Store(smoke_store, readonly=True).get_record(key)["derive"]["key"]  # left out of the line
     got = record_digest_of_halves(restored, rest.replace(b'"key":""}', f'"key":"{derive_key}"}}'.encode(), 1))
     assert got.hash in msg  # both digests: the lock's and the line's
@@ -189,7 +189,7 @@ def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, sm
     head, groups = read_frames(LockBundle(smoke_store / "locks" / "smoke.lock.json").record_index)
     n = head["prefix_hex"]
     ranks = sorted({r.rank for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks})
-    assert head["schema"] == 4 and len(groups) == len(ranks) > 1
+    assert head["schema"] == INDEX_SCHEMA == 5 and len(groups) == len(ranks) > 1
     seen: set[bytes] = set()
     for rank, lines in zip(ranks, groups):  # a key in the group of the first rank that launches it
         want = {le.key[:n].encode() for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks
@@ -244,16 +244,17 @@ def test_a_prefix_two_groups_name_finds_a_line_that_must_still_be_the_named_reco
     assert isinstance(got, Digest) and got != kernels[key].record
 
 
-@pytest.mark.parametrize("schema", [1, 2])
+@pytest.mark.parametrize("schema", [1, 2, 3, 4])
 def test_an_index_of_an_older_schema_is_refused_with_the_fix(smoke_store, smoke_lock, tmp_path, schema):
-    """Schemas 1 and 2 held whole records for the record digests of older locks."""
+    """Schemas 1 and 2 held whole records for the record digests of older locks; 3 and 4, records
+    of record schema 1 (blobs spelled ``{"digest", "size"}``) for locks of schemas 3 and 4."""
     root, lock_path = _copy(smoke_store, tmp_path)
     head, groups = read_frames(LockBundle(lock_path).record_index)
     lines = sorted(line for g in groups for line in g)
     old = canonical_json({k: v for k, v in head.items() if k != "groups"} | {"schema": schema}).encode()
     LockBundle(lock_path).record_index.write_bytes(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
                                       .compress(b"\n".join([old, *lines])))
-    with pytest.raises(ArtifactMismatchError, match=f"record index schema {schema}, this gemmar-aot reads 3, 4 .*"
+    with pytest.raises(ArtifactMismatchError, match=f"record index schema {schema}, this gemmar-aot reads 5 .*"
                                                     "rebuild the manifest.*or delete"):
         _op(root, smoke_lock)
 
@@ -301,9 +302,9 @@ def test_a_damaged_index_is_refused_naming_it_and_the_fix(smoke_store, smoke_loc
 
 def test_abridging_falls_back_to_the_verbatim_form_when_it_would_not_round_trip(tmp_path):
     key, blob = "a" * 64, "b" * 64
-    plain = {"schema": 1, "key": key, "blob": {"digest": blob, "size": 3}, "spec": {"kind": "gemm"}}
+    plain = {"schema": 2, "key": key, "blob": {"hash": blob, "size": 3}, "spec": {"kind": "gemm"}}
     tricky = {**plain, "aaa": {"key": ""}}  # an earlier '"key":""' than the record's own key
-    tricky = {**plain, "blob": {"a": {"key": ""}, "digest": blob, "size": 3}}  # '"key":""' in the read half
+    tricky = {**plain, "blob": {"a": {"key": ""}, "hash": blob, "size": 3}}  # '"key":""' in the read half
     entries = {key: (plain, blob), "c" * 64: ({**tricky, "key": "c" * 64}, blob)}
     path = tmp_path / "x.records.zst"
     path.write_bytes(encode_index(entries))
@@ -332,7 +333,7 @@ def test_the_derive_key_is_left_out_of_each_line_and_restored_from_the_line_itse
     for key in sorted(kernels)[:20]:
         rec = st.get_record(key)
         e = kernels[key]
-        launcher = rec["launcher"]["digest"]
+        launcher = rec["launcher"]["hash"]
         assert derive_key_of(e.blob.hash, launcher, rec["derive"]["code"]) == rec["derive"]["key"]
         assert derive_key(e.blob.hash, launcher) == rec["derive"]["key"]  # this derive code made it
         line = encode_line(rec, key, e.blob.hash)

@@ -49,7 +49,7 @@ def _lock_entries(store: Path, name: str = "smoke") -> dict[str, tuple[str, str]
     out = {}
     for key in read_lock(store / "locks" / f"{name}.lock.json").check_parts().action_keys():
         rec = st.get_record(key)
-        out[key] = (rec["spec"]["kind"], rec["blob"]["digest"])
+        out[key] = (rec["spec"]["kind"], rec["blob"]["hash"])
     return out
 
 
@@ -78,7 +78,7 @@ def assert_remote_is_consistent(server: Nginx) -> int:
         kernels += reapi.RECORD_PATH in paths
         for f in ar.output_files:
             data = cas[f.digest.hash].read_bytes()
-            assert hashlib.sha256(data).hexdigest() == f.digest.hash and len(data) == f.digest.size_bytes
+            assert hashlib.sha256(data).hexdigest() == f.digest.hash and len(data) == f.digest.size
     return kernels
 
 

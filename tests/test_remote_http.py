@@ -4,11 +4,13 @@ a small proxy in front of it: retries, timeouts, the down state, credentials."""
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 
 import pytest
 from nginx_server import FaultProxy, Nginx
 
+from gemmar_aot.model.types import Digest
 from gemmar_aot.store.remote.http import HttpCache, RemoteRefused, RemoteUnavailable, parse_remote_url
 
 
@@ -105,7 +107,7 @@ def _record(key: str, code: bytes) -> dict:
     from gemmar_aot.model.types import Digest
 
     d = Digest.of(code)
-    return {"schema": 1, "key": key, "blob": {"digest": d.hash, "size": d.size}, "metadata": {"kernel": "k"}}
+    return {"schema": 2, "key": key, "blob": d.to_json(), "metadata": {"kernel": "k"}}
 
 
 def test_backend_stores_an_action_result_bazel_can_read_and_reads_it_back(nginx):
@@ -187,14 +189,37 @@ def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(
         b.get_record(k3)
     rb2 = record_bytes(rec2)
     lying = reapi.ActionResult((
-        reapi.OutputFile(reapi.RECORD_PATH, reapi.Digest(hashlib.sha256(rb2).hexdigest(), len(rb2))),
-        reapi.OutputFile(reapi.CODE_PATH, reapi.Digest("7" * 64, 5))))
+        reapi.OutputFile(reapi.RECORD_PATH, Digest.of(rb2)),
+        reapi.OutputFile(reapi.CODE_PATH, Digest("7" * 64, 5))))
     (nginx.data / "ac" / k2).write_bytes(reapi.encode_action_result(lying))
     with pytest.raises(BadRecord, match="names code object"):
         b.get_record(k2)
     (nginx.data / "ac" / k2).write_bytes(b"\x12\xff garbage")
     with pytest.raises(BadRecord, match="ActionResult"):
         b.get_record(k2)
+
+
+def test_a_remote_record_of_schema_1_is_read_as_a_stale_record_of_schema_2(nginx):
+    """An entry an older gemmar-aot uploaded (record schema 1: blobs spelled ``{"digest", "size"}``)
+    is a hit to re-derive, never damage: the backend reads it as schema 2 with its derive stamp
+    cleared, so the build derives it again from the verified blobs and uploads it in schema 2."""
+    from gemmar_aot.compiler.derive import is_current
+    from gemmar_aot.store.remote import reapi
+    from gemmar_aot.store.remote.backend import HttpBackend
+
+    b = HttpBackend(nginx.url)
+    key, code = "8" * 64, b"\x7fELF an old entry" * 50
+    d = b.put_blob(code)
+    old = {"schema": 1, "key": key, "blob": {"digest": d.hash, "size": d.size}, "derive": {"code": "c" * 64},
+           "metadata": {"kernel": "k"}}
+    raw = json.dumps(old).encode()
+    (nginx.data / "ac").mkdir(exist_ok=True)
+    (nginx.data / "ac" / key).write_bytes(reapi.encode_action_result(reapi.ActionResult((
+        reapi.OutputFile(reapi.RECORD_PATH, Digest.of(raw), contents=raw), reapi.OutputFile(reapi.CODE_PATH, d)))))
+    got = b.get_record(key)
+    assert got == {**old, "schema": 2, "blob": d.to_json(), "derive": {"code": None}} and not is_current(got)
+    b.put_record(key, {**got, "derive": {"code": "e" * 64}})  # what the build uploads once derived again
+    assert HttpBackend(nginx.url).get_record(key)["blob"] == d.to_json()
 
 
 def test_https_with_a_private_ca(tmp_path):

@@ -70,16 +70,44 @@ def test_put_get_round_trip(store):
     assert store.load(k) is None
     code = code_object(1)
     rec = store.put(k, code, fields(1))
-    assert rec["blob"] == {"digest": hashlib.sha256(code).hexdigest(), "size": len(code)}
+    assert rec["blob"] == {"hash": hashlib.sha256(code).hexdigest(), "size": len(code)}
     got = Store(store.root).get_record(k)  # a fresh instance (another process's view)
     assert got == rec
     assert got["metadata"] == fields(1)["metadata"] and got["ingredients"] == fields(1)["ingredients"]
-    assert store.load_blob(rec["blob"]["digest"], rec["blob"]["size"]) == code
+    assert store.load_blob(rec["blob"]["hash"], rec["blob"]["size"]) == code
     assert store.load(k) == (rec, code)
     assert (store.root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n"
     # The layout: fanned out by the first two hex digits.
     assert store.record_path(k) == store.root / "ac" / k[:2] / f"{k}.json.zst"
-    assert store.blob_path(rec["blob"]["digest"]).parent.name == rec["blob"]["digest"][:2]
+    assert store.blob_path(rec["blob"]["hash"]).parent.name == rec["blob"]["hash"][:2]
+
+
+def test_a_record_of_schema_1_is_read_as_a_stale_record_of_schema_2_and_never_written(store):
+    """Record schema 1 spelled a record's blobs ``{"digest", "size"}``; schema 2 spells every digest
+    as the lock does. A schema-1 record in a user's store is not damage: it reads as schema 2 with
+    its derive stamp cleared (a build derives it again, zero compiles), verify and export take it,
+    and no backend writes one."""
+    from gemmar_aot.compiler.derive import is_current
+    from gemmar_aot.store.backend import BadRecord, RECORD_SCHEMA
+
+    k = key_of("old")
+    new = store.put(k, code_object(1), fields(1), launcher=b"launcher bytes")
+    assert new["schema"] == RECORD_SCHEMA == 2 and set(new["blob"]) == set(new["launcher"]) == {"hash", "size"}
+    old = {**new, "schema": 1, "derive": {"code": "c" * 64, "key": "d" * 64},
+           "blob": {"digest": new["blob"]["hash"], "size": new["blob"]["size"]},
+           "launcher": {"digest": new["launcher"]["hash"], "size": new["launcher"]["size"]}}
+    store.local.write_file(store.record_path(k), store.local.encode_record(old))  # as gemmar-aot 20a7e08 wrote it
+    got = Store(store.root).get_record(k, verify=True)
+    assert got == {**new, "derive": {"code": None, "key": "d" * 64}} and not is_current(got)
+    health = inventory.verify(Store(store.root))
+    assert health.damage == [] and store.record_path(k).is_file(), health.damage
+    with pytest.raises(BadRecord, match="record schema 1, expected 2"):
+        store.local.put_record(k, old)
+    # anything else is what it was: a record of another key, or of another schema, is damage
+    store.local.write_file(store.record_path(k), store.local.encode_record({**old, "key": key_of("other")}))
+    assert Store(store.root).get_record(k) is None
+    store.local.write_file(store.record_path(k), store.local.encode_record({**old, "schema": 3}))
+    assert Store(store.root).get_record(k) is None
 
 
 def test_reading_never_creates_a_store(tmp_path):
@@ -231,10 +259,10 @@ def test_flipped_byte_is_detected_quarantined_and_becomes_a_miss(store):
     k = key_of("flip")
     code = code_object(5)
     rec = store.put(k, code, fields(5))
-    path = store.blob_path(rec["blob"]["digest"])
+    path = store.blob_path(rec["blob"]["hash"])
     flip_byte(path)
     with pytest.raises(CorruptArtifactError) as ei:
-        store.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
+        store.load_blob(rec["blob"]["hash"], rec["blob"]["size"])
     assert str(path) in str(ei.value)
     assert isinstance(ei.value, GemmarError)
     assert not path.exists()
@@ -249,11 +277,11 @@ def test_flipped_byte_is_detected_quarantined_and_becomes_a_miss(store):
 
 def test_valid_zstd_of_other_bytes_is_caught_by_the_digest(store):
     rec = store.put(key_of("swap"), code_object(1), fields(1))
-    path = store.blob_path(rec["blob"]["digest"])
+    path = store.blob_path(rec["blob"]["hash"])
     other = code_object(2)
     path.write_bytes(blobfmt.compressor(3).compress(other))  # decodes fine, wrong content
     with pytest.raises(CorruptArtifactError, match="sha256"):
-        store.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
+        store.load_blob(rec["blob"]["hash"], rec["blob"]["size"])
     assert store.get_record(key_of("swap")) is None
 
 
@@ -314,21 +342,21 @@ def test_a_frame_is_read_as_the_streaming_decoder_reads_it_without_streaming(mon
 def test_wrong_size_from_the_caller_is_refused_without_harming_the_blob(store):
     rec = store.put(key_of("size"), code_object(1), fields(1))
     with pytest.raises(CorruptArtifactError, match="intact"):
-        store.load_blob(rec["blob"]["digest"], rec["blob"]["size"] + 1)
-    assert store.load_blob(rec["blob"]["digest"], rec["blob"]["size"]) == code_object(1)
+        store.load_blob(rec["blob"]["hash"], rec["blob"]["size"] + 1)
+    assert store.load_blob(rec["blob"]["hash"], rec["blob"]["size"]) == code_object(1)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=4096))
 def test_any_bytes_round_trip(store, data):
     rec = store.put(hashlib.sha256(b"h" + data).hexdigest(), data, {"n": len(data)})
-    assert Store(store.root).load_blob(rec["blob"]["digest"], len(data)) == data
+    assert Store(store.root).load_blob(rec["blob"]["hash"], len(data)) == data
 
 
 def test_claim_verifies_a_hit_and_recompiles_a_corrupt_one(store):
     k = key_of("claimcorrupt")
     rec = store.put(k, code_object(9), fields(9))
-    flip_byte(store.blob_path(rec["blob"]["digest"]))
+    flip_byte(store.blob_path(rec["blob"]["hash"]))
     with store.claim(k) as c:
         assert c.hit is None
 
@@ -345,7 +373,7 @@ def test_unreadable_record_is_quarantined_and_a_miss(store):
 def test_verify_reports_and_quarantines_every_bad_blob(store):
     recs = [store.put(key_of(f"v{i}"), code_object(i), fields(i)) for i in range(4)]
     assert inventory.verify(store).clean
-    bad = store.blob_path(recs[2]["blob"]["digest"])
+    bad = store.blob_path(recs[2]["blob"]["hash"])
     flip_byte(bad)
     problems = inventory.verify(store).damage
     assert [(p["kind"], p["path"]) for p in problems] == [
@@ -364,14 +392,14 @@ def test_verify_reports_and_quarantines_every_bad_blob(store):
 def test_gc_keeps_every_referenced_entry_and_removes_the_rest(store):
     recs = {i: store.put(key_of(f"g{i}"), code_object(i), fields(i)) for i in range(6)}
     keep_keys = {key_of("g0"), key_of("g1")}
-    keep_blobs = {recs[2]["blob"]["digest"]}  # a lock needs g2's blob (not its record)
+    keep_blobs = {recs[2]["blob"]["hash"]}  # a lock needs g2's blob (not its record)
     report = gc.gc(store, keep_blobs=keep_blobs, keep_keys=keep_keys)
     assert report["removed_records"] == 4 and report["removed_blobs"] == 3
     assert {r["key"] for r in inventory.ls(store)} == keep_keys
     for i in (0, 1, 2):
-        assert store.load_blob(recs[i]["blob"]["digest"]) == code_object(i)
+        assert store.load_blob(recs[i]["blob"]["hash"]) == code_object(i)
     for i in (3, 4, 5):
-        assert not store.has_blob(recs[i]["blob"]["digest"])
+        assert not store.has_blob(recs[i]["blob"]["hash"])
     assert inventory.verify(store).clean
 
 
@@ -380,7 +408,7 @@ def test_gc_lru_cap_and_age(store):
     now = time.time()
     for i in range(5):  # l0 is the least recently used
         os.utime(store.record_path(key_of(f"l{i}")), (now - 86400 * (10 - i), now - 86400 * (10 - i)))
-    protected = recs[0]["blob"]["digest"]
+    protected = recs[0]["blob"]["hash"]
     report = gc.gc(store, keep_blobs={protected}, max_age_days=7.5, now=now)  # l0..l2 are older than 7.5 days
     assert report["removed_record_reasons"] == {"unused for more than 7.5 days": 2}
     assert store.get_record(key_of("l0")) is not None  # protected by keep_blobs
@@ -417,16 +445,16 @@ def test_dictionary_training_repack_and_verified_loads(store):
     assert st["dictionaries"] == 1 and st["compressed_bytes"] + st["dictionary_bytes"] < plain / 2
     fresh = Store(store.root)
     for i, r in enumerate(recs):
-        assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
-        data = fresh.blob_path(r["blob"]["digest"]).read_bytes()
+        assert fresh.load_blob(r["blob"]["hash"], r["blob"]["size"]) == code_object(i)
+        data = fresh.blob_path(r["blob"]["hash"]).read_bytes()
         assert blobfmt.split(data)[0] == report["trained"]  # each blob names its dictionary
     assert st["total_bytes"] == (st["compressed_bytes"] + st["dictionary_bytes"] + st["dictionary_spare_bytes"]
                                  + st["record_bytes"])
     # New blobs use the dictionary; gc keeps it even with nothing else referenced.
     new = store.put(key_of("d-new"), code_object(99), fields(99))
-    assert blobfmt.split(store.blob_path(new["blob"]["digest"]).read_bytes())[0] == report["trained"]
-    gc.gc(store, keep_blobs={new["blob"]["digest"]}, keep_keys=set())
-    assert Store(store.root).load_blob(new["blob"]["digest"]) == code_object(99)
+    assert blobfmt.split(store.blob_path(new["blob"]["hash"]).read_bytes())[0] == report["trained"]
+    gc.gc(store, keep_blobs={new["blob"]["hash"]}, keep_keys=set())
+    assert Store(store.root).load_blob(new["blob"]["hash"]) == code_object(99)
     assert inventory.verify(store).clean
     assert dictionaries.optimize(store)["repacked"] == 0  # nothing to do the second time
 
@@ -455,7 +483,7 @@ def test_records_get_a_dictionary_of_their_own(store):
     # new records use it; gc keeps it (records name it); verify finds nothing wrong
     new = fresh.put(key_of("rd-new"), code_object(77), _big_fields(77))
     assert blobfmt.split(fresh.record_path(key_of("rd-new")).read_bytes())[0] == report["trained_records"]
-    gc.gc(fresh, keep_blobs={new["blob"]["digest"]}, keep_keys={key_of("rd-new")})
+    gc.gc(fresh, keep_blobs={new["blob"]["hash"]}, keep_keys={key_of("rd-new")})
     assert Store(store.root).get_record(key_of("rd-new")) == new and inventory.verify(Store(store.root)).clean
     assert dictionaries.optimize(Store(store.root))["records_repacked"] == 0
 
@@ -468,13 +496,13 @@ def test_one_damaged_dictionary_copy_costs_nothing(store):
     flip_byte(store.blob_path(digest), 30)  # the copy every load reads first
     fresh = Store(store.root)  # cold dictionary cache: it must read the damaged copy
     for i, r in enumerate(recs):
-        assert fresh.load_blob(r["blob"]["digest"], r["blob"]["size"]) == code_object(i)
+        assert fresh.load_blob(r["blob"]["hash"], r["blob"]["size"]) == code_object(i)
     assert fresh.local.counters["dictionaries_restored"] == 1
     assert spare.read_bytes() == store.blob_path(digest).read_bytes()  # restored from the spare
     assert inventory.verify(Store(store.root)).clean
     # A damaged spare costs nothing either; verify finds it and rewrites it from the blob.
     flip_byte(spare, 30)
-    assert Store(store.root).load_blob(recs[1]["blob"]["digest"]) == code_object(1)
+    assert Store(store.root).load_blob(recs[1]["blob"]["hash"]) == code_object(1)
     problems = inventory.verify(Store(store.root)).damage
     assert [p["kind"] for p in problems] == ["dictionary spare"]
     assert inventory.verify(Store(store.root)).clean
@@ -490,11 +518,11 @@ def test_corrupt_dictionary_makes_its_blobs_misses(store):
     fresh = Store(store.root)
     rec = fresh.get_record(key_of("cd3"))
     with pytest.raises(CorruptArtifactError, match="dictionary"):
-        fresh.load_blob(rec["blob"]["digest"])
+        fresh.load_blob(rec["blob"]["hash"])
     assert fresh.get_record(key_of("cd3")) is None
     assert fresh.current_dictionary() is None  # new blobs are written plain again
     r = fresh.put(key_of("cd3"), code_object(3), fields(3))
-    assert Store(store.root).load_blob(r["blob"]["digest"]) == code_object(3)
+    assert Store(store.root).load_blob(r["blob"]["hash"]) == code_object(3)
     # The next build recompiles what the lost dictionary took with it, and retrains.
     for i in range(40):
         with fresh.claim(key_of(f"cd{i}")) as c:
@@ -512,7 +540,7 @@ def _lock_for(recs: dict[str, dict], extra: tuple = ()) -> Lock:
     """A (gemm-only) lock launching the kernels of ``recs`` (key -> record), then ``extra`` entries."""
     from synth_lock import launch_record, synthetic_lock
 
-    entries = tuple(LaunchEntry(kind="gemm", key=k, blob=Digest(r["blob"]["digest"], r["blob"]["size"]),
+    entries = tuple(LaunchEntry(kind="gemm", key=k, blob=Digest(r["blob"]["hash"], r["blob"]["size"]),
                                 launch=launch_record(), record=record_digest(r))
                     for k, r in recs.items()) + tuple(extra)
     t = LockTuple(TupleId("gemm-only", 128, 1024, 256, 2, "mxfp8", block_m=256), "", None,
@@ -545,7 +573,7 @@ def test_import_rejects_a_tampered_blob_and_imports_nothing(tmp_path, store):
     recs = {key_of(f"t{i}"): store.put(key_of(f"t{i}"), code_object(i), fields(i)) for i in range(3)}
     transfer.export(store, _lock_for(recs), tmp_path / "export")
     exported = Store(tmp_path / "export")
-    victim = exported.blob_path(next(iter(recs.values()))["blob"]["digest"])
+    victim = exported.blob_path(next(iter(recs.values()))["blob"]["hash"])
     flip_byte(victim)
     other = Store(tmp_path / "other", durable=False)
     with pytest.raises(CorruptArtifactError) as ei:
@@ -618,18 +646,18 @@ def test_layered_remote_reads_through_and_writes_through(tmp_path):
     a = Store(tmp_path / "a", durable=False, remote=remote)
     rec = a.put(key_of("r"), code_object(9), fields(9))
     assert a.counters["uploads"] == 1 and remote.get_record(key_of("r")) == rec  # write-through
-    assert remote.find_missing_blobs([Digest(rec["blob"]["digest"], rec["blob"]["size"]), Digest("0" * 64, 1)]) == {Digest("0" * 64, 1)}
+    assert remote.find_missing_blobs([Digest(rec["blob"]["hash"], rec["blob"]["size"]), Digest("0" * 64, 1)]) == {Digest("0" * 64, 1)}
     b = Store(tmp_path / "b", durable=False, remote=remote)
     assert b.get_record(key_of("r"), verify=True) == rec and b.counters["remote_hits"] == 1
     assert Store(tmp_path / "b").load(key_of("r")) == (rec, code_object(9))  # read-through kept it
     # A record whose blob the remote lacks is a miss, not an error.
     rec2 = a.put(key_of("r2"), code_object(10), fields(10))
-    remote.blob_path(rec2["blob"]["digest"]).unlink()
+    remote.blob_path(rec2["blob"]["hash"]).unlink()
     assert b.get_record(key_of("r2")) is None and b.counters["remote_record_without_blob"] == 1
     # A remote blob that does not hash to its name is refused and never reaches the local store.
     rec3 = a.put(key_of("r3"), code_object(11), fields(11))
-    flip_byte(remote.blob_path(rec3["blob"]["digest"]))
-    assert b.get_record(key_of("r3")) is None and not b.has_blob(rec3["blob"]["digest"])
+    flip_byte(remote.blob_path(rec3["blob"]["hash"]))
+    assert b.get_record(key_of("r3")) is None and not b.has_blob(rec3["blob"]["hash"])
     assert b.counters["remote_errors"] >= 1
 
 
@@ -641,10 +669,10 @@ def test_store_dirs_without_format_file_are_refused(tmp_path):
 
 def test_unknown_blob_header_is_corrupt(store):
     rec = store.put(key_of("hdr"), b"payload", {})
-    p = store.blob_path(rec["blob"]["digest"])
+    p = store.blob_path(rec["blob"]["hash"])
     p.write_bytes(b"\x50\x2a\x4d\x18" + b"\x04\x00\x00\x00abcd" + p.read_bytes())
     with pytest.raises(CorruptArtifactError, match="skippable"):
-        store.load_blob(rec["blob"]["digest"])
+        store.load_blob(rec["blob"]["hash"])
 
 
 # ---- lock files ----
@@ -671,7 +699,7 @@ def test_lock_file_refusals(tmp_path):
     from synth_lock import synthetic_lock
 
     p = tmp_path / "l.json"
-    p.write_text(json.dumps({"schema": LOCK_SCHEMA + 2}))  # LOCK_SCHEMA + 1: a lock with [[ep]] entries
+    p.write_text(json.dumps({"schema": LOCK_SCHEMA + 1}))
     with pytest.raises(LockFileError, match="newer"):
         read_lock(p).check_parts()
     p.write_text(json.dumps({"launches": []}))
@@ -695,7 +723,7 @@ def test_runtime_import_needs_no_build_side_modules(tmp_path):
         "import sys\n"
         "from gemmar_aot.store import Store\n"
         f"s = Store({str(tmp_path / 's')!r}, readonly=True)\n"
-        f"assert s.load_blob({rec['blob']['digest']!r}) == {code_object(1)!r}\n"
+        f"assert s.load_blob({rec['blob']['hash']!r}) == {code_object(1)!r}\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('filelock', 'torch', 'flydsl', 'mori', 'mlir')"
         " or m.startswith(('gemmar_aot.compiler', 'gemmar_aot.toolchain', 'gemmar_aot_kernels'))]\n"
         "assert not bad, bad\n"
@@ -730,7 +758,7 @@ def _cli(*args):
 def test_cat_writes_the_verified_code_object_by_key_or_digest(store, tmp_path):
     recs = {key_of(f"cat{i}"): store.put(key_of(f"cat{i}"), code_object(i), fields(i)) for i in range(3)}
     k, rec = next(iter(recs.items()))
-    digest = rec["blob"]["digest"]
+    digest = rec["blob"]["hash"]
     out = tmp_path / "k0.co"
     r = _cli("cat", k[:10], "-o", out, "--store", store.root)
     assert r.exit_code == 0, r.output
@@ -749,11 +777,11 @@ def test_cat_writes_the_verified_code_object_by_key_or_digest(store, tmp_path):
 def test_cat_refuses_a_corrupt_blob_and_writes_nothing(store, tmp_path):
     k = key_of("catbad")
     rec = store.put(k, code_object(5), fields(5))
-    flip_byte(store.blob_path(rec["blob"]["digest"]))
+    flip_byte(store.blob_path(rec["blob"]["hash"]))
     out = tmp_path / "bad.co"
     r = _cli("cat", k, "-o", out, "--store", store.root)
     assert r.exit_code == 2 and "corrupt blob" in r.stderr and not out.exists()
-    assert not store.has_blob(rec["blob"]["digest"])  # quarantined: the next build recompiles it
+    assert not store.has_blob(rec["blob"]["hash"])  # quarantined: the next build recompiles it
 
 
 # ---- the record a lock names ----

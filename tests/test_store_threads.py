@@ -25,7 +25,7 @@ def test_concurrent_puts_store_exactly_what_was_given(tmp_path, with_dictionary)
     with ThreadPoolExecutor(8) as pool:
         refs = list(pool.map(st.put_blob, blobs))
     fresh = Store(tmp_path / "s", readonly=True)
-    assert [fresh.load_blob(r["digest"], r["size"]) for r in refs] == blobs
+    assert [fresh.load_blob(r.hash, r.size) for r in refs] == blobs
 
 
 def test_threads_writing_first_into_an_empty_store_create_it_once(tmp_path):

@@ -136,7 +136,7 @@ def make_synth(root: Path, *, n_blobs: int = 40, manifest: bytes = SYNTH_MANIFES
         for r in range(2):
             chunk = blobs[(ti * 2 + r) * per // 2:(ti * 2 + r) * per // 2 + per]
             ranks.append(RankLaunches(r, self_test=(), launches=tuple(
-                LaunchEntry(kind="gemm", key=_sha(f"{ti}/{r}/{j}".encode()), blob=Digest(b["digest"], b["size"]),
+                LaunchEntry(kind="gemm", key=_sha(f"{ti}/{r}/{j}".encode()), blob=b,
                             launch=launch_record(f"k{j}"), record=Digest(_sha(f"record {ti}/{r}/{j}".encode()), 99))
                 for j, b in enumerate(chunk))))
         tuples.append(LockTuple(TupleId("fused-sdma", m, 1024, 256, 2, "blockscale", gd, "lsa"), f"synth.toml:{ti}",
@@ -709,7 +709,7 @@ def test_smoke_wheel_is_reproducible(smoke_wheel, smoke_store, smoke_lock, tmp_p
     for key in sorted(smoke_lock.action_keys()):
         rec, code = src.load(key)
         dst.put(key, code, {k: v for k, v in rec.items() if k not in RESERVED_FIELDS},
-                launcher=src.load_blob(rec["launcher"]["digest"], rec["launcher"]["size"]))
+                launcher=src.load_blob(rec["launcher"]["hash"], rec["launcher"]["size"]))
     some = smoke_lock.tuples[0].ranks[0].launches[0].blob.hash
     assert dst.blob_path(some).read_bytes() != src.blob_path(some).read_bytes()
     third = cli_wheel(SMOKE, store3, tmp_path / "out3")

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from gemmar_aot.store.backend import record_blob
 from gemmar_aot.store.record import record_digest
 
 #: Beside the store's build stats: one JSON line per key fetched from a remote cache.
@@ -98,7 +99,7 @@ def audit_tasks(tasks: Sequence[Any], claimed: Mapping[str, Mapping[str, Any]], 
                                     f"it does not compile here: {res.error.splitlines()[0] if res.error else '?'}",
                                     "unverifiable"))
             continue
-        got_blob = res.record["blob"]["digest"]
+        got_blob = record_blob(res.record).hash
         got_rec = record_digest(res.record).hash
         if got_blob != want_blob or (want_rec is not None and got_rec != want_rec):
             what = ("another code object than this key compiles to" if got_blob != want_blob
@@ -222,7 +223,7 @@ def audit_remote_hits(found: dict, spec_of: dict, ingr: dict, ids: dict, st, ses
 
     picked, seed = sample(found, n, seed)
     tasks = [Task(spec_of[k], k, ingr[ids[spec_of[k]]]) for k in picked]
-    claimed = {k: {"blob": found[k]["blob"]["digest"], "record": record_digest(found[k]).hash} for k in picked}
+    claimed = {k: {"blob": record_blob(found[k]).hash, "record": record_digest(found[k]).hash} for k in picked}
     origin = f"remote cache {session.backend.name}"
     with maybe_phase(trace, "audit remote hits", kernels=len(tasks)), \
             LocalExecutor(min(jobs or len(tasks), len(tasks)), toolchain_root=toolchain_root, costs=costs) as ex:

@@ -114,10 +114,7 @@ def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest]:
         f = ar.file(path)
         if f is None:
             raise ClosureRefused(f"/ac/{key} has no output file {path}: not a gemmar-aot closure")
-        try:
-            out.append(Digest(f.digest.hash, f.digest.size_bytes))
-        except ValueError as e:
-            raise ClosureRefused(f"/ac/{key}: {path}: {e}") from None
+        out.append(f.digest)
     return out[0], out[1], out[2]
 
 
@@ -225,7 +222,7 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
         return {}
     recs = index.records(((k, e.record, e.blob.hash) for k, e in take.items()), whole=True)
     bad = sorted(k for k, r in recs.items() if not isinstance(r, dict)
-                 or (r.get("blob") or {}).get("digest") != take[k].blob.hash)
+                 or r.get("blob") != take[k].blob.to_json())
     if bad or len(recs) != len(take):
         raise ClosureRefused(f"{where}: its record index does not hold the records its lock names (first: "
                              f"{(bad or sorted(set(take) - set(recs)))[0][:16]})")
@@ -285,7 +282,7 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, record
         for d, data in ((pack_d, pack), (lock_d, lock_bytes), (index_d, index_bytes)):
             backend.client.put("cas", d.hash, data)  # outputs before the entry that names them
         ar = reapi.encode_action_result(reapi.ActionResult(tuple(
-            reapi.OutputFile(path, reapi.Digest(d.hash, d.size))
+            reapi.OutputFile(path, d)
             for path, d in ((PACK_PATH, pack_d), (LOCK_PATH, lock_d), (INDEX_PATH, index_d)))))
         backend.client.put("ac", exact, ar)
         backend.client.put("ac", latest, ar)

@@ -22,7 +22,8 @@ from typing import Any, Sequence
 
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.bundle import LockBundle
-from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
+from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
+from gemmar_aot.store.backend import record_blob
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.compiler.keys import action_key, ingredients, toolchain_ingredients
@@ -44,7 +45,7 @@ def _rederive(st, writer, key: str, rec: dict) -> dict | None:
 
 def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
     """The lock's entry for one kernel, made from its action-cache record ``rec``."""
-    return LaunchEntry(kind=kind, key=key, blob=Digest(rec["blob"]["digest"], rec["blob"]["size"]),
+    return LaunchEntry(kind=kind, key=key, blob=record_blob(rec),
                        launch=LaunchRecord.from_json(rec["launch"]), record=record_digest(rec))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from gemmar_aot.model.device_abi import device_abi_files
 from gemmar_aot.util.filedigest import sha256_file
 from gemmar_aot.compiler.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
+from gemmar_aot.store.backend import record_blob
 
 
 def _mori_files(mori_dir: Path) -> dict[str, str]:
@@ -71,7 +72,7 @@ def profile_move(manifest_path: Path, to: str, *, frm: str | None = None, store:
             k["to_compile"] += 1
         same = None
         if ra is not None and rb is not None:
-            same = ra["blob"]["digest"] == rb["blob"]["digest"]
+            same = record_blob(ra) == record_blob(rb)
             k["bytes_same" if same else "bytes_changed"] += 1
         specs.append({"spec": s.label(), "kind": f"{s.recipe}:{s.kind}", "from_key": ka, "to_key": kb,
                       "in_store": rb is not None, "same_bytes": same})

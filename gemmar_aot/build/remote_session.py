@@ -236,8 +236,8 @@ class RemoteSession:
             ln = record_launcher(rec)
             if ln is not None and self.store.has_blob(ln.hash):  # else degraded here: the remote may have it
                 self.backend.put_blob(self.store.load_blob(ln.hash, ln.size))
-            blob = rec["blob"]
-            code = self.store.load_blob(blob["digest"], blob["size"])
+            blob = record_blob(rec)
+            code = self.store.load_blob(blob.hash, blob.size)
             self.backend.put_blob(code)  # blobs before record
             self.backend.put_record(key, rec)
             with self._lock:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from gemmar_aot.store import dictionaries, gc, inventory, transfer
+from gemmar_aot.store.backend import record_blob
 
 STORE_OPT = click.option("--store", "store", type=click.Path(file_okay=False, path_type=Path),
                          default=None, help="Store root (default: $GEMMAR_AOT_STORE, else artifacts/).")
@@ -56,7 +57,7 @@ def _summary(rec: dict) -> dict:
         "key": rec["key"], "recipe": spec.get("recipe"), "kind": spec.get("kind"),
         "rank": spec.get("rank"), "m": cfg.get("m_pad"), "n": cfg.get("n") or p.get("n"),
         "k": (p.get("builder") or {}).get("K"), "world": cfg.get("world_size"),
-        "blob": rec["blob"]["digest"], "size": rec["blob"]["size"],
+        "blob": record_blob(rec).hash, "size": record_blob(rec).size,
         "kernel": (rec.get("launch") or {}).get("kernel"),
     }
 
@@ -147,7 +148,7 @@ def _resolve_blob(st, ref: str) -> tuple[str, int | None, str]:
         if key.startswith(ref):
             rec = st.read_record_file(key)
             if rec is not None:
-                found.setdefault(rec["blob"]["digest"], (rec["blob"]["size"], f"key {key}"))
+                found.setdefault(record_blob(rec).hash, (record_blob(rec).size, f"key {key}"))
     dicts = None
     for digest, _p in st.local.iter_blob_files():
         if digest.startswith(ref) and digest not in found:

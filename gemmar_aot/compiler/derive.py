@@ -105,12 +105,12 @@ def rederive(store, key: str, rec: Mapping[str, Any], *, writer=None) -> dict | 
     written back under ``key`` (through ``writer``, a Store on the same root, when given); None
     when it cannot be (no launcher: the kernel must be compiled again). Raises DeriveError when
     the stored blobs do not derive (never stored)."""
-    from gemmar_aot.store.backend import blob_ref
+    from gemmar_aot.store.backend import record_blob, record_launcher
     from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
 
     if "launcher" not in rec:
         return None
-    code_ref, ln_ref = blob_ref(rec["blob"]), blob_ref(rec["launcher"])
+    code_ref, ln_ref = record_blob(rec), record_launcher(rec)
     try:
         code = store.load_blob(code_ref.hash, code_ref.size)
         launcher = store.load_blob(ln_ref.hash, ln_ref.size)

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
-from gemmar_aot.model.schema import LOCK_SCHEMA, LOCK_SCHEMA_EP, LockFileError, _REBUILD, _TOP, _TOP_EP
+from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError, _REBUILD, _TOP
 from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
 from gemmar_aot.model.validate import _DocReader, _show, _type_name
 
@@ -30,7 +30,7 @@ class Lock:
     toolchain: ToolchainInfo
     env: Mapping[str, str | None]  # code-changing environment values the build read
     tuples: tuple[LockTuple, ...]
-    eps: tuple[LockEp, ...] = ()  # the [[ep]] entries (lock schema 4)
+    eps: tuple[LockEp, ...] = ()  # the [[ep]] entries
 
     def __hash__(self) -> int:
         return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples, self.eps))
@@ -113,11 +113,8 @@ class Lock:
                 part["launches"].append([len(self.tuples) + ei, *map(list, seqs)])
                 for key in seqs[0]:
                     part["kernels"][key] = table[key]
-        eps = {"ep": [{"config": ep.config.to_json(), "source": ep.source, "arena": ep.arena.to_json(),
-                       "ranks": [r.rank for r in ep.ranks]} for ep in self.eps]} if self.eps else {}
         return {
-            **eps,
-            "schema": LOCK_SCHEMA_EP if self.eps else LOCK_SCHEMA,
+            "schema": LOCK_SCHEMA,
             "manifest": {"name": self.manifest.name, "arch": self.manifest.arch, "sha256": self.manifest.sha256},
             "arch": self.arch,
             "code_object_version": self.code_object_version,
@@ -131,6 +128,8 @@ class Lock:
                 "layout": None if t.layout is None else t.layout.to_json(),
                 "ranks": [r.rank for r in t.ranks],
             } for t in self.tuples],
+            "ep": [{"config": ep.config.to_json(), "source": ep.source, "arena": ep.arena.to_json(),
+                    "ranks": [r.rank for r in ep.ranks]} for ep in self.eps],
             "parts": [parts[r] for r in sorted(parts)],
         }
 
@@ -253,18 +252,18 @@ class _Reader(_DocReader):
         if type(schema) is not int:
             raise LockFileError(f"{self.where}: $.schema is {_show(schema)}, not an integer lock schema: it is not a "
                                 f"gemmar-aot lock file (this gemmar-aot reads lock schema {LOCK_SCHEMA})")
-        if schema > LOCK_SCHEMA_EP:
+        if schema > LOCK_SCHEMA:
             raise LockFileError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
-                                f"reads lock schemas {LOCK_SCHEMA} and {LOCK_SCHEMA_EP}: upgrade gemmar-aot")
+                                f"reads lock schema {LOCK_SCHEMA}: upgrade gemmar-aot")
         if 1 <= schema < LOCK_SCHEMA:
             raise LockFileError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
                                 f"reads lock schema {LOCK_SCHEMA} and does not convert old locks: rebuild it "
                                 f"with `gemmar-aot build MANIFEST` (the store's kernels are reused, nothing is "
                                 f"recompiled)")
-        if schema not in (LOCK_SCHEMA, LOCK_SCHEMA_EP):
+        if schema != LOCK_SCHEMA:
             raise LockFileError(f"{self.where}: unknown lock schema {schema} (this gemmar-aot reads lock schema "
                                 f"{LOCK_SCHEMA}); {_REBUILD}")
-        self.obj(v, "$", _TOP_EP if schema == LOCK_SCHEMA_EP else _TOP)
+        self.obj(v, "$", _TOP)
         m = self.obj(v["manifest"], "$.manifest", ("name", "arch", "sha256"))
         manifest = ManifestRef(self.str(m["name"], "$.manifest.name"), self.str(m["arch"], "$.manifest.arch"),
                                self.hex64(m["sha256"], "$.manifest.sha256"))
@@ -289,13 +288,8 @@ class _Reader(_DocReader):
         parts = self.parts(v["parts"], lines, records)
         tuples = tuple(self.tuple(t, f"$.tuples[{i}]", i, parts)
                        for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
-        eps = ()
-        if schema == LOCK_SCHEMA_EP:
-            eps = tuple(self.ep(x, f"$.ep[{i}]", len(tuples) + i, parts)
-                        for i, x in enumerate(self.list(v["ep"], "$.ep")))
-            if not eps:
-                raise self.fail("$.ep", "is empty: a lock without [[ep]] entries is written as schema "
-                                        f"{LOCK_SCHEMA}")
+        eps = tuple(self.ep(x, f"$.ep[{i}]", len(tuples) + i, parts)
+                    for i, x in enumerate(self.list(v["ep"], "$.ep")))
         for part in parts.values():
             if not part.tuples:
                 raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple or EP entry "

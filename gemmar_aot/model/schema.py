@@ -13,11 +13,12 @@ from gemmar_aot.model.types import _TUPLE_ID_FIELDS
 #: 2: typed model; kernels named once by action key, launch records de-duplicated, blobs and
 #: records as Digest(hash, size), the window layout split into shared and per-M values.
 #: 3: JSON Lines, a head and one part per rank, so a rank reads its own kernels only.
-LOCK_SCHEMA = 3
-#: 4: schema 3 and the ``ep`` list of built [[ep]] entries; a part's launch item indexes
-#: ``tuples`` followed by ``ep`` (item ``len(tuples) + i`` is entry i). Written only when the
-#: manifest has [[ep]] entries, so every lock without them keeps its schema-3 bytes.
-LOCK_SCHEMA_EP = 4
+#: 4: schema 3 and the ``ep`` list of built [[ep]] entries (written only for a manifest with some).
+#: 5: the records it names are of record schema 2 (``store.backend.RECORD_SCHEMA``: their blobs
+#:    spelled ``{"hash", "size"}``, as a lock spells every digest), so every record digest moved;
+#:    one schema whether or not the manifest has [[ep]] entries: ``ep`` is always there, and a
+#:    part's launch item indexes ``tuples`` followed by ``ep`` (item ``len(tuples) + i`` is entry i).
+LOCK_SCHEMA = 5
 _REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
 
 
@@ -34,8 +35,7 @@ class LockFileError(GemmarError, ValueError):
 # ---------------------------------------------------------------------------
 
 _TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "tuples",
-        "parts")
-_TOP_EP = (*_TOP, "ep")
+        "ep", "parts")
 _EP_KEYS = ("config", "source", "arena", "ranks")
 _PART_KEYS = ("rank", "kernels", "launches")
 _PART_REF_KEYS = ("rank", "hash", "size")

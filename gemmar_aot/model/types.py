@@ -41,6 +41,9 @@ GEMV = "gemv"
 # ---------------------------------------------------------------------------
 
 
+_DIGEST_MEMBERS = {"hash", "size"}
+
+
 @dataclass(frozen=True, order=True)
 class Digest:
     """Bytes named by their sha256 and their length (Bazel's ``Digest``)."""
@@ -59,7 +62,16 @@ class Digest:
         return cls(sha256_hex(data), len(data))
 
     def to_json(self) -> dict:
+        """How a Digest is written wherever one is written -- a lock, a record, a closure --
+        ``{"hash": 64 hex, "size": n}``: one spelling on disk (:meth:`from_json` reads it)."""
         return {"hash": self.hash, "size": self.size}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Digest":
+        """The Digest :meth:`to_json` wrote; ValueError naming what is wrong when ``obj`` is not one."""
+        if type(obj) is not dict or obj.keys() != _DIGEST_MEMBERS:
+            raise ValueError(f"not a digest {{\"hash\": 64 hex, \"size\": bytes}}: {obj!r}")
+        return cls(obj["hash"], obj["size"])
 
     def __str__(self) -> str:
         return f"{self.hash}/{self.size}"

@@ -33,7 +33,7 @@ from gemmar_aot.store.record import record_digest
 from gemmar_aot.model.codeobject import CodeObject, CodeObjectError, KernelMetadata, parse_code_object
 from gemmar_aot.model.launch_sequence import sequence_problems
 from gemmar_aot.model.launch import PARAM_SIZES, LaunchRecord, LaunchRecordError
-from gemmar_aot.store.backend import RECORD_SCHEMA, BadRecord, check_record
+from gemmar_aot.store.backend import RECORD_SCHEMA, BadRecord, check_record, record_blob
 from gemmar_aot.store.record_index import RecordIndexError, parse_lines
 
 from .errors import ArtifactMismatchError
@@ -314,7 +314,7 @@ class RecordBinding:
             for (key, enveloped), record in zip(parsed, parse_lines(texts, index.path)):
                 if enveloped and type(record) is dict:  # the members the envelope stood for
                     e = todo[key]
-                    record.update(key=key, blob={"digest": e.blob.hash, "size": e.blob.size})
+                    record.update(key=key, blob=e.blob.to_json())
                 self._indexed[key] = (index, record, enveloped)
 
     def use_indexes(self, artifacts: Any, rank_entries: Iterable[Any]) -> None:
@@ -397,12 +397,11 @@ class RecordBinding:
         if record.get("key") != entry.key:
             raise self._bad(store, entry, pos, lock_where, f"the record is for action key {record.get('key')}",
                             store_where=store_where)
-        blob = record.get("blob")
-        blob = blob.get("digest") if isinstance(blob, dict) else blob
-        if blob != entry.blob.hash:
+        blob = record_blob(record)  # (every record here passed check_record)
+        if blob != entry.blob:
             raise self._bad(store, entry, pos, lock_where,
-                            f"the lock names code object {entry.blob.hash[:16]}, the record {str(blob)[:16]}",
-                            store_where=store_where)
+                            f"the lock names code object {entry.blob.hash[:16]} ({entry.blob.size} bytes), the "
+                            f"record {blob.hash[:16]} ({blob.size} bytes)", store_where=store_where)
         if launch_checked:
             return  # its bytes were the lock's launch record's (envelope)
         raw = record.get("launch") or {}
@@ -441,7 +440,7 @@ def envelope(entry: Any) -> bytes:
     launch record -- the blob, the action key and the launch record the entry gives, the
     members sorted as canonical JSON sorts them. Nothing but those three values can fill these
     bytes, so a verified line that starts with them agrees with the entry on all three."""
-    return b'{"blob":{"digest":"%s","size":%d},"key":"%s","launch":%s,' % (
+    return b'{"blob":{"hash":"%s","size":%d},"key":"%s","launch":%s,' % (
         entry.blob.hash.encode(), entry.blob.size, entry.key.encode(), launch_json(entry.launch))
 
 

@@ -7,7 +7,7 @@ store, ``Digest(hash, size)``, blobs verified on read, batched existence checks)
 A backend holds two maps and nothing else:
 
 - **action cache**: key (64 hex, our sha256 of a compile's inputs) -> record, a JSON
-  object ``{"schema", "key", "blob": {"digest", "size"}, ...}`` (:func:`check_record`);
+  object ``{"schema", "key", "blob": {"hash", "size"}, ...}`` (:func:`check_record`);
 - **CAS**: :class:`Digest` -> the blob's *plain* bytes, addressed by the sha256 of those
   bytes (never of an encoding: zstd is a backend's private business).
 
@@ -21,7 +21,7 @@ expensive (HTTP: ``HEAD`` in parallel). The contract every backend keeps:
    :func:`gemmar_aot.store.codec.check_content`, or decode through
    :class:`~gemmar_aot.store.codec.BlobCodec`); a bad blob raises
    :class:`~gemmar_aot.store.errors.CorruptArtifactError`, an absent one returns None.
-2. ``get_record`` returns only records that pass :func:`check_record` for that key, else
+2. ``get_record`` returns only records that :func:`read_record` takes for that key, else
    None. It does not promise the blob exists: the caller (:class:`~gemmar_aot.store.Store`)
    treats a record whose blob is missing as a miss, never as an error.
 3. ``put_blob`` before ``put_record``: a reader must never find a record whose blob is
@@ -48,22 +48,15 @@ from typing import Any
 
 from gemmar_aot.model.types import Digest
 
-#: Version of the record envelope (schema/key/blob); the rest of a record is the caller's.
-RECORD_SCHEMA = 1
+#: Version of the record envelope (schema, key, blob, launcher); the rest of a record is the caller's.
+#: 2: ``blob`` and ``launcher`` are spelled as every Digest is on disk, ``{"hash", "size"}``
+#:    (:meth:`Digest.to_json`, as a lock spells them). Schema 1 spelled them ``{"digest", "size"}``:
+#:    :func:`read_record` takes such a record in as a stale one (:data:`_SCHEMA1_REFS`).
+RECORD_SCHEMA = 2
 #: The members the store itself writes into a record (``Store.put``).
 RESERVED_FIELDS = ("schema", "key", "blob", "launcher")
-
-
-def blob_ref(obj: Any) -> Digest:
-    """A record's ``blob`` member, ``{"digest": hex, "size": n}``, as a Digest; ValueError when malformed."""
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"not a blob reference {{digest: 64 hex, size: int >= 0}}: {obj!r}")
-    return Digest(obj.get("digest"), obj.get("size"))
-
-
-def blob_ref_json(d: Digest) -> dict:
-    """The ``blob`` member of a record naming ``d``."""
-    return {"digest": d.hash, "size": d.size}
+#: What a record of schema 1 (gemmar-aot before record schema 2) named its blobs with.
+_SCHEMA1_REFS = ("blob", "launcher")
 
 
 class BadRecord(ValueError):
@@ -71,35 +64,53 @@ class BadRecord(ValueError):
 
 
 def check_record(rec: Any, key: str) -> dict:
-    """``rec`` if it is a record for ``key`` with a valid blob reference; else BadRecord."""
+    """``rec`` if it is a record of this schema for ``key`` with valid blob references; else
+    BadRecord. What every backend checks before it writes a record: only schema 2 is written."""
     if not isinstance(rec, dict):
         raise BadRecord("not a JSON object")
     if rec.get("schema") != RECORD_SCHEMA:
         raise BadRecord(f"record schema {rec.get('schema')!r}, expected {RECORD_SCHEMA}")
     if rec.get("key") != key:
         raise BadRecord(f"record is for key {rec.get('key')!r}, stored under {key}")
-    try:
-        blob_ref(rec.get("blob"))
-    except ValueError:
-        raise BadRecord(f"record has no valid blob reference: {rec.get('blob')!r}") from None
-    if "launcher" in rec:
+    for member in ("blob", "launcher") if "launcher" in rec else ("blob",):
         try:
-            blob_ref(rec["launcher"])
+            Digest.from_json(rec.get(member))
         except ValueError:
-            raise BadRecord(f"record has no valid launcher reference: {rec['launcher']!r}") from None
+            raise BadRecord(f"record has no valid {member} reference: {rec.get(member)!r}") from None
     return rec
+
+
+def read_record(rec: Any, key: str) -> dict:
+    """A record as a backend read it, :func:`check_record`'d, in this schema.
+
+    A record of schema 1 -- written by a gemmar-aot before record schema 2, in a user's store or
+    remote cache -- is taken in as a *stale* record of schema 2: its blob references respelled
+    (``{"digest", "size"}`` -> ``{"hash", "size"}``) and its derive stamp cleared. A build then
+    derives it again from its verified blobs, as it does any record of other derive code
+    (``compiler.derive.rederive``: zero compiles), and writes it back in schema 2; every other
+    reader sees schema 2 only. Nothing is rewritten here."""
+    if isinstance(rec, dict) and rec.get("schema") == 1 and rec.get("key") == key:
+        old = rec
+        rec = {**old, "schema": RECORD_SCHEMA}
+        for member in _SCHEMA1_REFS:
+            ref = old.get(member)
+            if isinstance(ref, dict) and ref.keys() == {"digest", "size"}:
+                rec[member] = {"hash": ref["digest"], "size": ref["size"]}
+        derive = old.get("derive")
+        rec["derive"] = {**(derive if isinstance(derive, dict) else {}), "code": None}
+    return check_record(rec, key)
 
 
 def record_blob(rec: Mapping[str, Any]) -> Digest:
     """The digest of the blob a (checked) record names (not :func:`gemmar_aot.store.record.record_digest`,
     the digest of the record itself)."""
-    return blob_ref(rec["blob"])
+    return Digest.from_json(rec["blob"])
 
 
 def record_launcher(rec: Mapping[str, Any]) -> Digest | None:
     """The digest of the launcher blob a (checked) record names (the compile's second output,
     what ``compiler.derive`` re-derives from), None for a record without one."""
-    return blob_ref(rec["launcher"]) if "launcher" in rec else None
+    return Digest.from_json(rec["launcher"]) if "launcher" in rec else None
 
 
 def record_blobs(rec: Mapping[str, Any]) -> list[Digest]:
@@ -121,7 +132,7 @@ class CacheBackend(abc.ABC):
 
     @abc.abstractmethod
     def get_record(self, key: str) -> dict | None:
-        """The record stored under ``key`` (checked with :func:`check_record`), or None."""
+        """The record stored under ``key`` (as :func:`read_record` takes it), or None."""
 
     @abc.abstractmethod
     def put_record(self, key: str, record: Mapping[str, Any]) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_json
 
-from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, blob_ref_json, record_blob, record_launcher
+from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, record_blob, record_launcher
 from .codec import BadBlob, SizeMismatch, check_content
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError
 from .local import (
@@ -185,9 +185,9 @@ class Store:
                 raise
             return raw
 
-    def put_blob(self, data: bytes, *, use_dictionary: bool = True) -> dict:
-        """Store ``data`` (once per content); returns ``{"digest", "size"}``."""
-        return blob_ref_json(self.local.put_blob(data, use_dictionary=use_dictionary))
+    def put_blob(self, data: bytes, *, use_dictionary: bool = True) -> Digest:
+        """Store ``data`` (once per content); returns its Digest."""
+        return self.local.put_blob(data, use_dictionary=use_dictionary)
 
     # ---- records ----
 
@@ -230,7 +230,8 @@ class Store:
         if rec is None:
             return None
         try:
-            return rec, self.load_blob(rec["blob"]["digest"], rec["blob"]["size"])
+            d = record_blob(rec)
+            return rec, self.load_blob(d.hash, d.size)
         except (BlobNotFoundError, CorruptArtifactError):
             return None
 
@@ -253,8 +254,8 @@ class Store:
         except (TypeError, ValueError) as e:
             raise ValueError(f"record fields for {key} are not JSON-able: {e}") from None
         if launcher is not None:
-            rec["launcher"] = blob_ref_json(self.local.put_blob(launcher))
-        rec["blob"] = blob_ref_json(self.local.put_blob(code))
+            rec["launcher"] = self.local.put_blob(launcher).to_json()
+        rec["blob"] = self.local.put_blob(code).to_json()
         self.local.put_record(key, rec)
         self.counters["puts"] += 1
         self._upload(key, rec, code, launcher)

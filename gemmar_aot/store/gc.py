@@ -17,7 +17,7 @@ from pathlib import Path
 from gemmar_aot.util.filedigest import is_hex64
 
 from ._fs import iter_fanned, remove_stale_temps
-from .backend import BadRecord, record_blobs
+from .backend import BadRecord, record_blob, record_blobs
 from .cas import Store
 from .codec import BadBlob
 from .inventory import record_dict_refs, scan_blobs
@@ -152,12 +152,12 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
             removed[key] = "unreadable"
         elif keep_keys is not None and key not in keep_keys:
             removed[key] = "unreferenced"
-        elif rec["blob"]["digest"] not in blobs:
+        elif record_blob(rec).hash not in blobs:
             removed[key] = "blob missing"
 
     def protected(key: str) -> bool:
         rec = records[key][1]
-        return (keep_keys is not None and key in keep_keys) or rec["blob"]["digest"] in keep_blobs
+        return (keep_keys is not None and key in keep_keys) or record_blob(rec).hash in keep_blobs
 
     if max_age_days is not None:
         cutoff = now - max_age_days * 86400

@@ -41,7 +41,7 @@ from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_jso
 from gemmar_aot.util.filedigest import is_hex64, sha256_hex
 
 from ._fs import check_hex64, fanout, iter_fanned
-from .backend import BadRecord, CacheBackend, Digest, check_record
+from .backend import BadRecord, CacheBackend, Digest, check_record, read_record
 from .codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
 
@@ -459,7 +459,7 @@ class DirectoryBackend(CacheBackend):
             rec = json.loads(text)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRecord(f"not JSON: {e}") from None
-        return check_record(rec, key)
+        return read_record(rec, key)
 
     def get_record(self, key: str) -> dict | None:
         """The record stored under ``key``, envelope-checked; None when absent.
@@ -489,7 +489,7 @@ class DirectoryBackend(CacheBackend):
         (:meth:`get_record` does, on the fallback)."""
         p = self.record_path(key)
         try:
-            rec = check_record(json.loads(self.codec.decode_frame_only(p.read_bytes())), key)
+            rec = read_record(json.loads(self.codec.decode_frame_only(p.read_bytes())), key)
         except (OSError, BadBlob, ValueError, UnicodeDecodeError):  # BadRecord is a ValueError
             return None
         if record_digest(rec) != want:

@@ -12,7 +12,7 @@ writes, next to each lock file, the records that lock names in one file::
 Format (schema :data:`INDEX_SCHEMA`): zstd frames, each with its content size and checksum.
 The first holds a header (canonical JSON)::
 
-    {"format": "gemmar-aot record index", "schema": 4, "kernels": N, "prefix_hex": P,
+    {"format": "gemmar-aot record index", "schema": 5, "kernels": N, "prefix_hex": P,
      "groups": [[FRAME_BYTES, "PREFIXES"], ...]}
 
 then one frame per group follows, FRAME_BYTES long, holding that group's lines separated by
@@ -24,9 +24,9 @@ apart), then the record's two halves as :func:`~gemmar_aot.store.record.record_d
 hashes them (``record_halves``): the members the runtime reads, ``\x1f`` (a byte canonical
 JSON never holds raw), the other members. The first half is abridged by the record's own
 action key and blob digest, which the lock already holds: ``"key":""`` and
-``"blob":{"digest":""`` stand for them (the reader puts the lock's values back); a line
+``"blob":{"hash":""`` stand for them (the reader puts the lock's values back); a line
 starting with ``=`` holds it verbatim (written when abridging would not round trip). In the
-second half (schema 4) ``"derive":{"code":C,"key":""`` stands for the record's derive key
+second half ``"derive":{"code":C,"key":""`` stands for the record's derive key
 when it is the one its blob, its launcher and C give (:func:`derive_key_of`): a sha256 per
 record that compresses to nothing, a tenth of a wheel.
 
@@ -39,8 +39,9 @@ record's ``ingredients`` or kernel ``metadata``, more than half its bytes. A loc
 index (an older store, a lock handed over as data) is checked against the records one by
 one, as before.
 
-Schemas 1 and 2 held whole records, for the record digests of lock schemas 1 and 2, which
-are refused; so are those indexes, with the same fix (rebuild).
+Schemas 1 and 2 held whole records, for the record digests of lock schemas 1 and 2; schemas 3
+and 4 held records of record schema 1 (blobs spelled ``{"digest", "size"}``), for lock schemas
+3 and 4. Those locks are refused, and so are their indexes, with the same fix (rebuild).
 
 Deterministic: the same lock (and so the same named records) gives the same index bytes for a
 given libzstd. Runtime-safe: standard library + ``zstandard``.
@@ -65,9 +66,10 @@ from ._fs import read_if_present
 from .errors import StoreError
 from gemmar_aot.util.filedigest import sha256_hex
 
-INDEX_SCHEMA = 4
-#: Schemas this reader understands (3: the same lines, the second half never abridged).
-READABLE_SCHEMAS = (3, 4)
+INDEX_SCHEMA = 5
+#: Schemas this reader understands. 3 and 4 held records of record schema 1, for the record
+#: digests of lock schemas 3 and 4, which are refused; so are those indexes, with the same fix.
+READABLE_SCHEMAS = (5,)
 INDEX_FORMAT = "gemmar-aot record index"
 ZSTD_LEVEL = 19
 #: Key prefixes name the lines: at least this many hex digits (32 bits; longer when two keys of one
@@ -91,7 +93,7 @@ class RecordMissingError(RecordIndexError):
 
 def _markers(key: str, blob: str) -> tuple[bytes, bytes, bytes, bytes]:
     return (b'"key":"' + key.encode() + b'"', b'"key":""',
-            b'"blob":{"digest":"' + blob.encode() + b'"', b'"blob":{"digest":""')
+            b'"blob":{"hash":"' + blob.encode() + b'"', b'"blob":{"hash":""')
 
 
 def _restore(read: bytes, key: str, blob: str) -> bytes:
@@ -104,7 +106,7 @@ def _restore(read: bytes, key: str, blob: str) -> bytes:
 #: The derive stamp and the launcher reference in a record's second half (canonical JSON).
 _DERIVE_CODE = b'"derive":{"code":"'
 _DERIVE_KEY_AT = b'","key":"'
-_LAUNCHER_DIGEST = b'"launcher":{"digest":"'
+_LAUNCHER_DIGEST = b'"launcher":{"hash":"'
 
 
 def derive_key_of(blob: str, launcher: str, derive_code: str) -> str:
@@ -134,7 +136,7 @@ def _derive_parts(rest: bytes) -> tuple[int, str, str] | None:
 def _restore_rest(rest: bytes, blob: str) -> bytes:
     parts = _derive_parts(rest)
     if parts is None or rest[parts[0]:parts[0] + 1] != b'"':
-        return rest  # not abridged (schema 3, or a line written whole)
+        return rest  # not abridged (a line written whole)
     at, code, launcher = parts
     return rest[:at] + derive_key_of(blob, launcher, code).encode() + rest[at:]
 

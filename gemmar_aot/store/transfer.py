@@ -14,7 +14,7 @@ from typing import Any
 
 from . import blobfmt
 from ._fs import iter_stray
-from .backend import BadRecord, record_launcher
+from .backend import BadRecord, record_blob, record_launcher
 from .cas import Store
 from .codec import BadBlob
 from .errors import CorruptArtifactError, StoreError, StoreFormatError
@@ -76,7 +76,7 @@ def export(store: Store, lock: Mapping[str, Any], dest_dir: str | os.PathLike) -
     missing_records: list[str] = []
     for key in sorted(lock.action_keys()):
         rec = store.get_record(key)
-        if rec is not None and rec["blob"]["digest"] in payload:
+        if rec is not None and record_blob(rec).hash in payload:
             records[key] = rec
             ln = record_launcher(rec)
             if ln is not None and store.has_blob(ln.hash):  # so the export can be derived again
@@ -141,7 +141,7 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
         except (BadRecord, BadBlob) as e:
             problems.append(f"{p}: unreadable record: {e}")
             continue
-        d, size = rec["blob"]["digest"], rec["blob"]["size"]
+        d, size = record_blob(rec).hash, record_blob(rec).size
         if d in sizes:
             if sizes[d] != size:
                 problems.append(f"{p}: says blob {d} has {size} bytes, it has {sizes[d]}")

@@ -64,7 +64,7 @@ def rewrite_store(src_root: Path, dst_root: Path, lock: Lock, rewrite: dict[str,
         if key in rewrite:
             rec = rewrite[key](dict(rec))
         fields = {k: v for k, v in rec.items() if k not in RESERVED_FIELDS}
-        stored = dst.put(key, code, fields, launcher=src.load_blob(rec["launcher"]["digest"], rec["launcher"]["size"]))
+        stored = dst.put(key, code, fields, launcher=src.load_blob(rec["launcher"]["hash"], rec["launcher"]["size"]))
         if key in rewrite:
             new[key] = replace(entry, launch=LaunchRecord.from_json(stored["launch"]),
                                record=record_digest(stored))

@@ -40,7 +40,7 @@ from gemmar_aot.model.types import Digest
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 
 from . import reapi
-from ..backend import BadRecord, CacheBackend, check_record, record_blob, record_launcher
+from ..backend import BadRecord, CacheBackend, check_record, read_record, record_blob, record_launcher
 from ..codec import BadBlob, SizeMismatch, check_content
 from ..errors import CorruptArtifactError
 from .http import ENV_URL, HttpCache
@@ -108,8 +108,6 @@ class HttpBackend(CacheBackend):
             f = ar.file(path)
             if f is None:
                 raise BadRecord(f"/ac/{key} has no output file {path} (not a gemmar-aot entry)")
-            if not (len(f.digest.hash) == 64 and all(c in "0123456789abcdef" for c in f.digest.hash)):
-                raise BadRecord(f"/ac/{key}: {path} has a malformed digest {f.digest.hash[:80]!r}")
         return ar
 
     def get_record(self, key: str) -> dict | None:
@@ -130,22 +128,21 @@ class HttpBackend(CacheBackend):
             if raw is None:
                 return None  # the record blob is gone (evicted): a miss
         try:
-            check_content(raw, rd.hash, rd.size_bytes)
+            check_content(raw, rd.hash, rd.size)
         except (BadBlob, SizeMismatch) as e:
             self._refuse(where, raw, f"record blob of /ac/{key}: {e}")
             raise CorruptArtifactError(f"remote record {self.name}/{where} for key {key}: {e}",
                                        digest=rd.hash, reason=str(e)) from None
         try:
-            rec = check_record(json.loads(raw), key)
+            rec = read_record(json.loads(raw), key)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRecord(f"{self.name}/cas/{rd.hash}: not a record for {key} ({e})") from None
         cd = ar.file(reapi.CODE_PATH).digest
-        if record_blob(rec) != Digest(cd.hash, cd.size_bytes):  # _entry checked the hash's form
-            raise BadRecord(f"/ac/{key} names code object {cd.hash}/{cd.size_bytes} but its record names "
-                            f"{rec['blob']['digest']}/{rec['blob']['size']}")
+        if record_blob(rec) != cd:
+            raise BadRecord(f"/ac/{key} names code object {cd} but its record names {record_blob(rec)}")
         lf = ar.file(reapi.LAUNCHER_PATH)
         ln = record_launcher(rec)
-        if (lf is None) != (ln is None) or (ln is not None and ln != Digest(lf.digest.hash, lf.digest.size_bytes)):
+        if (lf is None) != (ln is None) or (ln is not None and ln != lf.digest):
             raise BadRecord(f"/ac/{key} names launcher {None if lf is None else lf.digest.hash} but its record "
                             f"names {None if ln is None else ln.hash}")
         return rec, raw
@@ -157,9 +154,9 @@ class HttpBackend(CacheBackend):
         self.client.put("cas", rd.hash, raw)
         code, ln = record_blob(rec), record_launcher(rec)
         ar = reapi.ActionResult((
-            reapi.OutputFile(reapi.RECORD_PATH, reapi.Digest(rd.hash, rd.size), contents=raw),
-            reapi.OutputFile(reapi.CODE_PATH, reapi.Digest(code.hash, code.size)),
-        ) + (() if ln is None else (reapi.OutputFile(reapi.LAUNCHER_PATH, reapi.Digest(ln.hash, ln.size)),)))
+            reapi.OutputFile(reapi.RECORD_PATH, rd, contents=raw),
+            reapi.OutputFile(reapi.CODE_PATH, code),
+        ) + (() if ln is None else (reapi.OutputFile(reapi.LAUNCHER_PATH, ln),)))
         self.client.put("ac", key, reapi.encode_action_result(ar))
 
     def contains_record(self, key: str) -> bool:

@@ -10,6 +10,10 @@ or read (field numbers from the proto)::
     message OutputFile   { string path = 1; Digest digest = 2; bool is_executable = 4; bytes contents = 5; }
     message ActionResult { repeated OutputFile output_files = 2; int32 exit_code = 4; }
 
+A ``Digest`` message is our :class:`~gemmar_aot.model.types.Digest` (``hash``, ``size``: the
+wire's ``size_bytes`` is field 2 and nothing more), so an entry's digests are checked -- 64
+lowercase hex, a size >= 0 -- as they are decoded, and one digest type runs through the code.
+
 Decoding skips every other field (a server or another client may add some) and
 rejects malformed input with :class:`ProtobufError`; encoding is deterministic (fields
 in number order, output files in the order given), so the same record always uploads
@@ -19,6 +23,8 @@ the same bytes. Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gemmar_aot.model.types import Digest
 
 #: Output-file paths of our entries (what Bazel would call the action's outputs).
 RECORD_PATH = "gemmar-aot/record.json"
@@ -31,12 +37,6 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 class ProtobufError(ValueError):
     """Bytes that are not the message they should be. ``str(e)`` says where."""
-
-
-@dataclass(frozen=True)
-class Digest:
-    hash: str
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,8 @@ def encode_digest(d: Digest) -> bytes:
     out = b""
     if d.hash:
         out += _len_field(1, d.hash.encode("ascii"))
-    if d.size_bytes:
-        out += _tag(2, _VARINT) + _varint(d.size_bytes)
+    if d.size:
+        out += _tag(2, _VARINT) + _varint(d.size)
     return out
 
 
@@ -161,9 +161,10 @@ def decode_digest(buf: bytes) -> Digest:
         elif field == 2:
             _expect(wire, _VARINT, "Digest", field)
             size = _signed64(val)
-    if size < 0:
-        raise ProtobufError(f"Digest: negative size_bytes {size}")
-    return Digest(h, size)
+    try:
+        return Digest(h, size)
+    except ValueError as e:
+        raise ProtobufError(f"Digest: {e}") from None
 
 
 def encode_output_file(f: OutputFile) -> bytes:
@@ -176,7 +177,7 @@ def encode_output_file(f: OutputFile) -> bytes:
 
 
 def decode_output_file(buf: bytes) -> OutputFile:
-    path, digest, exe, contents = "", Digest("", 0), False, b""
+    path, digest, exe, contents = "", None, False, b""
     for field, wire, val in _fields(buf, "OutputFile"):
         if field == 1:
             _expect(wire, _LEN, "OutputFile", field)
@@ -193,6 +194,8 @@ def decode_output_file(buf: bytes) -> OutputFile:
         elif field == 5:
             _expect(wire, _LEN, "OutputFile", field)
             contents = bytes(val)
+    if digest is None:
+        raise ProtobufError(f"OutputFile {path!r}: no digest")
     return OutputFile(path, digest, exe, contents)
 
 
