@@ -128,7 +128,7 @@ def test_without_the_index_a_record_that_cannot_be_read_is_refused_never_uncheck
     else:
         info = st.dictionary_info("records")
         assert info is not None, "the smoke store's records use a dictionary"
-        for p in (st.blob_path(info["digest"]), st.local.spare_path(info["digest"])):
+        for p in (st.blob_path(info["hash"]), st.local.spare_path(info["hash"])):
             data = bytearray(p.read_bytes())
             data[len(data) // 2] ^= 0x01
             p.write_bytes(bytes(data))

@@ -610,7 +610,7 @@ def test_store_format_refusal(tmp_path, content, match):
 
 def test_format_2_store_is_migrated_on_first_write(tmp_path):
     """A format-2 store (records plain zstd, per-key build locks in locks/ab/) reads as is; the
-    first write moves it to format 3 and leaves the lock files in locks/ alone."""
+    first write moves it to the current format and leaves the lock files in locks/ alone."""
     import zstandard
 
     root = tmp_path / "old"
@@ -636,6 +636,55 @@ def test_format_2_store_is_migrated_on_first_write(tmp_path):
     assert not old_lock.exists() and not old_lock.parent.exists() and manifest_lock.exists()
     assert Store(root).load(key_of("m")) == (rec, code_object(5))
     assert inventory.verify(Store(root)).clean
+
+
+def test_format_3_store_reads_as_is_and_its_first_write_respells_every_digest(tmp_path):
+    """Format 4 spells every digest on disk ``{"hash", "size"}``. A format-3 store -- dictionary
+    pointers ``{"digest", "bytes", ...}``, records of record schema 1 -- reads as it is; its first
+    write respells the pointers and writes each schema-1 record again in schema 2 (stale: the
+    next build derives it again), keeping its mtime. verify is clean before and after."""
+    from gemmar_aot.compiler.derive import is_current
+    from gemmar_aot.store.local import DICT_POINTERS
+
+    root = tmp_path / "old"
+    st = Store(root, durable=False)
+    recs = {key_of(f"d{i}"): st.put(key_of(f"d{i}"), code_object(i), fields(i)) for i in range(40)}
+    codes = {key_of(f"d{i}"): code_object(i) for i in range(40)}
+    samples = [code_object(i) for i in range(40)] * 3
+    for kind in DICT_POINTERS:
+        st.local.set_dictionary(zstandard.train_dictionary(4096, samples).as_bytes(), kind=kind, trained_on=40)
+    # Rewrite it the way format 3 did: records, then pointers, spelled {"digest", ...}.
+    old_mtime = {}
+    for k, rec in recs.items():
+        old = {**rec, "schema": 1, "blob": {"digest": rec["blob"]["hash"], "size": rec["blob"]["size"]}}
+        st.local.write_file(st.record_path(k), st.local.encode_record(old))
+        os.utime(st.record_path(k), (1_000_000_000, 1_000_000_000))
+        old_mtime[k] = st.record_path(k).stat().st_mtime_ns
+    pointers = {}
+    for kind, name in DICT_POINTERS.items():
+        info = json.loads((root / name).read_bytes())
+        pointers[kind] = {"digest": info["hash"], "bytes": info["size"], "trained_on": 40, "level": info["level"]}
+        (root / name).write_text(json.dumps(pointers[kind]))
+    (root / "STORE_FORMAT").write_text("3\n")
+    ro = Store(root, readonly=True)
+    assert ro.format == 3 and ro.dictionary_info("records")["hash"] == pointers["records"]["digest"]
+    k0 = key_of("d0")
+    assert ro.load(k0)[1] == code_object(0) and ro.get_record(k0)["blob"] == recs[k0]["blob"]
+    assert inventory.verify(Store(root)).clean and (root / "STORE_FORMAT").read_text() == "3\n"  # only read
+    Store(root, durable=False).put(key_of("new"), code_object(99), fields(99))  # the first write
+    assert (root / "STORE_FORMAT").read_text() == f"{STORE_FORMAT}\n"
+    for kind, name in DICT_POINTERS.items():
+        assert json.loads((root / name).read_bytes()) == {"hash": pointers[kind]["digest"],
+                                                         "size": pointers[kind]["bytes"], "trained_on": 40,
+                                                         "level": pointers[kind]["level"]}
+    fresh = Store(root)
+    assert fresh.current_dictionary("records") == pointers["records"]["digest"]
+    for k, rec in recs.items():
+        on_disk = json.loads(fresh.local.codec.decode_frame_only(fresh.record_path(k).read_bytes()))
+        assert on_disk == {**rec, "derive": {"code": None}} and not is_current(on_disk)
+        assert fresh.record_path(k).stat().st_mtime_ns == old_mtime[k], "gc's LRU clock kept"
+        assert fresh.load(k)[1] == codes[k]
+    assert inventory.verify(fresh).clean
 
 
 def test_layered_remote_reads_through_and_writes_through(tmp_path):

@@ -445,6 +445,30 @@ def test_inspect_refuses_what_is_not_an_artifact_wheel(tmp_path):
         inspect_wheel(p)
 
 
+OLD_WHEEL = next((Path(__file__).resolve().parent / "fixtures" / "wheel-lock-schema-3").glob("*.whl"))
+
+
+def test_inspect_says_a_wheel_of_an_older_lock_schema_is_another_schema_not_damage(tmp_path):
+    """A wheel 20a7e08 built (lock schema 3, records of record schema 1) is intact: inspect names
+    the schema and the fix, exits 2, and never calls it tampered; a file added to the same wheel
+    is tampering all the same."""
+    r = inspect_wheel(OLD_WHEEL)
+    assert not r["ok"] and r["problems"] == [] and r["files_checked"] == 10
+    assert "lock schema 3 was written by an older gemmar-aot" in r["other_schema"]
+    assert "rebuild it with `gemmar-aot build MANIFEST`" in r["other_schema"]
+    res = _run("inspect", OLD_WHEEL, "--no-manifest")
+    assert res.exit_code == 2 and "TAMPERED" not in res.output and "OTHER SCHEMA" in res.output, res.output
+    assert "not damaged as far as this gemmar-aot can tell (10 files match RECORD)" in res.output
+    added = tmp_path / OLD_WHEEL.name
+    shutil.copy(OLD_WHEEL, added)
+    with zipfile.ZipFile(added, "a") as zf:
+        zf.writestr("gemmar_artifacts_tiny/extra.py", "print('not built')\n")
+    r = inspect_wheel(added)
+    assert [p for p in r["problems"] if "extra.py: not listed in RECORD" in p] and r["other_schema"]
+    res = _run("inspect", added, "--json")
+    assert res.exit_code == 1 and json.loads(res.output)["problems"] == r["problems"]
+
+
 def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatch):
     import importlib
 

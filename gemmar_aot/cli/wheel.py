@@ -109,15 +109,18 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str
     signed its lock and with which provenance.
 
     Exit code 1 when anything was modified after the wheel was built, or (with trusted keys) when
-    its signature does not verify against them.
+    its signature does not verify against them; 2 when it is intact as far as this gemmar-aot can
+    tell but its lock is of a schema this one does not read (an older or a newer gemmar-aot built
+    it), so its kernels were not checked.
     """
     from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
     from gemmar_aot.package.inspect import inspect_wheel
 
     r = inspect_wheel(wheel, trusted_keys=trusted_keys or None)
+    status = 0 if r["ok"] else 1 if r["problems"] else 2
     if as_json:
         click.echo(json.dumps(r, indent=2, sort_keys=True))
-        sys.exit(0 if r["ok"] else 1)
+        sys.exit(status)
     tc = r.get("toolchain") or {}
     inner = tc.get("toolchain") or {}
     man = r["manifest"]
@@ -132,27 +135,36 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str
         click.echo("    " + ", ".join(f"{k}={inner[k]}" for k in sorted(inner)
                                       if k in ("flydsl_version", "linker", "python", "opt_level")))
     click.echo(f"  manifest {man['name']} ({man['file']}) sha256 {man['sha256']}")
-    click.echo(f"  {r['kernels']} kernels, {r['code_objects']} code objects")
-    click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}, compressed blobs {_mib(sz['blob_bytes'])}"
-               + (f" + dictionary {sz['dictionary_file_bytes']:,d} B" if sz["dictionary_file_bytes"] else "")
-               + f", raw code objects {_mib(sz['raw_bytes'])}")
-    for line in signature_lines(r.get("signature")):
-        click.echo("  " + line)
-    click.echo("  tuples covered:")
-    for line in _coverage_lines(r["coverage"]):
-        click.echo("  " + line)
+    if r["other_schema"]:
+        click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}; kernels, code objects, signature and tuples covered "
+                   f"not read: the lock is of another schema")
+    else:
+        click.echo(f"  {r['kernels']} kernels, {r['code_objects']} code objects")
+        click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}, compressed blobs {_mib(sz['blob_bytes'])}"
+                   + (f" + dictionary {sz['dictionary_file_bytes']:,d} B" if sz["dictionary_file_bytes"] else "")
+                   + f", raw code objects {_mib(sz['raw_bytes'])}")
+        for line in signature_lines(r.get("signature")):
+            click.echo("  " + line)
+        click.echo("  tuples covered:")
+        for line in _coverage_lines(r["coverage"]):
+            click.echo("  " + line)
     if not no_manifest and man.get("text"):
         click.echo("  manifest text:")
         for line in man["text"].rstrip("\n").splitlines():
             click.echo(f"    | {line}")
     if r["ok"]:
         click.echo(f"verified: {r['files_checked']} files match RECORD, every blob matches its digest")
-    else:
-        for p in r["problems"]:
-            click.echo(f"TAMPERED {p}")
+    for p in r["problems"]:
+        click.echo(f"TAMPERED {p}")
+    if r["problems"]:
         click.echo(f"{len(r['problems'])} problem(s): this wheel was modified after it was built; "
                    f"do not install it")
-    sys.exit(0 if r["ok"] else 1)
+    elif r["other_schema"]:
+        click.echo(f"OTHER SCHEMA {r['other_schema']}")
+        click.echo(f"not damaged as far as this gemmar-aot can tell ({r['files_checked']} files match RECORD), "
+                   f"but its kernels were not checked: inspect it with the gemmar-aot that built it, or build "
+                   f"the wheel again with this one (gemmar-aot wheel MANIFEST)")
+    sys.exit(status)
 
 
 COMMANDS = (wheel_cmd, inspect_cmd,)

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
-from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError, _REBUILD, _TOP
+from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError, LockSchemaError, _REBUILD, _TOP
 from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
 from gemmar_aot.model.validate import _DocReader, _show, _type_name
 
@@ -253,10 +253,10 @@ class _Reader(_DocReader):
             raise LockFileError(f"{self.where}: $.schema is {_show(schema)}, not an integer lock schema: it is not a "
                                 f"gemmar-aot lock file (this gemmar-aot reads lock schema {LOCK_SCHEMA})")
         if schema > LOCK_SCHEMA:
-            raise LockFileError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
+            raise LockSchemaError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
                                 f"reads lock schema {LOCK_SCHEMA}: upgrade gemmar-aot")
         if 1 <= schema < LOCK_SCHEMA:
-            raise LockFileError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
+            raise LockSchemaError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
                                 f"reads lock schema {LOCK_SCHEMA} and does not convert old locks: rebuild it "
                                 f"with `gemmar-aot build MANIFEST` (the store's kernels are reused, nothing is "
                                 f"recompiled)")

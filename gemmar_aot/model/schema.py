@@ -26,6 +26,11 @@ class LockFileError(GemmarError, ValueError):
     """A lock file (or a lock being written) is malformed, or of a schema this version does not read."""
 
 
+class LockSchemaError(LockFileError):
+    """A lock of a schema this gemmar-aot does not read: written by an older or a newer gemmar-aot.
+    Not damage (``gemmar-aot inspect`` says so); ``str(e)`` names the schema and the fix."""
+
+
 # ---------------------------------------------------------------------------
 # Validation
 #

@@ -23,6 +23,7 @@ from typing import Any
 
 from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.model.lock import Lock
+from gemmar_aot.model.schema import LockSchemaError
 from gemmar_aot.store.errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PREFIX_HEX, PackBackend
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
@@ -44,13 +45,15 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
     the lock against BUILD_INFO, the manifest text against its sha256, decodes every
     blob the lock names against its digest, and checks every line of the record index
     against the record digest the lock names. ``ok`` is False and ``problems`` lists each
-    finding when anything does not match.
+    finding when anything does not match. A lock of another schema (an older or a newer
+    gemmar-aot built the wheel) is no finding: ``other_schema`` says why its kernels could not
+    be checked, and ``ok`` is False.
     """
     path = Path(path)
     files = _read_wheel(path)
     checked, problems = _check_record(files)
     pkg, info = _artifact_package(path, files)
-    lock_name, lock = _read_lock(files.contents, pkg, info, problems)
+    lock_name, lock, other_schema = _read_lock(files.contents, pkg, info, problems)
     problems += _manifest_problems(info, lock)
     pack_name, pack = _open_pack(files.contents, pkg, problems)
     tally = PackTally()
@@ -58,7 +61,7 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
         tally = _check_blobs(lock, pack, pack_name, problems)
         problems += _index_problems(lock, lock_name, info, files.contents, pkg)
     signature = _signature(files.contents, pkg, lock, lock_name, trusted_keys, problems)
-    return _report(path, files, pkg, info, problems, checked, tally, signature)
+    return _report(path, files, pkg, info, problems, checked, tally, signature, other_schema)
 
 
 @dataclass(frozen=True)
@@ -140,22 +143,25 @@ def _artifact_package(path: Path, files: WheelFiles) -> tuple[str, dict]:
 
 
 def _read_lock(contents: Mapping[str, bytes], pkg: str, info: Mapping[str, Any],
-               problems: list[str]) -> tuple[str, Lock | None]:
-    """The lock's name in the wheel and the lock (None when missing or unreadable: a finding),
-    checked against the sha256 BUILD_INFO.json records."""
+               problems: list[str]) -> tuple[str, Lock | None, str | None]:
+    """The lock's name in the wheel, the lock (None when missing or unreadable: a finding), checked
+    against the sha256 BUILD_INFO.json records, and why this gemmar-aot cannot read it when it is
+    of another lock schema (not a finding: an older or newer gemmar-aot wrote it; None otherwise)."""
     lock_name = f"{pkg}/{(info.get('lock') or {}).get('file') or OLD_LOCK_ARCNAME}"
     lock_file = contents.get(lock_name)
     if lock_file is None:
         problems.append(f"{lock_name} is missing")
-        return lock_name, None
+        return lock_name, None, None
     lock = None
     try:
         lock = Lock.from_bytes(lock_file, lock_name).check_parts()
+    except LockSchemaError as e:
+        return lock_name, None, str(e)
     except GemmarError as e:
         problems.append(str(e))
     if lock is not None and sha256_hex(lock.to_bytes()) != (info.get("lock") or {}).get("sha256"):
         problems.append(f"{lock_name} does not have the sha256 BUILD_INFO.json records")
-    return lock_name, lock
+    return lock_name, lock, None
 
 
 def _manifest_problems(info: Mapping[str, Any], lock: Lock | None) -> list[str]:
@@ -261,8 +267,10 @@ def _signature(contents: Mapping[str, bytes], pkg: str, lock: Lock | None, lock_
 
 
 def _report(path: Path, files: WheelFiles, pkg: str, info: Mapping[str, Any], problems: list[str], checked: int,
-            tally: PackTally, signature: dict | None) -> dict:
-    """What :func:`inspect_wheel` returns (``gemmar-aot inspect --json``)."""
+            tally: PackTally, signature: dict | None, other_schema: str | None) -> dict:
+    """What :func:`inspect_wheel` returns (``gemmar-aot inspect --json``): ``ok`` only when every
+    check ran and passed; ``other_schema`` (not a problem) when the lock is of a schema this
+    gemmar-aot does not read, so its kernels were not checked."""
     di = files.dist_info
     meta = HeaderParser().parsestr(files.contents.get(f"{di}/METADATA", b"").decode("utf-8", errors="replace"))
     wheel_meta = HeaderParser().parsestr(files.contents.get(f"{di}/WHEEL", b"").decode("utf-8", errors="replace"))
@@ -270,8 +278,9 @@ def _report(path: Path, files: WheelFiles, pkg: str, info: Mapping[str, Any], pr
     man = info.get("manifest") or {}
     return {
         "wheel": str(path),
-        "ok": not problems,
+        "ok": not problems and other_schema is None,
         "problems": problems,
+        "other_schema": other_schema,
         "files_checked": checked,
         "distribution": meta.get("Name"),
         "version": meta.get("Version"),

@@ -170,7 +170,7 @@ def gc(store: Store, keep_blobs: Iterable[str] = (), keep_keys: Iterable[str] | 
     live = {d for d in blobs if d in keep_blobs or refs[d] > 0}
     dict_refs = Counter(blobs[d].dict_ref for d in live if blobs[d].dict_ref)
     dict_refs.update(record_dict_refs(store))  # records that stay or go alike: they name few
-    current = {info["digest"] for info in (store.dictionary_info(k) for k in DICT_POINTERS) if info}
+    current = {info["hash"] for info in (store.dictionary_info(k) for k in DICT_POINTERS) if info}
 
     def dict_live(d: str) -> bool:
         return dict_refs[d] > 0 or d in current

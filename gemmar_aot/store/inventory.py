@@ -78,7 +78,7 @@ def dictionary_digests(store: Store, blobs: Mapping[str, BlobInfo] | None = None
     for kind in DICT_POINTERS:
         info = store.dictionary_info(kind)
         if info:
-            ds.add(info["digest"])
+            ds.add(info["hash"])
     return ds
 
 
@@ -128,8 +128,8 @@ def stats(store: Store) -> dict:
         "dictionaries": len([d for d in dicts if d in blobs]),
         "dictionary_bytes": dict_bytes,
         "dictionary_spare_bytes": spare_bytes,
-        "current_dictionary": info["digest"] if info else None,
-        "current_record_dictionary": rec_info["digest"] if rec_info else None,
+        "current_dictionary": info["hash"] if info else None,
+        "current_record_dictionary": rec_info["hash"] if rec_info else None,
         "record_bytes": record_bytes,
         "total_bytes": comp + record_bytes + dict_bytes + spare_bytes,
         "quarantined": quarantined,
@@ -230,9 +230,9 @@ def verify(store: Store) -> Health:
             problems.append(_problem("record", p, why, store.quarantine(p, why)))
     for kind, pointer in DICT_POINTERS.items():
         info = store.dictionary_info(kind)
-        if info and not store.blob_path(info["digest"]).is_file():
+        if info and not store.blob_path(info["hash"]).is_file():
             problems.append(_problem("dictionary", store.root / pointer,
-                                     f"names dictionary {info['digest']}, which is not in the store; new "
+                                     f"names dictionary {info['hash']}, which is not in the store; new "
                                      f"{kind} are written without a dictionary"))
     return Health(problems, [missing_launchers(store, no_launcher)] if no_launcher else [])
 

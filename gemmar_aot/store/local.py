@@ -1,8 +1,8 @@
 """The local store directory as a :class:`~gemmar_aot.store.backend.CacheBackend`.
 
-Layout under the root (``STORE_FORMAT`` 3)::
+Layout under the root (``STORE_FORMAT`` 4)::
 
-    STORE_FORMAT                       "3\\n"; another format is refused (2 is migrated on first write)
+    STORE_FORMAT                       "4\\n"; another format is refused (2 and 3 are migrated on first write)
     blobs/sha256/ab/<digest>.zst       a blob file (:mod:`.blobfmt`): zstd of the bytes whose sha256 is <digest>
     ac/ab/<key>.json.zst               a record: canonical JSON in a blob-format zstd frame, usually
                                        compressed with the record dictionary
@@ -50,10 +50,14 @@ from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFo
 #: 3: records may name a zstd dictionary (blob format); per-key build claims live in
 #:    ``claims/`` (format 2 kept them in ``locks/ab/<key>.lock``); dictionaries have a
 #:    spare copy in ``dictionaries/``. A format-2 store is migrated on its first write.
-STORE_FORMAT = 3
+#: 4: one digest spelling, ``{"hash", "size"}``: records of record schema 2 only
+#:    (``backend.RECORD_SCHEMA``), and the dictionary pointers name their dictionary so. A
+#:    format-3 store is migrated on its first write (``migrate``); an older gemmar-aot, which
+#:    would take schema-2 records for damage, refuses a format-4 store instead.
+STORE_FORMAT = 4
 FORMAT_FILE = "STORE_FORMAT"
 #: Formats :func:`migrate` upgrades in place.
-MIGRATABLE = (2,)
+MIGRATABLE = (2, 3)
 RECORD_SUFFIX = ".json.zst"
 BLOB_SUFFIX = ".zst"
 CLAIM_SUFFIX = ".claim"
@@ -210,7 +214,7 @@ class DirectoryBackend(CacheBackend):
         if fmt is not None and fmt != STORE_FORMAT:
             from .migrate import migrate  # a store of an older format, once
 
-            migrate(self, fmt, to=STORE_FORMAT, format_file=FORMAT_FILE, dictionary_pointer=DICT_POINTERS["blobs"])
+            migrate(self, fmt, to=STORE_FORMAT, format_file=FORMAT_FILE, dictionary_pointers=DICT_POINTERS)
         # The format file first: a directory with store subdirectories but no format
         # file is refused by read_store_format.
         if fmt is None:
@@ -277,7 +281,8 @@ class DirectoryBackend(CacheBackend):
         return good
 
     def dictionary_info(self, kind: str = "blobs") -> dict | None:
-        """The dictionary new ``kind`` ("blobs" or "records") use: ``{"digest", "bytes", "trained_on", "level"}``."""
+        """The dictionary new ``kind`` ("blobs" or "records") use: ``{"hash", "size", "trained_on", "level"}``
+        (its Digest, then how it was trained)."""
         p = self.root / DICT_POINTERS[kind]
         try:
             info = json.loads(p.read_bytes())
@@ -286,7 +291,11 @@ class DirectoryBackend(CacheBackend):
         except ValueError:
             self.quarantine(p, "unreadable dictionary pointer")
             return None
-        if not isinstance(info, dict) or not is_hex64(info.get("digest")):
+        if self.format in MIGRATABLE:  # read as it is until its first write migrates it
+            from .migrate import pointer_of_format3
+
+            info = pointer_of_format3(info)
+        if not isinstance(info, dict) or not is_hex64(info.get("hash")):
             self.quarantine(p, "malformed dictionary pointer")
             return None
         return info
@@ -297,10 +306,10 @@ class DirectoryBackend(CacheBackend):
         if info is None:
             return None
         try:
-            self.codec.dictionary(info["digest"])
+            self.codec.dictionary(info["hash"])
         except BadBlob:
             return None
-        return info["digest"]
+        return info["hash"]
 
     def put_dictionary(self, raw: bytes) -> str:
         """Store a zstd dictionary as a plain blob plus its spare copy; returns its digest."""
@@ -321,7 +330,7 @@ class DirectoryBackend(CacheBackend):
                 os.unlink(p)
             return None
         d = self.put_dictionary(raw)
-        self.write_file(p, canonical_json({"digest": d, "bytes": len(raw), "trained_on": trained_on,
+        self.write_file(p, canonical_json({"hash": d, "size": len(raw), "trained_on": trained_on,
                                            "level": self.level}))
         return d
 
