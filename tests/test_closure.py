@@ -165,6 +165,33 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     (server.data / "ac" / key).write_bytes(reapi.encode_action_result(ar))
 
 
+def test_a_closure_another_gemmar_aot_wrote_is_a_plain_miss_never_quarantined(smoke_store, warm_remote, tmp_path,
+                                                                                capfd):
+    """Its lock is of another lock schema (every digest consistent, the bytes intact): not this
+    gemmar-aot's to read, so neither damage nor a warning. The build goes on to the manifest's
+    latest closure (this gemmar-aot's, the probe's), as past an evicted one."""
+    from gemmar_aot.model.bundle import LockBundle
+
+    n = len(_lock_entries(smoke_store))
+    probe = _build(tmp_path / "probe", warm_remote.url)
+    capfd.readouterr()
+    from gemmar_aot.model.lock import read_lock
+
+    lock_path = smoke_store / "locks" / "smoke.lock.json"
+    index = LockBundle(lock_path).record_index.read_bytes()
+    st = Store(smoke_store, readonly=True)
+    raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in read_lock(lock_path).kernels().values()}
+    _forge_closure(warm_remote, smoke_store, probe["closure"]["key"],
+                   edit_lock=lambda doc: ({**doc, "schema": 4}, index, raws))
+    s = _build(tmp_path / "b", warm_remote.url)
+    c = s["closure"]
+    assert (c["status"], c["source"], c["problem"]) == ("partial", "latest", None), c
+    assert (s["compiled"], s["remote_hits"], c["per_key_lookups"]) == (0, n, 0)
+    assert _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
+    assert not list(Store(tmp_path / "b").quarantine_dir.glob("*.reason"))
+    assert "warning:" not in capfd.readouterr().err
+
+
 def test_a_closure_whose_record_index_is_damaged_inside_is_refused_not_fatal(smoke_store, warm_remote, tmp_path):
     """The pack and every digest are consistent, but one group of the index does not decompress: the
     refusal comes when the group is read (lazily), and the build still goes on per key."""

@@ -450,14 +450,16 @@ OLD_WHEEL = next((Path(__file__).resolve().parent / "fixtures" / "wheel-lock-sch
 
 def test_inspect_says_a_wheel_of_an_older_lock_schema_is_another_schema_not_damage(tmp_path):
     """A wheel 20a7e08 built (lock schema 3, records of record schema 1) is intact: inspect names
-    the schema and the fix, exits 2, and never calls it tampered; a file added to the same wheel
-    is tampering all the same."""
+    the schema and the fix, exits 3, and never calls it tampered. Its bytes are still checked: a
+    file added to it, or its lock edited with RECORD rewritten to match (BUILD_INFO.json's sha256
+    no longer does), is tampering all the same."""
     r = inspect_wheel(OLD_WHEEL)
     assert not r["ok"] and r["problems"] == [] and r["files_checked"] == 10
     assert "lock schema 3 was written by an older gemmar-aot" in r["other_schema"]
     assert "rebuild it with `gemmar-aot build MANIFEST`" in r["other_schema"]
     res = _run("inspect", OLD_WHEEL, "--no-manifest")
-    assert res.exit_code == 2 and "TAMPERED" not in res.output and "OTHER SCHEMA" in res.output, res.output
+    assert res.exit_code == 3 and "TAMPERED" not in res.output and "OTHER SCHEMA" in res.output, res.output
+    assert "signature: none" in res.output  # the envelope is still looked for
     assert "not damaged as far as this gemmar-aot can tell (10 files match RECORD)" in res.output
     added = tmp_path / OLD_WHEEL.name
     shutil.copy(OLD_WHEEL, added)
@@ -467,6 +469,29 @@ def test_inspect_says_a_wheel_of_an_older_lock_schema_is_another_schema_not_dama
     assert [p for p in r["problems"] if "extra.py: not listed in RECORD" in p] and r["other_schema"]
     res = _run("inspect", added, "--json")
     assert res.exit_code == 1 and json.loads(res.output)["problems"] == r["problems"]
+    import zstandard
+
+    from gemmar_aot.package.archive import record_hash
+
+    edited = tmp_path / "edited" / OLD_WHEEL.name
+    edited.parent.mkdir()
+    with zipfile.ZipFile(OLD_WHEEL) as zf:
+        files = {i.filename: zf.read(i) for i in zf.infolist()}
+    lock_name = "gemmar_artifacts_tiny/lock.json.zst"
+    plain = zstandard.ZstdDecompressor().decompress(files[lock_name])
+    assert b'"symbol":"' in plain
+    new_lock = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(plain.replace(b'"symbol":"', b'"symbol":"x', 1))
+    record_name = next(n for n in files if n.endswith(".dist-info/RECORD"))
+    files[record_name] = files[record_name].replace(
+        f"{lock_name},{record_hash(files[lock_name])},{len(files[lock_name])}".encode(),
+        f"{lock_name},{record_hash(new_lock)},{len(new_lock)}".encode())
+    files[lock_name] = new_lock
+    with zipfile.ZipFile(edited, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    r = inspect_wheel(edited)
+    assert r["problems"] == [f"{lock_name} does not have the sha256 BUILD_INFO.json records"], r["problems"]
+    assert r["other_schema"] and _run("inspect", edited, "--json").exit_code == 1
 
 
 def test_unpacked_package_locates_its_lock_and_store(synth, tmp_path, monkeypatch):

@@ -74,10 +74,14 @@ def closure_key(*, manifest: Mapping[str, str], profile: str, toolchain_digest: 
 
 
 def latest_key(*, manifest_name: str, profile: str, toolchain_digest: str) -> str:
-    """The action key of the newest closure of a manifest name (for a manifest that changed)."""
+    """The action key of the newest closure of a manifest name (for a manifest that changed), per
+    lock and index schema: a builder of another gemmar-aot never overwrites this one's."""
+    from gemmar_aot.store.record_index import INDEX_SCHEMA
+
     return sha256_hex(canonical_json({
-        "what": "gemmar-aot closure, latest of a manifest", "schema": CLOSURE_SCHEMA, "manifest": manifest_name,
-        "profile": profile, "toolchain": toolchain_digest}).encode())
+        "what": "gemmar-aot closure, latest of a manifest", "schema": CLOSURE_SCHEMA, "lock_schema": LOCK_SCHEMA,
+        "index_schema": INDEX_SCHEMA, "manifest": manifest_name, "profile": profile,
+        "toolchain": toolchain_digest}).encode())
 
 
 @dataclass
@@ -102,6 +106,11 @@ class ClosureRefused(Exception):
     """A closure entry that cannot be used (bytes, format, or another manifest's): a miss."""
 
 
+class ClosureOfAnotherSchema(ClosureRefused):
+    """A closure whose lock or record index another gemmar-aot wrote (another schema): intact, not
+    this one's to read; a plain miss, never quarantined."""
+
+
 def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest]:
     from gemmar_aot.store.remote import reapi
 
@@ -124,9 +133,10 @@ def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: D
     ClosureRefused naming what is wrong."""
     from pathlib import Path
 
+    from gemmar_aot.model.schema import LockSchemaError
     from gemmar_aot.store.codec import BadBlob, SizeMismatch, check_content
     from gemmar_aot.store.pack import PackBackend
-    from gemmar_aot.store.record_index import RecordIndex
+    from gemmar_aot.store.record_index import RecordIndex, RecordIndexSchemaError
 
     try:
         check_content(pack, want.hash, want.size)
@@ -139,6 +149,8 @@ def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: D
         lock = Lock.from_bytes(lock_bytes, f"{where} (its lock)")
         lock.check_parts()
         index = RecordIndex.from_bytes(index_bytes, Path(f"{where} (its record index)"))
+    except (LockSchemaError, RecordIndexSchemaError) as e:
+        raise ClosureOfAnotherSchema(f"{where}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a store, index or lock error (GemmarErrors, ValueErrors): a refusal
         raise ClosureRefused(f"{where}: {e}") from None
     return lock, index, reader
@@ -185,7 +197,10 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
             if pack is None:
                 continue  # evicted: try the next, then per key
             try:
-                lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
+                try:
+                    lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
+                except ClosureOfAnotherSchema:
+                    continue  # another gemmar-aot's: try the next, then per key
                 try:
                     got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
                                 toolchain_digest, where)

@@ -463,7 +463,7 @@ class _BuildRun:
                 k = self.by_kind[f"{spec.recipe}:{spec.kind}"]
                 k["count"] += 1
                 k["seconds"] += res.seconds
-                k["bytes"] += res.record["blob"]["size"]
+                k["bytes"] += record_blob(res.record).size
             else:
                 self.failures.append({"spec_id": spec.spec_id, "key": self.keys[spec.spec_id],
                                       "label": spec.label(), "error": res.error})

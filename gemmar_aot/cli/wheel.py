@@ -109,7 +109,7 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str
     signed its lock and with which provenance.
 
     Exit code 1 when anything was modified after the wheel was built, or (with trusted keys) when
-    its signature does not verify against them; 2 when it is intact as far as this gemmar-aot can
+    its signature does not verify against them; 3 when it is intact as far as this gemmar-aot can
     tell but its lock is of a schema this one does not read (an older or a newer gemmar-aot built
     it), so its kernels were not checked.
     """
@@ -117,7 +117,7 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str
     from gemmar_aot.package.inspect import inspect_wheel
 
     r = inspect_wheel(wheel, trusted_keys=trusted_keys or None)
-    status = 0 if r["ok"] else 1 if r["problems"] else 2
+    status = 0 if r["ok"] else 1 if r["problems"] else 3  # (2 is click's usage error)
     if as_json:
         click.echo(json.dumps(r, indent=2, sort_keys=True))
         sys.exit(status)
@@ -136,15 +136,16 @@ def inspect_cmd(wheel: Path, as_json: bool, no_manifest: bool, trusted_keys: str
                                       if k in ("flydsl_version", "linker", "python", "opt_level")))
     click.echo(f"  manifest {man['name']} ({man['file']}) sha256 {man['sha256']}")
     if r["other_schema"]:
-        click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}; kernels, code objects, signature and tuples covered "
-                   f"not read: the lock is of another schema")
+        click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}; kernels, code objects and tuples covered not read: "
+                   f"the lock is of another schema")
     else:
         click.echo(f"  {r['kernels']} kernels, {r['code_objects']} code objects")
         click.echo(f"  size: wheel {_mib(sz['wheel_bytes'])}, compressed blobs {_mib(sz['blob_bytes'])}"
                    + (f" + dictionary {sz['dictionary_file_bytes']:,d} B" if sz["dictionary_file_bytes"] else "")
                    + f", raw code objects {_mib(sz['raw_bytes'])}")
-        for line in signature_lines(r.get("signature")):
-            click.echo("  " + line)
+    for line in signature_lines(r.get("signature")):
+        click.echo("  " + line)
+    if not r["other_schema"]:
         click.echo("  tuples covered:")
         for line in _coverage_lines(r["coverage"]):
             click.echo("  " + line)

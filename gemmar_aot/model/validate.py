@@ -488,7 +488,7 @@ class _DocReader:
                          ranks=tuple(ranks))
 
     def ep(self, v: Any, path: str, ti: int, parts: dict[int, _LockPart]) -> LockEp:
-        """One ``[[ep]]`` entry of a schema-4 lock; its ranks' kernels are the launch items ``ti``
+        """One ``[[ep]]`` entry of the lock; its ranks' kernels are the launch items ``ti``
         of their parts (every rank of its world, each once)."""
         from gemmar_aot.model.ep import EpConfig, arena_layout, config_problems
 

@@ -60,7 +60,8 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
     if lock is not None:
         tally = _check_blobs(lock, pack, pack_name, problems)
         problems += _index_problems(lock, lock_name, info, files.contents, pkg)
-    signature = _signature(files.contents, pkg, lock, lock_name, trusted_keys, problems)
+    signature = _signature(files.contents, pkg, lock is not None or other_schema is not None, lock_name,
+                           trusted_keys, problems)
     return _report(path, files, pkg, info, problems, checked, tally, signature, other_schema)
 
 
@@ -152,16 +153,19 @@ def _read_lock(contents: Mapping[str, bytes], pkg: str, info: Mapping[str, Any],
     if lock_file is None:
         problems.append(f"{lock_name} is missing")
         return lock_name, None, None
-    lock = None
+    from gemmar_aot.model.codec import plain_lock_bytes
+
+    lock = other_schema = None
     try:
         lock = Lock.from_bytes(lock_file, lock_name).check_parts()
-    except LockSchemaError as e:
-        return lock_name, None, str(e)
+        plain = lock.to_bytes()
+    except LockSchemaError as e:  # another gemmar-aot's lock: its bytes are still checked
+        other_schema, plain = str(e), plain_lock_bytes(lock_file, lock_name)
     except GemmarError as e:
         problems.append(str(e))
-    if lock is not None and sha256_hex(lock.to_bytes()) != (info.get("lock") or {}).get("sha256"):
+    if (lock is not None or other_schema) and sha256_hex(plain) != (info.get("lock") or {}).get("sha256"):
         problems.append(f"{lock_name} does not have the sha256 BUILD_INFO.json records")
-    return lock_name, lock, None
+    return lock_name, lock, other_schema
 
 
 def _manifest_problems(info: Mapping[str, Any], lock: Lock | None) -> list[str]:
@@ -247,14 +251,15 @@ def _index_problems(lock: Lock, lock_name: str, info: Mapping[str, Any], content
     return out
 
 
-def _signature(contents: Mapping[str, bytes], pkg: str, lock: Lock | None, lock_name: str, trusted_keys: Any,
+def _signature(contents: Mapping[str, bytes], pkg: str, lock_read: bool, lock_name: str, trusted_keys: Any,
                problems: list[str]) -> dict | None:
-    """The wheel's envelope, read (and verified against ``trusted_keys`` when given); a finding goes
-    to ``problems``."""
+    """The wheel's envelope, read (and verified against ``trusted_keys`` when given) over the lock's
+    bytes when they could be read (``lock_read``: a lock of another schema too); a finding goes to
+    ``problems``."""
     from gemmar_aot.model.codec import plain_lock_bytes
     from gemmar_aot.trust.verify import describe_signature, trust_from
 
-    if lock is None:
+    if not lock_read:
         return None
     name = f"{pkg}/{ENVELOPE_ARCNAME}"
     trust = trust_from(trusted_keys) if trusted_keys is not None else None

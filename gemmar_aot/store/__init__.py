@@ -2,10 +2,10 @@
 
 Layout under the store root::
 
-    STORE_FORMAT                      "3\\n"; another format is refused (2 is migrated)
+    STORE_FORMAT                      "4\\n"; another format is refused (2 and 3 are migrated)
     blobs/sha256/ab/<digest>.zst      zstd of the raw bytes whose sha256 is <digest>
     ac/ab/<key>.json.zst              record (zstd JSON, record dictionary): {schema, key,
-                                      blob: {digest, size}, metadata, launch, ingredients, ...}
+                                      blob: {hash, size}, metadata, launch, ingredients, ...}
     dictionaries/<digest>.zst         the spare copy of each zstd dictionary
     claims/ab/<key>.claim             per-key build claims (filelock); gc removes stale ones
     locks/<manifest>.lock.json        lock files (the build's; nothing else lives in locks/)

@@ -367,7 +367,7 @@ class Store:
     # ---- dictionaries ----
 
     def dictionary_info(self, kind: str = "blobs") -> dict | None:
-        """The dictionary new ``kind`` ("blobs" or "records") use: ``{"digest", "bytes", "trained_on", "level"}``."""
+        """The dictionary new ``kind`` ("blobs" or "records") use: ``{"hash", "size", "trained_on", "level"}``."""
         return self.local.dictionary_info(kind)
 
     def current_dictionary(self, kind: str = "blobs") -> str | None:

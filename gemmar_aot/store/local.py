@@ -459,7 +459,12 @@ class DirectoryBackend(CacheBackend):
         return self.codec.encode(canonical_json(rec), dictionary, level=level)
 
     def decode_record(self, data: bytes, key: str) -> dict:
-        """Decode and envelope-check record bytes; raises BadRecord (or BadBlob)."""
+        """Decode and envelope-check record bytes (as :func:`read_record` takes them); raises
+        BadRecord (or BadBlob)."""
+        return self._decode_record(data, key)[1]
+
+    def _decode_record(self, data: bytes, key: str) -> tuple[bytes, dict]:
+        """(the record's JSON text as stored, the record :func:`read_record` takes from it)."""
         try:
             text = self.codec.decode_frame_only(data)
         except BadBlob as e:
@@ -468,7 +473,7 @@ class DirectoryBackend(CacheBackend):
             rec = json.loads(text)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRecord(f"not JSON: {e}") from None
-        return read_record(rec, key)
+        return text, read_record(rec, key)
 
     def get_record(self, key: str) -> dict | None:
         """The record stored under ``key``, envelope-checked; None when absent.
@@ -539,18 +544,19 @@ class DirectoryBackend(CacheBackend):
         return {k for k in keys if not self.record_path(k).is_file()}
 
     def reencode_record(self, key: str, dictionary: str | None) -> tuple[int, int] | None:
-        """Re-encode record ``key`` with ``dictionary``; (bytes before, after) when it got smaller."""
+        """Re-encode record ``key`` with ``dictionary``; (bytes before, after) when it got smaller.
+        The record's text is kept byte for byte (a record of an older schema stays one: only a
+        migration or a build rewrites a record)."""
         p = self.record_path(key)
         try:
             data = p.read_bytes()
-            rec = self.decode_record(data, key)
+            text, _rec = self._decode_record(data, key)
         except FileNotFoundError:
             return None
         except (BadRecord, BadBlob) as e:
             self.quarantine(p, f"unreadable record: {e}")
             return None
-        new = self.encode_record(rec, dictionary) if dictionary else self.codec.encode(
-            canonical_json(rec), None, level=RECORD_LEVEL)
+        new = self.codec.encode(text, dictionary, level=self.level if dictionary else RECORD_LEVEL)
         if len(new) >= len(data):
             return None
         self.write_file(p, new)

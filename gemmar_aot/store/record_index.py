@@ -87,6 +87,11 @@ class RecordIndexError(StoreError):
     """A record index that cannot be used: damaged, another schema, or written for another lock."""
 
 
+class RecordIndexSchemaError(RecordIndexError):
+    """An index of a schema this gemmar-aot does not read (written with a lock of another schema):
+    not damage."""
+
+
 class RecordMissingError(RecordIndexError):
     """A record the lock names is not in the store (no index can be made from it)."""
 
@@ -303,7 +308,7 @@ class RecordIndex:
             raise RecordIndexError(f"{path}: not a gemmar-aot record index (bad header); {fix}")
         schema = head.get("schema")
         if schema not in READABLE_SCHEMAS:
-            raise RecordIndexError(f"{path}: record index schema {schema!r}, this gemmar-aot reads "
+            raise RecordIndexSchemaError(f"{path}: record index schema {schema!r}, this gemmar-aot reads "
                                    f"{', '.join(map(str, READABLE_SCHEMAS))} (an index is written with its "
                                    f"lock); {fix}")
         n, kernels = head.get("prefix_hex"), head.get("kernels")

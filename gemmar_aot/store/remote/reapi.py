@@ -13,6 +13,8 @@ or read (field numbers from the proto)::
 A ``Digest`` message is our :class:`~gemmar_aot.model.types.Digest` (``hash``, ``size``: the
 wire's ``size_bytes`` is field 2 and nothing more), so an entry's digests are checked -- 64
 lowercase hex, a size >= 0 -- as they are decoded, and one digest type runs through the code.
+An ActionResult with an output file whose digest is not a sha256 digest (or that has none) is
+therefore no entry of ours, and refused whole.
 
 Decoding skips every other field (a server or another client may add some) and
 rejects malformed input with :class:`ProtobufError`; encoding is deterministic (fields
