@@ -44,7 +44,6 @@ uploaded to ``/cas/`` first.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -66,11 +65,11 @@ def closure_key(*, manifest: Mapping[str, str], profile: str, toolchain_digest: 
     """The action key of a manifest's closure entry (see the module docstring)."""
     from gemmar_aot.store.record_index import INDEX_SCHEMA
 
-    return hashlib.sha256(canonical_json({
+    return sha256_hex(canonical_json({
         "what": "gemmar-aot closure", "schema": CLOSURE_SCHEMA, "lock_schema": LOCK_SCHEMA,
         "index_schema": INDEX_SCHEMA, "manifest": {"name": manifest["name"], "sha256": manifest["sha256"]},
         "profile": profile, "toolchain": toolchain_digest, "derive_code": derive_code,
-        "keys": sorted(set(keys))}).encode()).hexdigest()
+        "keys": sorted(set(keys))}).encode())
 
 
 def latest_key(*, manifest_name: str, profile: str, toolchain_digest: str) -> str:
@@ -197,18 +196,15 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
             if pack is None:
                 continue  # evicted: try the next, then per key
             try:
-                try:
-                    lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
-                except ClosureOfAnotherSchema:
-                    continue  # another gemmar-aot's: try the next, then per key
-                try:
-                    got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
-                                toolchain_digest, where)
-                except (StoreError, RecordIndexError, ValueError) as e:  # a lazily read part, a bad record
-                    raise ClosureRefused(f"{where}: {e}") from None
-            except ClosureRefused as e:
-                session.quarantine_bytes(where, pack, str(e))
-                raise
+                lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
+                got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
+                            toolchain_digest, where)
+            except ClosureOfAnotherSchema:
+                continue  # intact, another gemmar-aot's: try the next, then per key
+            except (ClosureRefused, StoreError, RecordIndexError, ValueError) as e:  # a lazily read part, a bad record
+                refused = e if isinstance(e, ClosureRefused) else ClosureRefused(f"{where}: {e}")
+                session.quarantine_bytes(where, pack, str(refused))
+                raise refused from None
         except ClosureRefused as e:
             session.problem("closure", e)
             return ClosureFetch("refused", source=source, problem=str(e), seconds=time.perf_counter() - t0)

@@ -57,7 +57,7 @@ def _summary(rec: dict) -> dict:
         "key": rec["key"], "recipe": spec.get("recipe"), "kind": spec.get("kind"),
         "rank": spec.get("rank"), "m": cfg.get("m_pad"), "n": cfg.get("n") or p.get("n"),
         "k": (p.get("builder") or {}).get("K"), "world": cfg.get("world_size"),
-        "blob": record_blob(rec).hash, "size": record_blob(rec).size,
+        "blob": (blob := record_blob(rec)).hash, "size": blob.size,
         "kernel": (rec.get("launch") or {}).get("kernel"),
     }
 
@@ -148,7 +148,8 @@ def _resolve_blob(st, ref: str) -> tuple[str, int | None, str]:
         if key.startswith(ref):
             rec = st.read_record_file(key)
             if rec is not None:
-                found.setdefault(record_blob(rec).hash, (record_blob(rec).size, f"key {key}"))
+                blob = record_blob(rec)
+                found.setdefault(blob.hash, (blob.size, f"key {key}"))
     dicts = None
     for digest, _p in st.local.iter_blob_files():
         if digest.startswith(ref) and digest not in found:
@@ -309,8 +310,7 @@ def _fetch_launchers(st, health, remote: str) -> dict:
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
     """Every lock of the store with its signature (:func:`gemmar_aot.trust.verify.describe_signature`)."""
     from gemmar_aot.model.codec import plain_lock_bytes
-    from gemmar_aot.model.bundle import LOCK_SUFFIX
-    from gemmar_aot.model.bundle import LockBundle
+    from gemmar_aot.model.bundle import LOCK_SUFFIX, LockBundle
     from gemmar_aot.trust.verify import describe_signature, trust_from
 
     trust = trust_from(trusted_keys) if trusted_keys is not None else None
@@ -369,8 +369,9 @@ def export_cmd(lock, dest, store, as_json):
     shutil.copyfile(lock, Path(dest) / "locks" / Path(lock).name)
     from gemmar_aot.model.bundle import LockBundle
 
-    if LockBundle(lock).envelope.is_file():  # the signature travels with its lock
-        shutil.copyfile(LockBundle(lock).envelope, LockBundle(Path(dest) / "locks" / Path(lock).name).envelope)
+    envelope = LockBundle(lock).envelope
+    if envelope.is_file():  # the signature travels with its lock
+        shutil.copyfile(envelope, LockBundle(Path(dest) / "locks" / Path(lock).name).envelope)
     _emit(res, as_json, lambda d: click.echo(json.dumps(d, indent=1, sort_keys=True)))
 
 

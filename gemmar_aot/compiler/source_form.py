@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.machinery
 import importlib.util
 from functools import lru_cache
 
@@ -197,10 +198,15 @@ class _LogicalImports(ast.NodeTransformer):
 
 
 def _is_module(name: str) -> bool:
+    """Whether ``name`` is a module, found in its parent package's directories without importing
+    the parent (``importlib.util.find_spec(name)`` would import it: hashing our code must not run it)."""
+    parent = name.rpartition(".")[0]
     try:
-        return importlib.util.find_spec(name) is not None
+        spec = importlib.util.find_spec(parent)
     except (ImportError, ValueError, AttributeError):
         return False
+    locations = spec.submodule_search_locations if spec is not None else None
+    return bool(locations) and importlib.machinery.PathFinder.find_spec(name, list(locations)) is not None
 
 
 def normal_form(source: str | bytes, *, filename: str = "<source>", package: str | None = None,

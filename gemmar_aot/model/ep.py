@@ -329,13 +329,26 @@ def manifest_entry(c: EpConfig) -> str:
     return "\n".join(lines)
 
 
-def pick(c: EpConfig, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """``_pick``: the (dispatch, combine) variants for ``n`` tokens: the first bucket that holds
-    ``n`` (the last when none does), each clamped to the largest built variant when it is not one."""
+def pick_table(c: EpConfig) -> tuple[tuple[int | None, tuple[int, int], tuple[int, int]], ...]:
+    """``_pick`` resolved for every bucket: (its bound, None for the open one; its dispatch variant;
+    its combine variant), each variant clamped to the largest built one when it is not one.
+    Without a schedule, one open row of the first variants."""
     disp, comb = variants(c)
-    sched = c.schedule
-    if not sched:
-        return disp[0], comb[0]
-    b = next((b for b in sched if b[0] is None or n <= b[0]), sched[-1])
-    d, k = (b[1], b[2]), (b[3], b[4])
-    return (d if d in disp else disp[-1]), (k if k in comb else comb[-1])
+    if not c.schedule:
+        return ((None, disp[0], comb[0]),)
+    return tuple((b[0], (b[1], b[2]) if (b[1], b[2]) in disp else disp[-1],
+                  (b[3], b[4]) if (b[3], b[4]) in comb else comb[-1]) for b in c.schedule)
+
+
+def pick_from(table: tuple, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``_pick`` over a :func:`pick_table`: the variants of the first bucket that holds ``n`` tokens,
+    the last bucket's when none does."""
+    for bound, disp, comb in table:
+        if bound is None or n <= bound:
+            return disp, comb
+    return table[-1][1:]
+
+
+def pick(c: EpConfig, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``_pick``: the (dispatch, combine) variants for ``n`` tokens (:func:`pick_table`, :func:`pick_from`)."""
+    return pick_from(pick_table(c), n)

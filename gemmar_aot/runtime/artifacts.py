@@ -385,7 +385,6 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
             read_lock(path)  # raises the reader's error (no such file, a directory)
             raise
         src = Source(path, root or _store_root_for_lock(path), origin)
-        from gemmar_aot.model.bundle import LockBundle
         from gemmar_aot.trust.keys import SignatureError
 
         env_path = LockBundle(path).envelope
@@ -396,11 +395,12 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
         except OSError as exc:
             raise ArtifactSignatureError(f"cannot read the signature envelope {env_path} of the lock {src}: "
                                          f"{exc.strerror or exc}") from None
+        plain = plain_lock_bytes(data, str(path))  # decompressed once: for the signature, then the reader
         try:
-            verified = arts.trust.verify(env, plain_lock_bytes(data, str(path)), str(src), str(env_path))
+            verified = arts.trust.verify(env, plain, str(src), str(env_path))
         except SignatureError as exc:
             raise ArtifactSignatureError(str(exc)) from None
-        lock = Lock.from_bytes(data, str(path))
+        lock = Lock.from_bytes(plain, str(path))
         want = LockBundle.in_store("", lock.manifest.name, lock.toolchain.profile).lock.name
         if verified.envelope.subject[0] != want:
             raise ArtifactSignatureError(

@@ -37,8 +37,8 @@ import logging
 import time
 from typing import Any
 
-from gemmar_aot.model.ep import (XDB_FLAG_SLOTS, EpConfig, config_problems, kernel_roles, manifest_entry, pick,
-                                 served_key, variants)
+from gemmar_aot.model.ep import (XDB_FLAG_SLOTS, EpConfig, config_problems, kernel_roles, manifest_entry, pick_from,
+                                 pick_table, served_key, variants)
 
 from . import misses
 from .artifacts import Artifacts, EpRankEntry, load_artifacts
@@ -104,10 +104,8 @@ class EpDispatchCombineOp:
         self._roles = kernel_roles(c)
         #: the kernels of one variant only (the local expert count, the converts), by kind
         self._lone = {kind: (kind, b, w) for kind, b, w in self._roles if not kind.startswith(("dispatch", "combine"))}
-        # mori's _pick, resolved once: (bucket bound or None, dispatch variant, combine variant); a
-        # call scans this instead of re-deriving the schedule's variants
-        self._picks = tuple((b[0], *pick(c, b[0] if b[0] is not None else 1 << 62)) for b in c.schedule) \
-            if c.schedule else ((None, *pick(c, 0)),)
+        # mori's _pick, resolved once per bucket: a call scans this table
+        self._picks = pick_table(c)
         self._dispatch_specs, self._combine_specs = variants(c)
         # provenance (one profile per op and per communicator; the pod's mori), the device
         self._mori = check_provenance([entry])
@@ -330,10 +328,7 @@ class EpDispatchCombineOp:
 
     def _pick(self, num_tokens: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """mori's ``_pick``: the (dispatch, combine) variants for ``num_tokens``, clamped to those built."""
-        for bound, disp, comb in self._picks:
-            if bound is None or num_tokens <= bound:
-                return disp, comb
-        return self._picks[-1][1:]
+        return pick_from(self._picks, num_tokens)
 
     def _go(self, role: tuple, values: tuple = ()) -> None:
         launch = self._launch[role]

@@ -42,7 +42,7 @@ from .artifacts import load_artifacts
 from .driver import Driver
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .launches import Launch, prepare_launch
-from .loading import Kernels, check_device, check_provenance, verify_kernels
+from .loading import Kernels, check_device, check_provenance, release, verify_kernels
 from gemmar_aot.model.manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import FNUZ_REASON, check_operands
@@ -185,9 +185,8 @@ class _StandaloneOp:
             return
         self._closed = True
         self._launches.clear()
-        errors = []
-        if self._kernels is not None:
-            self._kernels.unload(self._driver, errors)
+        errors: list = []
+        release((), self._kernels, self._driver, errors)
         if errors:
             raise errors[0]
 

@@ -40,9 +40,9 @@ def supports(m: int, n: int, k: int, world_size: int, *, block_m: int | None = N
                                m_max=m_max if m_max is not None else m) is not None:
             return False
         bm = rules.default_block_m(quant) if block_m is None else block_m
-        arts = load_artifacts(artifacts)
         if transport_problem(transport, gather_dtype, gather_transport, sdma_queues):
             return False
+        arts = load_artifacts(artifacts)
         key = TupleKey.make(transport=transport, n=n, k=k, world=world_size, quant=quant,
                             gather_dtype=gather_dtype, gather_transport=gather_transport, block_m=bm,
                             sdma_queues=sdma_queues)

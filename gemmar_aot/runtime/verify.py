@@ -397,8 +397,8 @@ class RecordBinding:
         if record.get("key") != entry.key:
             raise self._bad(store, entry, pos, lock_where, f"the record is for action key {record.get('key')}",
                             store_where=store_where)
-        blob = record_blob(record)  # (every record here passed check_record)
-        if blob != entry.blob:
+        if record.get("blob") != entry.blob.to_json():  # (every record here passed check_record)
+            blob = record_blob(record)
             raise self._bad(store, entry, pos, lock_where,
                             f"the lock names code object {entry.blob.hash[:16]} ({entry.blob.size} bytes), the "
                             f"record {blob.hash[:16]} ({blob.size} bytes)", store_where=store_where)

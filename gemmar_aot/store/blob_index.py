@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.model.spec import canonical_json
 
 from .blobfmt import FrameError, checked_frame
@@ -95,12 +94,6 @@ def build_blob_index(lock: Any, load_blob: Callable[[str, int], bytes]) -> bytes
     kernels = lock.kernels()
     sizes = {e.blob.hash: e.blob.size for e in kernels.values()}
     return encode_blob_index(lock_rank_blob_groups(lock, kernels), lambda d: load_blob(d, sizes[d]))
-
-
-def write_blob_index(path: str | os.PathLike, data: bytes) -> Path:
-    """Publish index bytes atomically at ``path``."""
-    atomic_write_bytes(path, data)
-    return Path(path)
 
 
 def _frame(data: bytes, path: Path, what: str) -> tuple[bytes, bytes]:

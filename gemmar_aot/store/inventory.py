@@ -222,7 +222,8 @@ def verify(store: Store) -> Health:
         if ln is not None and not store.blob_path(ln.hash).is_file():
             no_launcher.append({"key": key, "launcher": ln.hash, "size": ln.size,
                                 "compile_seconds": rec.get("compile_seconds")})
-        d, size = record_blob(rec).hash, record_blob(rec).size
+        blob = record_blob(rec)
+        d, size = blob.hash, blob.size
         if not store.blob_path(d).is_file():
             problems.append(_problem("record", p, f"its blob {d} is missing: the key is a miss (gc removes it)"))
         elif blobs.get(d) and blobs[d].raw_size is not None and blobs[d].raw_size != size:

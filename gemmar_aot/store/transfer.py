@@ -141,7 +141,8 @@ def import_(store: Store, src_dir: str | os.PathLike) -> dict:
         except (BadRecord, BadBlob) as e:
             problems.append(f"{p}: unreadable record: {e}")
             continue
-        d, size = record_blob(rec).hash, record_blob(rec).size
+        blob = record_blob(rec)
+        d, size = blob.hash, blob.size
         if d in sizes:
             if sizes[d] != size:
                 problems.append(f"{p}: says blob {d} has {size} bytes, it has {sizes[d]}")

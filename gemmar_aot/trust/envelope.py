@@ -21,6 +21,7 @@ from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.util.atomic_write import atomic_write_bytes
+from gemmar_aot.util.canonical_json import canonical_json_line
 
 from .keys import SIGN_KEY_ENV, SignatureError, Signer
 from gemmar_aot.util.filedigest import sha256_hex
@@ -73,11 +74,11 @@ def sign_statement(stmt: Mapping[str, Any], signers: Sequence[Signer]) -> bytes:
     """One DSSE envelope (a JSON line) over ``stmt``, signed by every one of ``signers``."""
     if not signers:
         raise SignatureError("nothing to sign with: give --sign-key KEY or set $" + SIGN_KEY_ENV)
-    payload = json.dumps(stmt, sort_keys=True, separators=(",", ":")).encode()
+    payload = canonical_json_line(stmt)
     to_sign = pae(PAYLOAD_TYPE, payload)
     sigs = [{"keyid": s.keyid, "sig": base64.b64encode(s.sign(to_sign)).decode()} for s in signers]
     env = {"payload": base64.b64encode(payload).decode(), "payloadType": PAYLOAD_TYPE, "signatures": sigs}
-    return json.dumps(env, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    return canonical_json_line(env) + b"\n"
 
 
 def lock_statement(lock_bytes: bytes, *, audit: Mapping[str, Any] | None = None, started: datetime | None = None,
