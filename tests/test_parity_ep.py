@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from parity import candidate, compare, shims
-from parity.ep_scenario import EpScenario, ep_manifest_toml, ep_scenarios
+from parity.ep_scenario import EpOperands, EpScenario, ep_manifest_toml, ep_scenarios
 from parity.runner import start_oracle
 
 pytestmark = [pytest.mark.parity, pytest.mark.compile]
@@ -164,6 +164,86 @@ def test_ep_nightly_combines_are_other_code_objects(ep_parity, ep_parity_nightly
     digests = [{lch["digest"] for lch in r.oracle[name]["launches"] if lch["kernel"].startswith("ep_combine")}
                for r in (ep_parity, ep_parity_nightly)]
     assert digests[0] and digests[1] and not digests[0] & digests[1]
+
+
+#: mori's combine ``run`` (intranode_kernels.py, both releases): ``(arena, addr_tok_map, addr_comb_bar,
+#: addr_xdb_flag, addr_total_recv, ...)``; the dispatch's ``(arena, addr_inp_tok, addr_inp_idx,
+#: addr_inp_wts, addr_tok_map, addr_dest_pe_ctr, addr_disp_bar, addr_total_recv, ...)``.
+COMBINE_COUNT_ARG, DISPATCH_COUNT_ARG = 4, 7
+
+
+def _combine_writes_its_count(profile: str) -> bool:
+    """Whether this profile's mori's combine writes 0 at its receive count: its ``make_combine`` takes
+    ``reset_total_recv`` (read from mori's own source; 1.2.4's stores 0 there when it is set, which its
+    backend always passes)."""
+    import ast
+
+    from test_profiles import _installed
+
+    src = _installed(profile).mori_pkg / "ops" / "dispatch_combine_v2" / "intranode_kernels.py"
+    (f,) = [f for f in ast.parse(src.read_text()).body if isinstance(f, ast.FunctionDef) and f.name == "make_combine"]
+    return "reset_total_recv" in {a.arg for a in f.args.args + f.args.kwonlyargs}
+
+
+class _CountingDouble:
+    """The HIP double, plus what mori's kernels do to the receive count (test double of the kernels'
+    effect, stated from mori's source): a dispatch writes how many tokens it received at its count
+    address; a combine reads the count at its address and, on a mori whose combine resets it, writes 0
+    there. Records the (address, value read) of each combine."""
+
+    def __new__(cls, locks, zeroes: bool, received: list[int]):
+        import ctypes
+
+        from fakes import FakeHipDriver
+
+        class Driver(FakeHipDriver):
+            def launch(self, function, grid, block, args, stream):
+                super().launch(function, grid, block, args, stream)
+                lch = self.launches[-1]
+                if "combine" in lch.kinds:
+                    count = ctypes.c_int32.from_address(lch.args[COMBINE_COUNT_ARG])
+                    self.combines.append((lch.args[COMBINE_COUNT_ARG], count.value))
+                    if zeroes:
+                        count.value = 0
+                elif "dispatch" in lch.kinds:
+                    ctypes.c_int32.from_address(lch.args[DISPATCH_COUNT_ARG]).value = received.pop(0)
+
+        d = Driver(list(locks))
+        d.combines = []
+        return d
+
+
+@pytest.mark.parametrize("profile", ["default", "nightly"])
+def test_ep_snapshot_handles_keep_their_count_through_combine_on_either_moris_artifacts(request, profile):
+    """Two snapshot dispatches, then their two combines: each combine reads its own handle's count,
+    and each handle still says what its dispatch received afterwards. On 1.2.4's artifacts, whose
+    combine zeroes the count it reads, that combine is passed a copy; on 1.2.5's, the handle's own."""
+    import torch
+
+    from fakes import FakeCommunicator
+    from gemmar_aot.model.lock import read_lock
+    from gemmar_aot.runtime import EpDispatchCombineConfig, EpDispatchCombineOp
+
+    run = request.getfixturevalue("ep_parity" if profile == "default" else "ep_parity_nightly")
+    sc = BY_NAME["ep-w2-bf16-buckets-r1"]
+    zeroes = _combine_writes_its_count(profile)
+    assert zeroes == (profile == "default")
+    driver = _CountingDouble([read_lock(run.lock)], zeroes, received=[37, 21])
+    kw = {k: v for k, v in sc.mori_config(torch).items() if k != "kernel_backend"}
+    ops = EpOperands(sc)
+    with EpDispatchCombineOp(EpDispatchCombineConfig(**kw), FakeCommunicator(sc.rank, sc.world), artifacts=run.lock,
+                             driver=driver) as op:
+        handles = [op.dispatch(*ops.dispatch(n), return_routing=True, snapshot=True)[-1] for n in (10, 20)]
+        assert [int(h.total_recv_token_num) for h in handles] == [37, 21]
+        for h, n in zip(handles, (10, 20)):
+            op.combine(ops.combine_input(op, n), routing=h)
+        assert [value for _addr, value in driver.combines] == [37, 21]  # each combine read its handle's count
+        own = [h.total_recv_token_num.data_ptr() for h in handles]
+        if zeroes:
+            assert not {addr for addr, _v in driver.combines} & set(own)  # the copy was zeroed, not the handle
+        else:
+            assert [addr for addr, _v in driver.combines] == own
+        assert [int(h.total_recv_token_num) for h in handles] == [37, 21]
 
 
 # ---------------------------------------------------------------------------

@@ -314,18 +314,26 @@ def test_one_op_never_mixes_profiles(smoke_store, smoke_lock, monkeypatch):
                         self_test=False, artifacts=[(a, smoke_store), (b, smoke_store)])
 
 
-def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_lock, tmp_path, monkeypatch):
-    from gemmar_aot.runtime import ArtifactNotFoundError, load_artifacts
-    from gemmar_aot.runtime import provenance
+def _two_profile_store(smoke_store, smoke_lock, tmp_path, monkeypatch) -> Path:
+    """A copy of the smoke store with a double of a nightly lock beside its own (device ABI d...d),
+    and no profile asked for in the environment."""
     from gemmar_aot.model.lock import write_lock
 
-    monkeypatch.setattr(provenance, "installed_mori", lambda: None)
     if smoke_lock.toolchain.profile is None:
         pytest.skip("the smoke lock predates profiles")
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
     write_lock(store / "locks" / "smoke.nightly.lock.json", _relabelled(smoke_lock, "nightly", "d" * 64))
     monkeypatch.delenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", raising=False)
+    return store
+
+
+def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_lock, tmp_path, monkeypatch):
+    from gemmar_aot.runtime import ArtifactNotFoundError, load_artifacts
+    from gemmar_aot.runtime import provenance
+
+    monkeypatch.setattr(provenance, "installed_mori", lambda: None)
+    store = _two_profile_store(smoke_store, smoke_lock, tmp_path, monkeypatch)
     with pytest.raises(ArtifactNotFoundError, match="several toolchain profiles.*GEMMAR_AOT_TOOLCHAIN_PROFILE"):
         load_artifacts(store)
     monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", "nightly")
@@ -333,6 +341,43 @@ def test_a_store_with_two_profiles_serves_the_one_asked_for(smoke_store, smoke_l
     assert [s.lock_path.name for s in arts.sources] == ["smoke.nightly.lock.json"]
     monkeypatch.setenv("GEMMAR_AOT_TOOLCHAIN_PROFILE", "default")
     assert [s.lock_path.name for s in load_artifacts(store).sources] == ["smoke.lock.json"]
+
+
+def test_a_mori_without_version_metadata_is_served_the_profile_its_device_abi_matches(smoke_store, smoke_lock,
+                                                                                       tmp_path, monkeypatch):
+    """Both profiles' locks in one store, no $GEMMAR_AOT_TOOLCHAIN_PROFILE, a mori whose version cannot be
+    read: the profile whose device ABI it has is served (the installed-mori check accepts exactly that),
+    and what cannot be told apart, or matches nothing, is said as it is."""
+    from gemmar_aot.model.lock import write_lock
+    from gemmar_aot.runtime import ArtifactNotFoundError, load_artifacts
+    from gemmar_aot.runtime import provenance
+    from gemmar_aot.runtime.provenance import InstalledMori, MoriIdentity
+
+    store = _two_profile_store(smoke_store, smoke_lock, tmp_path, monkeypatch)
+
+    def pod_with(version, abi, problem=""):
+        inst = InstalledMori(MoriIdentity(None, version, abi), tmp_path / "site", problem)
+        monkeypatch.setattr(provenance, "installed_mori", lambda: inst)
+
+    pod_with(None, "d" * 64)  # the nightly's ABI, no metadata
+    assert [s.lock_path.name for s in load_artifacts(store).sources] == ["smoke.nightly.lock.json"]
+    default_abi = MoriIdentity.from_toolchain(smoke_lock.toolchain).device_abi_digest
+    pod_with(None, default_abi)
+    assert [s.lock_path.name for s in load_artifacts(store).sources] == ["smoke.lock.json"]
+    pod_with(None, "f" * 64)  # neither
+    with pytest.raises(ArtifactNotFoundError, match=r"is the mori of none of them \(default \(amd-mori 1.2.4(.|\n)*"
+                                                    r"the cco device ABIs differ; nightly \((.|\n)*Fix: install"):
+        load_artifacts(store)
+    pod_with("1.2.5.dev20261026", None, "no mori/_jit-sources")  # its ABI unreadable: the version decides
+    with pytest.raises(ArtifactNotFoundError, match=r"none of them(.|\n)*device ABI cannot be read \(no mori/_jit"):
+        load_artifacts(store)
+    both = _relabelled(smoke_lock, "nightly", default_abi)  # two profiles of one ABI, and no version to choose
+    write_lock(store / "locks" / "smoke.nightly.lock.json", both)
+    pod_with(None, default_abi)
+    with pytest.raises(ArtifactNotFoundError, match=r"matches 2 of them equally(.|\n)*its version \(no distribution "
+                                                    r"metadata\) cannot be read(.|\n)*GEMMAR_AOT_TOOLCHAIN_PROFILE="
+                                                    r"(.|\n)*install mori with pip"):
+        load_artifacts(store)
 
 
 # ---------------------------------------------------------------- pods that change no code

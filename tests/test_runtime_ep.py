@@ -121,7 +121,18 @@ def test_a_dispatch_above_the_capacity_is_refused_with_the_entry_that_serves_it(
                                                  r"\[\[ep\]\]\nworld = 2\nhidden = 2048"),
     ({"max_num_inp_token_per_rank": 256}, ArtifactMissingError, r"max_tokens = 256"),
     ({"combine_block_num": 64}, ArtifactMismatchError, r"resolved geometry \[64, 16, 64, 4\] and schedule None"),
-], ids=["internode", "mori-refuses", "dtype", "hidden", "capacity", "pinned-geometry"])
+    # what mori's config resolves on the HIP backend: its own table's geometry, pinned
+    ({"kernel_backend": "hip", "dispatch_block_num": 80, "warp_num_per_block": 16, "combine_block_num": 96,
+      "combine_warp_num_per_block": 8}, ValueError,
+     r"kernel_backend='hip' \(the config's kernel_backend\) selects mori's HIP backend(.|\n)*does not serve the HIP "
+     r"backend \(yet\)\. What serves this config today: mori's FlyDSL backend, from these artifacts: construct "
+     r"the config with kernel_backend='flydsl'"),
+    ({"kernel_backend": "hip", "gpu_per_node": 1}, ValueError,
+     r"selects mori's HIP backend(.|\n)*This config is internode \(gpu_per_node=1 < world_size=2\)"),
+    ({"kernel_backend": "cuda"}, ValueError, r"unknown kernel backend 'cuda' \(the config's kernel_backend\); "
+                                             r"known: \['flydsl', 'hip'\]"),
+], ids=["internode", "mori-refuses", "dtype", "hidden", "capacity", "pinned-geometry", "hip-backend",
+        "hip-backend-internode", "unknown-backend"])
 def test_a_config_the_lock_cannot_serve_is_refused_before_anything_is_acquired(smoke_store, smoke_lock, change, error,
                                                                                 match):
     comm = FakeCommunicator(0, 2)
@@ -129,6 +140,14 @@ def test_a_config_the_lock_cannot_serve_is_refused_before_anything_is_acquired(s
     with pytest.raises(error, match=match):
         EpDispatchCombineOp(_cfg(**change), comm, artifacts=smoke_store, driver=driver)
     assert not comm.acquired and not driver.counters["load_module"]
+
+
+def test_moris_backend_variable_is_read_as_mori_reads_it(smoke_store, smoke_lock, monkeypatch):
+    """$MORI_V2_KERNEL_BACKEND selects the backend when the config names none; the config's wins."""
+    monkeypatch.setenv("MORI_V2_KERNEL_BACKEND", "hip")
+    with pytest.raises(ValueError, match=r"kernel_backend='hip' \(\$MORI_V2_KERNEL_BACKEND\) selects mori's HIP"):
+        _op(smoke_store, smoke_lock)
+    _op(smoke_store, smoke_lock, kernel_backend="flydsl")[0].close()
 
 
 def test_the_communicator_must_be_the_configs_rank(smoke_store, smoke_lock):

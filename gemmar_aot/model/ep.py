@@ -352,3 +352,45 @@ def pick_from(table: tuple, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
 def pick(c: EpConfig, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """``_pick``: the (dispatch, combine) variants for ``n`` tokens (:func:`pick_table`, :func:`pick_from`)."""
     return pick_from(pick_table(c), n)
+
+
+# ---- what differs between the mori releases a profile pins ----
+
+#: Keywords of mori's EP factories that a later release removed: keyword -> (the first release
+#: without it, what it did). A spec made for that release or a later one omits the keyword
+#: (:func:`for_mori`), so every record states exactly the call its build made.
+REMOVED_KEYWORDS = {
+    "reset_total_recv": ((1, 2, 5), "the combine zeroes the receive count at the address it is passed; "
+                                    "mori 1.2.5's combine does not (its dispatch resets it), and its "
+                                    "backend no longer passes the keyword"),
+}
+
+
+def mori_release(version: str) -> tuple[int, int, int]:
+    """``1.2.5.dev20261026`` -> ``(1, 2, 5)``: the release a mori version (a nightly included) is of."""
+    parts = []
+    for p in str(version).split(".")[:3]:
+        digits = ""
+        for ch in p:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    if len(parts) != 3:
+        raise ValueError(f"mori version {version!r} is not MAJOR.MINOR.PATCH[...]")
+    return (parts[0], parts[1], parts[2])
+
+
+def factory_kwargs(kwargs: Mapping[str, Any], mori_version: str) -> dict[str, Any]:
+    """``kwargs`` of one of mori's EP factory calls as the backend of mori ``mori_version`` passes
+    them: without the keywords that release removed."""
+    rel = mori_release(mori_version)
+    return {k: v for k, v in kwargs.items() if k not in REMOVED_KEYWORDS or rel < REMOVED_KEYWORDS[k][0]}
+
+
+def combine_zeroes_total_recv(mori_version: str | None) -> bool:
+    """Whether the combine kernels built with mori ``mori_version`` write 0 at the receive count
+    they are passed (mori 1.2.4's do: ``reset_total_recv=True``). Unknown (None): assumed to."""
+    return mori_version is None or mori_release(mori_version) < REMOVED_KEYWORDS["reset_total_recv"][0]

@@ -58,7 +58,7 @@ from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError
 
 from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
                      ArtifactSignatureError)
-from .provenance import MoriIdentity
+from .provenance import MoriIdentity, select_profile
 
 if TYPE_CHECKING:  # a pod imports the store's code and the trust package only when it uses them
     from gemmar_aot.store import Store
@@ -68,8 +68,6 @@ __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "EpRankEntry", "LockInfo
            "TupleKey", "load_artifacts"]
 
 ENV_VAR = "GEMMAR_AOT_ARTIFACTS"
-#: Which toolchain profile's locks to serve from a store that holds several (as the build side names it).
-PROFILE_ENV = "GEMMAR_AOT_TOOLCHAIN_PROFILE"
 LOCK_GLOB = "*" + LOCK_SUFFIX
 
 log = logging.getLogger("gemmar_aot.runtime")
@@ -410,38 +408,6 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
     if root is None:
         return lock, verified
     return lock, Source(path, root, origin), verified
-
-
-def select_profile(locks: list[tuple[Path, Lock]], where: str) -> list[tuple[Path, Lock]]:
-    """One store may hold the locks of several toolchain profiles (``<manifest>.lock.json``,
-    ``<manifest>.<profile>.lock.json``); a pod serves one. Chosen, in order, by
-    ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``, else by the installed mori (the profile built with it),
-    else refused naming the profiles. A store of one profile is taken whole."""
-    from .provenance import installed_mori
-
-    groups: dict[str, list[tuple[Path, Lock]]] = {}
-    for lp, lock in locks:
-        groups.setdefault(lock.toolchain.profile or "default", []).append((lp, lock))
-    if len(groups) <= 1:
-        return locks
-    wanted = os.environ.get(PROFILE_ENV, "").strip()
-    if wanted:
-        if wanted not in groups:
-            raise ArtifactNotFoundError(
-                f"{where} holds locks of toolchain profiles {sorted(groups)}, none of profile {wanted!r} "
-                f"(${PROFILE_ENV}); build the manifest with --toolchain {wanted} or unset it")
-        return groups[wanted]
-    inst = installed_mori()
-    if inst is not None:
-        match = [name for name, g in groups.items()
-                 if all((MoriIdentity.from_toolchain(lk.toolchain) or inst.identity).abi_key()
-                        == inst.identity.abi_key() for _, lk in g)]
-        if len(match) == 1:
-            return groups[match[0]]
-    have = f" the installed {inst.identity.describe()} matches none of them;" if inst is not None else ""
-    raise ArtifactNotFoundError(
-        f"{where} holds locks of several toolchain profiles ({', '.join(sorted(groups))});{have} a pod serves "
-        f"one: set ${PROFILE_ENV}=<profile> (or point artifacts= at one lock file)")
 
 
 def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:

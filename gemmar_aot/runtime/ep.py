@@ -27,8 +27,12 @@ mori's backend makes them (``flydsl_backend.py``), and each call's variant chose
   allocates as mori's does): the views are made once; a call packs its pointers and queues one
   launch.
 
-``snapshot=`` (mori 1.2.5's dispatch keyword) is served on artifacts of either mori: it is host
-logic only. Contract (mori's): every rank constructs the op and calls it in the same order.
+``snapshot=`` (mori 1.2.5's dispatch keyword) is served on artifacts of either mori: the handle
+gets its own dest map and receive count. mori 1.2.4's combine writes 0 at the receive count it is
+passed (its ``reset_total_recv``; 1.2.5's does not), so on 1.2.4 artifacts a snapshot handle's
+combine is passed a copy of the handle's count (one 4-byte device copy on the stream), and the
+handle keeps saying what its dispatch received. Contract (mori's): every rank constructs the op
+and calls it in the same order.
 """
 
 from __future__ import annotations
@@ -37,13 +41,13 @@ import logging
 import time
 from typing import Any
 
-from gemmar_aot.model.ep import (XDB_FLAG_SLOTS, EpConfig, config_problems, kernel_roles, manifest_entry, pick_from,
-                                 pick_table, served_key, variants)
+from gemmar_aot.model.ep import (XDB_FLAG_SLOTS, EpConfig, combine_zeroes_total_recv, config_problems, kernel_roles,
+                                 manifest_entry, pick_from, pick_table, served_key, variants)
 
 from . import misses
 from .artifacts import Artifacts, EpRankEntry, load_artifacts
 from .driver import Driver
-from .ep_config import EpDispatchRoutingHandle, Requested, read_config, torch_dtype
+from .ep_config import BACKENDS, EpDispatchRoutingHandle, Requested, read_config, torch_dtype
 from .errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
@@ -72,6 +76,22 @@ _ARGS["dispatch_replay"] = _ARGS["dispatch"]
 #: mori's FlyDSL backend's capabilities (``KernelSet.capabilities``).
 CAPABILITIES = frozenset({"gather", "scatter", "quant", "std_moe", "scales", "replay", "local_expert_count",
                           "asymmetric_dtype", "recv_cap"})
+
+
+def _backend_refusal(req: Requested) -> str:
+    """Why a config that selects another kernel backend than FlyDSL is not served, and what serves it."""
+    if req.backend not in BACKENDS:
+        return f"unknown kernel backend {req.backend!r} ({req.backend_from}); known: {sorted(BACKENDS)}"
+    c, internode = req.config, req.gpu_per_node < req.config.world
+    head = (f"kernel_backend={req.backend!r} ({req.backend_from}) selects mori's HIP backend, which renders and "
+            f"compiles its kernels with hipcc in the pod at first use (mori's own C++ JIT, libmori_jit.so): "
+            f"gemmar-aot does not serve the HIP backend (yet). ")
+    if internode:
+        return head + (f"This config is internode (gpu_per_node={req.gpu_per_node} < world_size={c.world}), which "
+                       f"only the HIP backend implements, so no prebuilt kernels serve it today")
+    return head + ("What serves this config today: mori's FlyDSL backend, from these artifacts: construct the config "
+                   "with kernel_backend='flydsl' (or leave it and $MORI_V2_KERNEL_BACKEND unset: mori's default on "
+                   "gfx950), so that it resolves the FlyDSL tuning table the artifacts were built from")
 
 
 class EpDispatchCombineOp:
@@ -109,6 +129,8 @@ class EpDispatchCombineOp:
         self._dispatch_specs, self._combine_specs = variants(c)
         # provenance (one profile per op and per communicator; the pod's mori), the device
         self._mori = check_provenance([entry])
+        #: the combines write 0 at the count they are passed: a snapshot's own count goes through a copy
+        self._combine_zeroes = combine_zeroes_total_recv(self._mori.version if self._mori else None)
         COMMUNICATORS.acquire(comm, self._mori, entry.where, check_only=True)
         if driver is None:
             from .hip import HipDriver
@@ -144,6 +166,8 @@ class EpDispatchCombineOp:
     def _check_request(req: Requested, comm) -> None:
         """mori's own refusals of the config (its words), and a communicator of another world or rank."""
         c = req.config
+        if req.backend is not None and req.backend != "flydsl":
+            raise ValueError(_backend_refusal(req))
         if req.gpu_per_node < c.world:
             raise ValueError(f"flydsl backend cannot serve this config:\n  gpu_per_node={req.gpu_per_node} < "
                              f"world_size={c.world} selects the internode path, which only the 'hip' backend "
@@ -238,6 +262,7 @@ class EpDispatchCombineOp:
         self.dest_pe_counter = torch.zeros(c.world, dtype=i32, device=dev)
         self.dispatch_barrier = torch.zeros(1, dtype=i32, device=dev)
         self.total_recv = torch.zeros(1, dtype=i32, device=dev)
+        self._combine_count = torch.zeros(1, dtype=i32, device=dev)  # what a snapshot's combine reads (and zeroes)
         self.combine_barrier = torch.zeros(1, dtype=i32, device=dev)
         self.cross_device_flag = torch.ones(XDB_FLAG_SLOTS, dtype=torch.int64, device=dev)
         if c.combine_dtype == "fp4":
@@ -342,7 +367,8 @@ class EpDispatchCombineOp:
 
         ``routing=``: replay a handle's routing (the replay variants are built in); ``return_routing=``:
         also return the handle; ``snapshot=`` (with ``return_routing``): the handle gets its own dest
-        map and count, as mori 1.2.5's does. The outputs alias the window (see mori)."""
+        map and count, as mori 1.2.5's does, which its combine leaves as they are on artifacts of
+        either mori. The outputs alias the window (see mori)."""
         if self._closed:
             raise RuntimeError("this EpDispatchCombineOp has been closed")
         if routing is not None and return_routing:
@@ -391,8 +417,11 @@ class EpDispatchCombineOp:
         _, (b, w) = self._pick(ct)
         if not c.std_moe and input.data_ptr() != self._out_tok_ptr:
             self._views["combine_in"].view(-1)[:input.numel()].copy_(input.reshape(-1))
-        self._go(("combine", b, w), (routing.disp_dest_tok_id_map.data_ptr(),
-                                     routing.total_recv_token_num.data_ptr(), ct))
+        count = routing.total_recv_token_num
+        if self._combine_zeroes and count.data_ptr() != self.total_recv.data_ptr():
+            self._combine_count.copy_(count)  # a snapshot's count: the combine zeroes its copy, not it
+            count = self._combine_count
+        self._go(("combine", b, w), (routing.disp_dest_tok_id_map.data_ptr(), count.data_ptr(), ct))
         cols = c.hidden // 2 if c.combine_dtype == "fp4" else c.hidden
         out = self.combine_out[:ct * cols].view(self._combine_dt).view(ct, cols)
         outw = self.combine_out_weights[:ct * c.topk].view(ct, c.topk) if weights is not None else None

@@ -19,11 +19,16 @@ Runtime module: standard library only.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from gemmar_aot.model.ep import DTYPES, EpConfig, resolved
 
+#: mori's backend choice when the config names none (``dispatch_combine_op.py``).
+BACKEND_ENV = "MORI_V2_KERNEL_BACKEND"
+#: mori's kernel backends (``_BACKEND_MODULES``); the artifacts are the FlyDSL backend's kernels.
+BACKENDS = ("flydsl", "hip")
 #: torch's names of the token dtypes -> the manifest's.
 _TORCH_NAMES = {"bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8_e4m3fn",
                 "float8_e4m3fnuz": "fp8_e4m3fnuz", "float4_e2m1fn_x2": "fp4"}
@@ -93,6 +98,10 @@ class Requested:
     gpu_per_node: int
     geometry: tuple[int, int, int, int] | None
     schedule: tuple | None
+    #: the kernel backend it selects, as mori selects it (``cfg.kernel_backend``, else
+    #: ``$MORI_V2_KERNEL_BACKEND``), and which of the two said so; None: mori's default (FlyDSL here)
+    backend: str | None = None
+    backend_from: str = ""
 
     def geometry_problem(self, built: EpConfig) -> str | None:
         """Why the artifacts' variants are not the ones this config resolved, or None."""
@@ -129,8 +138,12 @@ def read_config(cfg: Any) -> Requested:
     if pinned and any(g is None for g in geo):  # mori's single-shot defaults for the fields left unset
         geo = tuple(d if g is None else g for g, d in zip(geo, (64, 16, 80, 4)))
     gpn = getattr(cfg, "gpu_per_node", None)
+    backend, backend_from = getattr(cfg, "kernel_backend", None), "the config's kernel_backend"
+    if not backend:
+        backend, backend_from = os.environ.get(BACKEND_ENV) or None, f"${BACKEND_ENV}"
     return Requested(config=c, rank=int(cfg.rank), gpu_per_node=world if gpn is None else int(gpn),
-                     geometry=tuple(int(g) for g in geo) if pinned else None, schedule=schedule)
+                     geometry=tuple(int(g) for g in geo) if pinned else None, schedule=schedule,
+                     backend=backend, backend_from=backend_from if backend else "")
 
 
 class EpDispatchRoutingHandle:

@@ -14,6 +14,10 @@ Two rules, both checked when an op is constructed, before anything is acquired:
    meaning), so kernels of two profiles must never share a communicator's SDMA queues:
    every op on a communicator must come from locks of one device ABI.
 
+A store may hold the locks of several profiles; :func:`select_profile` picks the one a pod serves
+(``$GEMMAR_AOT_TOOLCHAIN_PROFILE``, else the one rule 1 accepts for the installed mori), and says
+exactly why when none or several can be told apart.
+
 ``GEMMAR_AOT_MORI_CHECK=off`` skips rule 1 (logged at WARNING on every op), for a
 pod whose mori is known to be ABI-equal but installed in a way this check cannot read.
 
@@ -35,11 +39,13 @@ from typing import Any, Iterable, Mapping
 
 from gemmar_aot.model.device_abi import DeviceAbiUnknown, device_abi_digest
 
-from .errors import ArtifactMismatchError
+from .errors import ArtifactMismatchError, ArtifactNotFoundError
 
 log = logging.getLogger("gemmar_aot.runtime")
 
 CHECK_ENV = "GEMMAR_AOT_MORI_CHECK"
+#: Which toolchain profile's locks to serve from a store that holds several (as the build side names it).
+PROFILE_ENV = "GEMMAR_AOT_TOOLCHAIN_PROFILE"
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,22 @@ def _fix(built: MoriIdentity, have: MoriIdentity) -> str:
             f"gemmar_aot.toolchain profiles` lists them) and install those artifacts")
 
 
+def differences(want: MoriIdentity, installed: InstalledMori) -> list[str]:
+    """Why the artifacts' mori ``want`` is not the ``installed`` one (empty: it is). What either side
+    does not know (a version without metadata, a lock older than device-ABI digests) is not compared."""
+    have, why = installed.identity, []
+    if want.version is not None and have.version is not None and want.version != have.version:
+        why.append("the versions differ")
+    if want.distribution and have.distribution and _normalise(want.distribution) != _normalise(have.distribution):
+        why.append("the distributions differ")
+    if want.device_abi_digest is not None:
+        if have.device_abi_digest is None:
+            why.append(f"the installed mori's device ABI cannot be read ({installed.problem})")
+        elif want.device_abi_digest != have.device_abi_digest:
+            why.append("the cco device ABIs differ")
+    return why
+
+
 def check_installed_mori(built: Iterable[tuple[MoriIdentity | None, str]],
                          installed: InstalledMori | None = None, *, probe: bool = True) -> None:
     """Rule 1. ``built``: (identity, where) per lock the op uses. Raises ArtifactMismatchError."""
@@ -155,17 +177,7 @@ def check_installed_mori(built: Iterable[tuple[MoriIdentity | None, str]],
     for want, where in built:
         if want is None:
             continue
-        why = []
-        if want.version is not None and have.version is not None and want.version != have.version:
-            why.append("the versions differ")
-        if (want.distribution and have.distribution
-                and _normalise(want.distribution) != _normalise(have.distribution)):
-            why.append("the distributions differ")
-        if want.device_abi_digest is not None:
-            if have.device_abi_digest is None:
-                why.append(f"the installed mori's device ABI cannot be read ({installed.problem})")
-            elif want.device_abi_digest != have.device_abi_digest:
-                why.append("the cco device ABIs differ")
+        why = differences(want, installed)
         if why:
             raise ArtifactMismatchError(
                 f"the artifacts in {where} were built with {want.describe()}, but this pod has "
@@ -188,6 +200,59 @@ def one_profile(built: Iterable[tuple[MoriIdentity | None, str]]) -> MoriIdentit
             f"{b.describe()}. Their SDMA protocols differ, so one op cannot run both.\n  fix: point artifacts= "
             f"(or $GEMMAR_AOT_ARTIFACTS) at the artifacts of one profile")
     return next(iter(seen.values()))[0] if seen else None
+
+
+def select_profile(locks: list[tuple[Path, Any]], where: str) -> list[tuple[Path, Any]]:
+    """One store may hold the locks of several toolchain profiles (``<manifest>.lock.json``,
+    ``<manifest>.<profile>.lock.json``); a pod serves one. Chosen, in order, by
+    ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``, else by the installed mori (the profile built with it),
+    else refused naming the profiles. A store of one profile is taken whole."""
+    groups: dict[str, list[tuple[Path, Any]]] = {}
+    for lp, lock in locks:
+        groups.setdefault(lock.toolchain.profile or "default", []).append((lp, lock))
+    if len(groups) <= 1:
+        return locks
+    wanted = os.environ.get(PROFILE_ENV, "").strip()
+    if wanted:
+        if wanted not in groups:
+            raise ArtifactNotFoundError(
+                f"{where} holds locks of toolchain profiles {sorted(groups)}, none of profile {wanted!r} "
+                f"(${PROFILE_ENV}); build the manifest with --toolchain {wanted} or unset it")
+        return groups[wanted]
+    fix = f"set ${PROFILE_ENV}=<profile> (or point artifacts= at one lock file)"
+    inst = installed_mori()
+    if inst is None:
+        raise ArtifactNotFoundError(f"{where} holds locks of several toolchain profiles ({', '.join(sorted(groups))}) "
+                                    f"and no mori is installed to choose by; a pod serves one: {fix}")
+    # the installed-mori check's own comparison: what it would refuse, per profile
+    why = {name: sorted({d for _, lk in g for d in differences(MoriIdentity.from_toolchain(lk.toolchain) or
+                                                                 inst.identity, inst)}) for name, g in groups.items()}
+    match = [name for name, d in why.items() if not d]
+    have = inst.identity
+    unknown = ([] if have.version else ["its version (no distribution metadata)"]) + \
+        ([] if have.device_abi_digest else [f"its device ABI ({inst.problem})"])
+    if len(match) == 1:
+        if unknown:
+            log.warning("gemmar-aot: the installed %s at %s: %s unknown; serving profile %r, the one it matches",
+                        have.describe(), inst.location, " and ".join(unknown), match[0])
+        return groups[match[0]]
+    each = "; ".join(f"{name} ({_lock_mori(groups[name])}): {', '.join(why[name]) or 'matches'}" for name in sorted(groups))
+    if match:
+        raise ArtifactNotFoundError(
+            f"{where} holds locks of toolchain profiles {sorted(groups)}, and the installed {have.describe()} at "
+            f"{inst.location} matches {len(match)} of them equally ({each}): "
+            + (f"{' and '.join(unknown)} cannot be read, so " if unknown else "")
+            + f"nothing tells them apart. Fix: {fix}"
+            + (", or install mori with pip so its version metadata is there" if not have.version else ""))
+    raise ArtifactNotFoundError(
+        f"{where} holds locks of toolchain profiles {sorted(groups)}, and the installed {have.describe()} at "
+        f"{inst.location} is the mori of none of them ({each}). Fix: install the mori of the profile this pod "
+        f"serves, or build the manifest with the profile of the installed mori; or {fix}")
+
+
+def _lock_mori(group: list) -> str:
+    ident = MoriIdentity.from_toolchain(group[0][1].toolchain)
+    return ident.describe() if ident is not None else "mori unknown"
 
 
 class CommunicatorProfiles:
