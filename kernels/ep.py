@@ -33,7 +33,9 @@ COMPILE_ENV = {"MORI_WAVE_SIZE": "64", "MORI_GPU_ARCHS": "gfx950"}
 NARGS = {"make_dispatch": 11, "make_combine": 9, "make_combine_scatter": 9, "make_local_expert_count": 3,
          "make_convert_dispatch_output": 8, "make_convert_combine_input": 5}
 #: Keywords the 1.2.4 backend passes that a later mori's factory no longer takes, and why
-#: dropping them is what that mori's own backend does.
+#: dropping them is what that mori's own backend does. The plan leaves them out of the specs it
+#: makes for that mori (``gemmar_aot.model.ep.factory_kwargs``), so every record states exactly the
+#: call its build made; ``build`` meets one only in a spec planned for another mori.
 DROPPED_LATER = {"reset_total_recv": "mori 1.2.5 removed it: its combine no longer zeroes total_recv, and "
                                      "its backend no longer passes it"}
 

@@ -234,8 +234,9 @@ def test_ep_bytes_equal_moris_own_path_for_every_rank_and_variant(ep_build):
 @pytest.mark.compile
 def test_ep_bytes_equal_moris_own_path_under_the_nightly_profile(ep_build, tmp_path):
     """mori's nightly drops ``reset_total_recv`` from both combines (its combine no longer zeroes
-    the receive count, so its bytes differ): the recipe calls each mori's factories as that
-    mori's own backend does, and every kernel of rank 0 equals its own compile there too."""
+    the receive count, so its bytes differ): the plan for the nightly profile calls each factory
+    exactly as that mori's own backend does, every record states that call and nothing else, and
+    every kernel of rank 0 equals mori's own compile there too."""
     from test_profiles import _installed
 
     from gemmar_aot.build.pipeline import run_build
@@ -248,21 +249,52 @@ def test_ep_bytes_equal_moris_own_path_under_the_nightly_profile(ep_build, tmp_p
     manifest = Path(summary["lock_file"]).parents[2] / "dsv4-pro-ep-first.toml"
     s = run_build(manifest, store=tmp_path / "nightly", jobs=2, progress=False, toolchain_profile="nightly")
     assert s["failed"] == 0 and s["compiled"] == 104
-    (e,) = plan.eps
+    tc = load_toolchain(profile="nightly")
+    (e,) = make_plan(parse_manifest(manifest.read_text(), str(manifest)), mori_version=tc.profile.mori.version).eps
     (t,) = oracle([mori_fields(e.entry.config, 0)], compile=True, profile="nightly")
-    st, fp = Store(tmp_path / "nightly", readonly=True), load_toolchain(profile="nightly").fingerprint
+    st, fp = Store(tmp_path / "nightly", readonly=True), tc.fingerprint
     default_fp = load_toolchain().fingerprint
     theirs = {json.dumps([k["factory"], k["kwargs"]], sort_keys=True): k for k in t["kernels"]}
     changed = set()
-    for spec in e.ranks[0].launches:
+    for spec, default_spec in zip(e.ranks[0].launches, plan.eps[0].ranks[0].launches, strict=True):
         p = spec.param_dict()
-        kw = {k: v for k, v in p["kwargs"].items() if k not in recipe.DROPPED_LATER}
-        k = theirs[json.dumps([p["factory"], kw], sort_keys=True)]
+        k = theirs[json.dumps([p["factory"], p["kwargs"]], sort_keys=True)]  # exactly mori's own call
         rec, code = st.load(action_key(ingredients(spec, fp)))
+        assert rec["spec"]["params"]["kwargs"] == k["kwargs"], spec.label()  # the record says that call
         assert rec["blob"]["hash"] == k["sha256"], spec.label()
-        if Store(_store, readonly=True).load(action_key(ingredients(spec, default_fp)))[1] != code:
+        if Store(_store, readonly=True).load(action_key(ingredients(default_spec, default_fp)))[1] != code:
             changed.add(spec.kind)
+        if spec.kind == "combine":  # 1.2.4's call, with the keyword its combine zeroes by
+            assert default_spec.param_dict()["kwargs"] == {**p["kwargs"], "reset_total_recv": True}
     assert changed == {"combine"}  # the combine kernels are the ones the nightly changed
+
+
+@pytest.mark.parametrize("profile", ["default", "nightly"])
+def test_ep_specs_carry_exactly_the_keywords_the_profiles_mori_factories_take(profile):
+    """Every EP spec planned for a profile names only keywords its mori's factory takes (read from
+    that mori's own source, not from our table), so a record states the call its build made; the
+    two pinned moris differ in the combine's ``reset_total_recv``, which only 1.2.4 takes."""
+    import ast
+
+    from test_profiles import _installed
+
+    from gemmar_aot.model.ep import combine_zeroes_total_recv
+    from gemmar_aot.toolchain.profiles import get_profile
+
+    src = _installed(profile).mori_pkg / "ops" / "dispatch_combine_v2" / "intranode_kernels.py"
+    takes = {f.name: {a.arg for a in f.args.args + f.args.kwonlyargs}
+             for f in ast.parse(src.read_text()).body if isinstance(f, ast.FunctionDef) and f.name.startswith("make_")}
+    version = get_profile(profile).mori.version
+    mixed = ENTRY + 'combine_mode = "scatter"\nquant_type = "fp8_direct_cast"\n'  # make_combine_scatter too
+    specs = [s for text in (ENTRY, mixed) for s in make_plan(parse_manifest(text, "m.toml"), mori_version=version).specs]
+    factories = {s.param_dict()["factory"] for s in specs}
+    assert factories >= {"make_dispatch", "make_combine", "make_combine_scatter", "make_local_expert_count"}
+    for s in specs:
+        p = s.param_dict()
+        assert set(p["kwargs"]) <= takes[p["factory"]], (s.label(), sorted(set(p["kwargs"]) - takes[p["factory"]]))
+    resets = {s.param_dict()["kwargs"].get("reset_total_recv") for s in specs if s.kind == "combine"}
+    assert resets == ({True, False} if combine_zeroes_total_recv(version) else {None})
+    assert ("reset_total_recv" in takes["make_combine"]) == combine_zeroes_total_recv(version)
 
 
 # ---- the lock ----

@@ -36,10 +36,11 @@ def current_keys() -> dict:
     from gemmar_aot.build.plan import make_plan
     from gemmar_aot.toolchain import load_toolchain
 
-    fp = load_toolchain(profile="default").fingerprint
+    tc = load_toolchain(profile="default")
+    fp = tc.fingerprint
     out: dict = {"key_schema": KEY_SCHEMA, "profile": "default", "manifests": {}}
     for m in MANIFESTS:
-        plan = make_plan(load_manifest(ROOT / m))
+        plan = make_plan(load_manifest(ROOT / m), mori_version=tc.profile.mori.version)
         out["manifests"][m] = {s.spec_id: [s.label(), action_key(ingredients(s, fp))] for s in plan.specs}
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from gemmar_aot.model.layout import window_layout
@@ -21,7 +21,7 @@ from gemmar_aot.model import rules
 from gemmar_aot.build.manifest import Manifest
 from gemmar_aot.build.manifest_ep import EpEntry
 from gemmar_aot.build.workload import Workload, dedup_workloads
-from gemmar_aot.model.ep import Arena, arena_layout, variants
+from gemmar_aot.model.ep import Arena, arena_layout, factory_kwargs, variants
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.spec import KernelSpec
 from gemmar_aot_kernels import ep as ep_recipe, recipe_module
@@ -85,6 +85,7 @@ class Plan:
     env: tuple[tuple[str, str | None], ...]
     warnings: tuple[str, ...] = ()  # the manifest's (merged duplicates, off-grid range stops)
     eps: tuple[EpPlan, ...] = ()
+    mori: str = ""  # the mori whose EP factory keywords the EP specs carry
 
     @property
     def instances(self) -> int:
@@ -119,7 +120,7 @@ class Plan:
                 }
                 for t in self.tuples
             ],
-            **({"ep": [e.to_json() for e in self.eps]} if self.eps else {}),
+            **({"ep": [e.to_json() for e in self.eps], "ep_mori": self.mori} if self.eps else {}),
             "kernel_instances": self.instances,
             "distinct_specs": len(self.specs),
             "dedup_ratio": round(self.dedup_ratio, 3),
@@ -127,8 +128,15 @@ class Plan:
         }
 
 
-def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
+def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_version: str | None = None) -> Plan:
+    """The plan of ``manifest``; its EP kernels made for mori ``mori_version``'s factories (their
+    keywords as that mori's backend passes them: ``model.ep.factory_kwargs``), by default the
+    mori of the toolchain profile ``$GEMMAR_AOT_TOOLCHAIN_PROFILE`` (else ``default``) pins."""
     env = os.environ if env is None else env
+    if mori_version is None:
+        from gemmar_aot.toolchain.profiles import get_profile
+
+        mori_version = get_profile(None).mori.version
     code_env = {k: env.get(k) for k in CODE_ENV}
 
     # Deduplicate tuples (two written M that pad to the same M are one build).
@@ -156,7 +164,9 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
         ranks = recipe_module(w.transport).specs(w, layout, code_env)
         tuples.append(TuplePlan(workload=w, layout=layout, ranks=ranks))
 
-    eps = tuple(EpPlan(entry=e, arena=arena_layout(e.config), ranks=ep_recipe.rank_kernels(e.config))
+    eps = tuple(EpPlan(entry=e, arena=arena_layout(e.config),
+                       ranks=tuple(replace(r, launches=tuple(_for_mori(s, mori_version) for s in r.launches))
+                                   for r in ep_recipe.rank_kernels(e.config)))
                 for e in manifest.eps)
     distinct: dict[str, KernelSpec] = {}
     for t in (*tuples, *eps):
@@ -172,4 +182,21 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None) -> Plan:
         env=tuple(sorted(code_env.items())),
         warnings=tuple(manifest.warnings),
         eps=eps,
+        mori=mori_version,
     )
+
+
+def _for_mori(spec: KernelSpec, mori_version: str) -> KernelSpec:
+    """An EP recipe spec with its factory keywords as mori ``mori_version``'s backend passes them."""
+    p = spec.param_dict()
+    kw = factory_kwargs(p["kwargs"], mori_version)
+    return spec if kw == p["kwargs"] else KernelSpec.make(spec.recipe, spec.kind, spec.rank, {**p, "kwargs": kw})
+
+
+def plan_order(plan: Plan):
+    """Every kernel of ``plan`` in the plan's own order (tuples, then EP entries; ranks; launches,
+    then self-tests), repeats included: two plans of one manifest pair up position by position."""
+    for t in (*plan.tuples, *plan.eps):
+        for r in t.ranks:
+            yield from r.launches
+            yield from r.self_test

@@ -41,13 +41,15 @@ def mori_file_changes(a_dir: Path, b_dir: Path) -> dict[str, list[str]]:
 def profile_move(manifest_path: Path, to: str, *, frm: str | None = None, store: Path | None = None,
                  toolchain_root: str | None = None) -> dict:
     from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.build.plan import make_plan, plan_order
     from gemmar_aot.store import Store, default_store_root
     from gemmar_aot.toolchain import load_toolchain
 
     manifest = load_manifest(manifest_path)
-    plan = make_plan(manifest)
     ta, tb = load_toolchain(toolchain_root, frm), load_toolchain(toolchain_root, to)
+    # Each profile's plan (EP specs carry their mori's factory keywords), paired kernel by kernel
+    plan = make_plan(manifest, mori_version=ta.profile.mori.version)
+    target = dict(zip(plan_order(plan), plan_order(make_plan(manifest, mori_version=tb.profile.mori.version))))
     root = default_store_root(str(store) if store is not None else None)
     st = Store(root, readonly=True) if Path(root).is_dir() else None
 
@@ -59,7 +61,7 @@ def profile_move(manifest_path: Path, to: str, *, frm: str | None = None, store:
     specs = []
     for s in plan.specs:
         ka = action_key(ingredients(s, ta.fingerprint))
-        kb = action_key(ingredients(s, tb.fingerprint))
+        kb = action_key(ingredients(target[s], tb.fingerprint))
         ra = st.read_record_file(ka) if st is not None else None
         rb = st.read_record_file(kb) if st is not None else None
         k = by_kind[f"{s.recipe}:{s.kind}"]
