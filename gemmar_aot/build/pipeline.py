@@ -20,14 +20,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from gemmar_aot.build.lock_make import make_lock
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.bundle import LockBundle
-from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
 from gemmar_aot.store.backend import record_blob
-from gemmar_aot.store.record import record_digest
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
-from gemmar_aot.compiler.keys import action_key, ingredients, toolchain_ingredients
-from gemmar_aot.model.launch import LaunchRecord
+from gemmar_aot.compiler.derive_check import RecordCheck
+from gemmar_aot.compiler.keys import action_key, ingredients
 from gemmar_aot.store.blob_index import build_blob_index
 from gemmar_aot.store.record_index import build_index, lock_rank_groups
 from gemmar_aot.util.filedigest import sha256_hex
@@ -41,50 +40,6 @@ def _rederive(st, writer, key: str, rec: dict) -> dict | None:
         return rederive(st, key, rec, writer=writer)
     except DeriveError:
         return None
-
-
-def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
-    """The lock's entry for one kernel, made from its action-cache record ``rec``."""
-    return LaunchEntry(kind=kind, key=key, blob=record_blob(rec),
-                       launch=LaunchRecord.from_json(rec["launch"]), record=record_digest(rec))
-
-
-def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp: dict) -> Lock:
-    """The runtime's entry point: every tuple and rank -> ordered launches. Deterministic."""
-    entries: dict[object, LaunchEntry] = {}
-
-    def entry(spec) -> LaunchEntry:
-        e = entries.get(spec)  # by the spec itself: its spec_id hashes canonical JSON, once per spec
-        if e is None:
-            sid = spec.spec_id
-            e = entries[spec] = launch_entry(spec.kind, keys[sid], records[sid])
-        return e
-
-    tuples = []
-    for t in plan.tuples:
-        w = t.workload
-        tuples.append(LockTuple(
-            id=w.identity(),
-            source=w.source.replace(str(manifest.path), Path(manifest.path).name),
-            layout=None if t.layout is None else t.layout.window,
-            ranks=tuple(RankLaunches(r.rank, tuple(entry(s) for s in r.launches),
-                                     tuple(entry(s) for s in r.self_test)) for r in t.ranks),
-        ))
-    eps = tuple(LockEp(config=e.entry.config, source=e.entry.source.replace(str(manifest.path),
-                                                                            Path(manifest.path).name),
-                       arena=e.arena, ranks=tuple(RankLaunches(r.rank, tuple(entry(s) for s in r.launches), ())
-                                                  for r in e.ranks))
-                for e in plan.eps)
-    text = Path(manifest.path).read_bytes()
-    return Lock(
-        manifest=ManifestRef(manifest.name, manifest.arch, sha256_hex(text)),
-        arch=fp["target"]["arch"],
-        code_object_version=fp["target"]["code_object_version"],
-        toolchain=ToolchainInfo(fp["digest"], toolchain_ingredients(fp), fp.get("profile")),
-        env=dict(plan.env),
-        tuples=tuple(tuples),
-        eps=eps,
-    )
 
 
 class _EarlyOptimize:
@@ -242,6 +197,7 @@ class _BuildRun:
         self.records: dict[str, dict] = {}
         self.rederived: list[str] = []
         self.relabelled: list[str] = []  # taken over from key schema 3 (keys.schema3_key)
+        self.contradicted: list[dict] = []  # local records their own blobs contradict: compiled again
         self.remote_hits = 0
         self.results: list = []
         self.todo: list = []
@@ -278,13 +234,15 @@ class _BuildRun:
         from gemmar_aot.build.plan import make_plan
         from gemmar_aot.store import Store, default_store_root
         from gemmar_aot.toolchain import load_toolchain
+        from gemmar_aot.toolchain.profiles import get_profile
 
         o = self.o
         self.trace = BuildTrace() if o.trace_path is not None else None
         with self.phase("manifest"):
             self.manifest = load_manifest(self.manifest_path)
         with self.phase("plan"):
-            self.plan = make_plan(self.manifest)
+            # EP specs carry the factory keywords of the profile's mori (pinned: no set-up needed)
+            self.plan = make_plan(self.manifest, mori_version=get_profile(o.toolchain_profile).mori.version)
         with self.phase("toolchain"):
             self.tc = load_toolchain(o.toolchain_root, o.toolchain_profile)
         self.fp = self.tc.fingerprint
@@ -336,7 +294,7 @@ class _BuildRun:
         from gemmar_aot.build.remote_session import FETCH_LEVEL
         from gemmar_aot.store import Store
 
-        ids, keys, rewriter = self.ids, self.keys, None
+        ids, keys, rewriter, check = self.ids, self.keys, None, RecordCheck()
         with self.phase("store look-ups", specs=len(self.selected)):
             for s in self.selected:
                 rec = self.st.get_record(keys[ids[s]], verify=True)
@@ -352,11 +310,31 @@ class _BuildRun:
                     rec = _rederive(self.st, rewriter, keys[ids[s]], rec)
                     if rec is not None:
                         (self.relabelled if relabel else self.rederived).append(ids[s])
+                elif rec is not None:
+                    rec = self._unless_contradicted(keys[ids[s]], rec, check)
                 if rec is not None:
                     self.records[ids[s]] = rec
                 elif self.local is not None and self.session is None:
                     self.local.start()  # at the first miss: workers import while the look-ups go on
         self.local_hits = len(self.records)
+
+    def _unless_contradicted(self, key: str, rec: dict, check: RecordCheck) -> dict | None:
+        """``rec``, or None when it contradicts its own blobs (``derive_check``): then it is
+        quarantined, said, and compiled again -- never a hit."""
+        from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
+
+        def load(d):
+            try:
+                return self.st.load_blob(d.hash, d.size)
+            except (BlobNotFoundError, CorruptArtifactError):
+                return None
+
+        why = check(rec, load)
+        if why is None:
+            return rec
+        self.st.quarantine(self.st.record_path(key), why)
+        self.contradicted.append({"key": key, "problem": why})
+        return None
 
     def _relabel(self, s) -> dict | None:
         """The record of ``s``'s kernel under its key schema 3 key, taken over under its key now
@@ -567,6 +545,7 @@ class _BuildRun:
             "remote_hits": self.remote_hits,
             "rederived": len(self.rederived) + (remote["rederived"] if remote else 0),
             "relabelled": len(self.relabelled),
+            "contradicted": self.contradicted,
             "uploads": remote["uploads"] if remote else 0,
             "remote": remote,
             "closure": self.closure,

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.compiler.derive import DeriveError, is_current, with_derived
+from gemmar_aot.compiler.derive_check import derivation_problems
 from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError
 
@@ -165,6 +166,10 @@ class RemoteSession:
                 self.problem(f"lookup of {key}", e)
                 return key, None
             if current:
+                wrong = derivation_problems(got[0], code, launcher) if launcher is not None else []
+                if wrong:  # its own blobs contradict it: refused as a corrupt entry, compiled here
+                    self._quarantine(f"ac/{key}", got[1], "the record contradicts its own blobs: " + "; ".join(wrong))
+                    return key, None
                 local.put_blob(code)  # blobs (the launcher in _launcher) before record
                 return key, local.put_record_json(key, got[1])
             # Derived by other derive code: never trusted as is, never a miss. Derived again

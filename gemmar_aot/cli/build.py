@@ -34,12 +34,16 @@ def doctor(as_json: bool) -> None:
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--verbose", "-v", is_flag=True, help="List every rank's kernel sequence.")
-def plan(manifest: Path, as_json: bool, verbose: bool) -> None:
+@click.option("--toolchain", "toolchain", default=None, metavar="PROFILE",
+              help="Plan for this toolchain profile (its mori's EP factory keywords) [default: "
+                   "$GEMMAR_AOT_TOOLCHAIN_PROFILE, else 'default'].")
+def plan(manifest: Path, as_json: bool, verbose: bool, toolchain: str | None) -> None:
     """Show what MANIFEST expands to, without compiling."""
     from gemmar_aot.build.manifest import load_manifest
     from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.toolchain.profiles import get_profile
 
-    p = make_plan(load_manifest(manifest))
+    p = make_plan(load_manifest(manifest), mori_version=get_profile(toolchain).mori.version)
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2, sort_keys=True))
         return
@@ -191,6 +195,8 @@ def format_summary(s: dict) -> str:
              f"{s['kernel_instances']} kernel instances: {found}, "
              f"{s['compiled']} compiled, {s['failed']} failed, in {s['wall_seconds']:.1f}s "
              f"({where}) -> {s['store']}"]
+    for bad in s.get("contradicted") or ():
+        lines.append(f"DAMAGED record {bad['key'][:16]} (quarantined, compiled again): {bad['problem']}")
     for node, n in (ex.get("specs_by_node") or {}).items():
         lines.append(f"  {n:4d} compiled on {node}")
     if r:

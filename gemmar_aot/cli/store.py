@@ -250,19 +250,23 @@ def optimize(store, as_json):
                    "(URL, or $GEMMAR_AOT_REMOTE when given alone), each checked against its digest.")
 def verify(store, as_json, trusted_keys, strict, remote):
     """Decompress and check every blob and record; quarantine what is bad. Show who signed each
-    lock (and, with trusted keys, whether the signature verifies).
+    lock (and, with trusted keys, whether the signature verifies). Every record, in the action
+    cache and in each lock's record index, is derived again from its own code object and
+    launcher: one that contradicts them is damage.
 
     Two kinds of finding: damage (corrupt, mismatched, foreign or missing code; exit 1) and
     degraded (entries served as they are that cannot be derived again without the network;
     printed with their cost and fix, exit 0 unless --strict)."""
     from .trust import signature_lines
 
+    from gemmar_aot.compiler.derive_check import RecordCheck
+
     st = _open(store)
-    health = inventory.verify(st)
+    health = inventory.verify(st, RecordCheck())
     fetched = None
     if remote is not None and health.degraded:
         fetched = _fetch_launchers(st, health, remote)
-        health = inventory.verify(st)
+        health = inventory.verify(st, RecordCheck())
     locks = _lock_signatures(st.root, trusted_keys or None)
     bad_sigs = [lk for lk in locks if lk["problem"]]
     ok = not health.damage and not bad_sigs and not (strict and health.degraded)

@@ -167,10 +167,20 @@ class Health:
         return not self.damage and not self.degraded
 
 
-def verify(store: Store) -> Health:
-    """Decode and check every blob and record. Bad files are quarantined. Returns what was found."""
+#: ``record_check(record, load)``: why a record contradicts its own blobs, or None (``load(Digest)``
+#: gives a blob's verified bytes, None when absent). The compiler's derive step supplies it
+#: (``gemmar_aot.compiler.derive_check.RecordCheck``): the store knows nothing of derivation.
+RecordCheck = Callable[[Mapping, Callable], "str | None"]
+
+
+def verify(store: Store, record_check: RecordCheck | None = None) -> Health:
+    """Decode and check every blob and record. Bad files are quarantined. Returns what was found.
+
+    With ``record_check``, every record -- in the action cache and in each lock's record index,
+    where a pod reads them -- is also held against its own blobs: a record that contradicts them
+    is damage (the action-cache file is quarantined; a lock naming one is reported, for a rebuild
+    to replace)."""
     problems: list[dict] = []
-    no_launcher: list[dict] = []
     for p in iter_stray(store.blob_dir, BLOB_SUFFIX):
         problems.append(_problem("stray", p, "not a blob file name; ignored by the store"))
     for p in iter_stray(store.ac_dir, RECORD_SUFFIX):
@@ -209,6 +219,25 @@ def verify(store: Store) -> Health:
             store.local.write_file(sp, store.blob_path(digest).read_bytes())
             why += "; rewritten from the blob"
         problems.append(_problem("dictionary spare", sp, why, q))
+    found, no_launcher = _verify_records(store, blobs, record_check)
+    problems += found
+    for kind, pointer in DICT_POINTERS.items():
+        info = store.dictionary_info(kind)
+        if info and not store.blob_path(info["hash"]).is_file():
+            problems.append(_problem("dictionary", store.root / pointer,
+                                     f"names dictionary {info['hash']}, which is not in the store; new "
+                                     f"{kind} are written without a dictionary"))
+    if record_check is not None:
+        problems += lock_record_problems(store, record_check)
+    return Health(problems, [missing_launchers(store, no_launcher)] if no_launcher else [])
+
+
+def _verify_records(store: Store, blobs: Mapping[str, BlobInfo],
+                    record_check: RecordCheck | None) -> tuple[list[dict], list[dict]]:
+    """Every action-cache record decoded and held against its blob (and, with ``record_check``,
+    against what its blobs derive to): (damage, records whose launcher is not here)."""
+    problems: list[dict] = []
+    no_launcher: list[dict] = []
     for key, p in store.local.iter_record_files():
         try:
             rec = store.local.decode_record(p.read_bytes(), key)
@@ -218,6 +247,12 @@ def verify(store: Store) -> Health:
             q = store.quarantine(p, f"unreadable record: {e}")
             problems.append(_problem("record", p, f"unreadable record: {e}", q))
             continue
+        if record_check is not None:
+            why = record_check(rec, lambda d: _verified_blob(store, d))
+            if why is not None:
+                why += "; quarantined: the next build compiles the kernel again"
+                problems.append(_problem("record", p, why, store.quarantine(p, why)))
+                continue
         ln = record_launcher(rec)
         if ln is not None and not store.blob_path(ln.hash).is_file():
             no_launcher.append({"key": key, "launcher": ln.hash, "size": ln.size,
@@ -229,13 +264,54 @@ def verify(store: Store) -> Health:
         elif blobs.get(d) and blobs[d].raw_size is not None and blobs[d].raw_size != size:
             why = f"says its blob {d} has {size} bytes, the blob has {blobs[d].raw_size}"
             problems.append(_problem("record", p, why, store.quarantine(p, why)))
-    for kind, pointer in DICT_POINTERS.items():
-        info = store.dictionary_info(kind)
-        if info and not store.blob_path(info["hash"]).is_file():
-            problems.append(_problem("dictionary", store.root / pointer,
-                                     f"names dictionary {info['hash']}, which is not in the store; new "
-                                     f"{kind} are written without a dictionary"))
-    return Health(problems, [missing_launchers(store, no_launcher)] if no_launcher else [])
+    return problems, no_launcher
+
+
+def _verified_blob(store: Store, d) -> bytes | None:
+    """Blob ``d``'s verified bytes, or None when it is missing or damaged (reported on its own)."""
+    from .errors import BlobNotFoundError, CorruptArtifactError
+
+    try:
+        return store.load_blob(d.hash, d.size)
+    except (BlobNotFoundError, CorruptArtifactError):
+        return None
+
+
+def lock_record_problems(store: Store, record_check: RecordCheck) -> list[dict]:
+    """Each lock whose record index holds a record that contradicts its own blobs: what a pod of
+    that lock would launch. A lock this gemmar-aot cannot read (another schema, no index) is not
+    damage here: ``inspect`` and the pod say what it is."""
+    from gemmar_aot.model.bundle import LOCK_SUFFIX, LockBundle
+    from gemmar_aot.model.lock import read_lock
+
+    from .record_index import RecordIndex
+
+    out = []
+    for lp in sorted(store.lock_dir.glob("*" + LOCK_SUFFIX)):
+        try:
+            lock = read_lock(lp)
+            index = RecordIndex.read(LockBundle(lp).record_index)
+        except (ValueError, OSError, StoreError):
+            continue
+        if index is None:
+            continue
+        kernels = lock.kernels()
+        recs = index.records([(k, e.record, e.blob.hash) for k, e in kernels.items()], whole=True)
+        bad = []
+        for key, rec in recs.items():
+            if not isinstance(rec, dict):
+                continue  # a line that does not hash to the lock's digest: the pod refuses it by itself
+            why = record_check(rec, lambda dg: _verified_blob(store, dg))
+            if why is not None:
+                bad.append(why)
+        if bad:
+            m = lock.manifest
+            problems = "; ".join(bad[:2]) + (f"; and {len(bad) - 2} more" if len(bad) > 2 else "")
+            out.append(_problem(
+                "lock", lp, f"its record index names {len(bad)} record(s) that contradict their own blobs, which a "
+                f"pod would launch as written: {problems}. Fix: rebuild its manifest ({m.name}: gemmar-aot build "
+                f"MANIFEST --store {store.root}), which compiles those kernels again and writes a new lock"))
+    return out
 
 
 def missing_launchers(store: Store, entries: list[dict]) -> dict:
