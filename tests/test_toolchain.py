@@ -431,16 +431,18 @@ def test_sdma_drain_compiles_and_links_for_gfx950(real_tc):
 def test_doctor_on_installed_toolchain(real_root):
     checks = doctor(real_root)
     names = [c.name for c in checks]
-    assert names == ["python", "flydsl", "torch", "clang", "mori sources", "cco bitcode", "ld.lld", "toolchain.json"]
+    assert names == ["python", "flydsl", "torch", "clang", "mori sources", "cco bitcode", "ld.lld", "hip sdk (hipcc)",
+                     "toolchain.json"]
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
     by = {c.name: c for c in checks}
     assert by["flydsl"].detail == pins.FLYDSL_VERSION
     assert by["ld.lld"].detail.startswith("LLD ")
+    assert by["hip sdk (hipcc)"].detail.startswith("libamdhip64-dev 7.2.4-1~exp2, rocm-device-libs-22 7.2.4+dfsg-1~exp1")
 
 
 def test_doctor_on_empty_root_names_fixes(tmp_path):
     checks = {c.name: c for c in doctor(tmp_path)}
-    for name in ("mori sources", "cco bitcode", "ld.lld", "toolchain.json"):
+    for name in ("mori sources", "cco bitcode", "ld.lld", "hip sdk (hipcc)", "toolchain.json"):
         assert not checks[name].ok
         assert "make setup" in checks[name].fix
     assert checks["python"].ok and checks["flydsl"].ok
@@ -496,3 +498,32 @@ def test_linker_wrapper_outlives_the_venv_that_installed_it(tmp_path, monkeypatc
     out = subprocess.run([str(wrapper), "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("LLD "), out.stderr
     assert str(venv_zig) not in wrapper.read_text()
+
+
+def test_a_hip_sdk_pin_the_archive_no_longer_serves_fails_setup_with_the_exact_fix(tmp_path):
+    """Experimental versions get replaced: a pinned version Debian no longer serves is refused saying
+    what the archive holds now, where the verified file is kept (snapshot.debian.org), and how to
+    move the pin; a verified file in the download cache is taken as it is, with no network."""
+    import shutil
+    from dataclasses import replace
+
+    from gemmar_aot.toolchain import load_toolchain, rocm_sdk
+
+    root = load_toolchain().root
+    if not (root / "apt" / "sources.list").is_file():
+        pytest.skip("the toolchain's private apt configuration is not set up (make setup)")
+    hip = rocm_sdk.DEBS[0]
+    gone = replace(hip, version="7.2.3-1~exp1", pool="pool/main/r/rocm-hipamd/libamdhip64-dev_7.2.3-1~exp1_amd64.deb",
+                   sha256="0" * 64)
+    with pytest.raises(ToolchainError) as e:
+        rocm_sdk.fetch(gone, tmp_path / "downloads", root / "apt")
+    msg = str(e.value)
+    assert "Debian's experimental suite no longer serves libamdhip64-dev 7.2.3-1~exp1 (experimental)" in msg
+    assert f"it has {hip.version} (sha256 {hip.sha256})" in msg
+    assert f"https://snapshot.debian.org/archive/debian/{rocm_sdk.VERIFIED_ON}/{gone.pool}" in msg
+    assert "move the pin" in msg and "gemmar_aot/toolchain/rocm_sdk.py" in msg
+    cached = tmp_path / "cached"
+    cached.mkdir()
+    shutil.copy2(root / "downloads" / hip.filename, cached / hip.filename)
+    assert rocm_sdk.fetch(hip, cached, tmp_path / "no-apt-here") == cached / hip.filename
+    assert not (tmp_path / "no-apt-here").exists()  # no apt run for a verified file

@@ -120,8 +120,15 @@ def doctor(root: Path | None = None, profile: str | None = None) -> list[Check]:
         _check("mori sources", FIX, mori_sources),
         _check("cco bitcode", FIX, cco),
         _check("ld.lld", FIX, lld),
+        _check("hip sdk (hipcc)", FIX, lambda: _hip_sdk(layout, fp)),
         _check("toolchain.json", FIX, fingerprint),
     ]
+
+
+def _hip_sdk(layout: Layout, fp: dict | None) -> str:
+    from . import rocm_sdk  # only doctor reads it: a compile worker imports this module, not that one
+
+    return rocm_sdk.describe(layout.root, fp)
 
 
 def format_table(checks: list[Check]) -> str:

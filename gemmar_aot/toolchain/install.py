@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmar_aot.util.errors import ToolchainError
-from . import ccobc, clangres, devicelibs
+from . import ccobc, clangres, devicelibs, rocm_sdk
 from gemmar_aot.model.device_abi import device_abi_digest
 from gemmar_aot.util.atomic_write import atomic_write_bytes, atomic_write_text
 from gemmar_aot.util.filedigest import sha256_file, sha256_hex, tree_digest
@@ -242,8 +242,20 @@ def _setup_shared(layout: Layout, log: Log) -> dict:
         ),
         log,
     )
+    run_step(
+        layout,
+        Step(
+            name="rocm-sdk",
+            what="HIP 7.2.4 SDK for mori's hipcc kernels (Debian: " + ", ".join(d.describe() for d in rocm_sdk.DEBS) + ")",
+            inputs={"debs": [[d.package, d.version, d.sha256, [list(t) for t in d.take]] for d in rocm_sdk.DEBS],
+                    "lld": rocm_sdk.lld_wrapper_text()},
+            output=lambda: None if rocm_sdk.problems(layout.root) else tree_digest(rocm_sdk.sdk_dir(layout.root)),
+            run=lambda: rocm_sdk.install(layout.root, layout.downloads),
+        ),
+        log,
+    )
     return {"hip": hip, "resource": resource, "devlibs": devlibs, "clang": clang,
-            "linker": lld_identity([str(layout.ld_lld)])}
+            "linker": lld_identity([str(layout.ld_lld)]), "hipcc": rocm_sdk.fingerprint(layout.root)}
 
 
 def _setup_profile(layout: Layout, shared: dict, log: Log) -> dict:
@@ -288,6 +300,8 @@ def _setup_profile(layout: Layout, shared: dict, log: Log) -> dict:
             },
             "cco_bitcode": cco_record,
             "linker": {"identity": identity, "via": f"ziglang {ZIGLANG_VERSION}"},
+            # mori's hipcc-JIT kernels (gemmar_aot_kernels.hipcc): the SDK, clang, the host headers
+            "hipcc": {**shared["hipcc"], "mori": rocm_sdk.mori_jit_digests(layout.mori_dir)},
         }
     )
     wrote = write_fingerprint(layout.toolchain_json, fp)
