@@ -149,7 +149,12 @@ def test_an_index_of_another_schema_or_not_an_index_is_refused(tmp_path):
 def test_a_lock_read_back_names_the_same_groups(smoke_store):
     lock = read_lock(_lock_path(smoke_store))
     groups = lock_rank_blob_groups(lock)
-    assert len(groups) == max(r.rank for t in lock.tuples for r in t.ranks) + 1
+    variants = {(h.variant.arch, h.variant.nic, h.variant.host_proxy) for h in lock.hipcc}
+    assert len(variants) == 5  # the hipcc code objects: a group per (arch, NIC) a pod can ask for
+    assert len(groups) == max(r.rank for t in lock.tuples for r in t.ranks) + 1 + len(variants)
+    assert {frozenset(g) for g in groups[-len(variants):]} == {
+        frozenset(h.entry.blob.hash for h in lock.hipcc if (h.variant.arch, h.variant.nic, h.variant.host_proxy) == v)
+        for v in variants}
 
 
 def test_an_index_that_cannot_be_read_is_said_and_the_store_serves(smoke_store, smoke_lock, tmp_path, caplog):

@@ -24,6 +24,10 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
                          f"topk={g['topk']} world={g['world']} {dt} {g['combine_mode']} {g['device']} "
                          f"ranks={len(g['ranks'])}")
             continue
+        if g["transport"] == "hipcc":
+            lines.append(f"  hipcc      {g['arch']} NIC {g['nic']}" + (" host proxy" if g["host_proxy"] else "")
+                         + f": {', '.join(g['sources'])}")
+            continue
         wire = f" wire={g['wire']}" if g.get("wire") else ""
         mmax = f" m_max={g['m_max']}" if g.get("m_max") else ""
         lines.append(f"  {g['transport']:<10} M={','.join(map(str, g['m']))} N={g['n']} K={g['k']} "

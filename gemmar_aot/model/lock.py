@@ -7,14 +7,17 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
-from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError, LockSchemaError, _REBUILD, _TOP
+from gemmar_aot.model.schema import LOCK_SCHEMA, READ_SCHEMAS, LockFileError, LockSchemaError, _REBUILD, top_keys
 from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
 from gemmar_aot.model.validate import _DocReader, _show, _type_name
+
+if TYPE_CHECKING:  # a pod whose lock has no hipcc item never imports it
+    from gemmar_aot.model.hipcc import CodeObjectEntry, LockHipcc
 
 #: Entry-point group through which installed artifact packages announce their lock and store.
 ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
@@ -31,9 +34,11 @@ class Lock:
     env: Mapping[str, str | None]  # code-changing environment values the build read
     tuples: tuple[LockTuple, ...]
     eps: tuple[LockEp, ...] = ()  # the [[ep]] entries
+    hipcc: tuple["LockHipcc", ...] = ()  # mori's hipcc-JIT code objects ([[hipcc]] entries)
 
     def __hash__(self) -> int:
-        return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples, self.eps))
+        return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples, self.eps,
+                     self.hipcc))
 
     # ---- queries ----
 
@@ -49,19 +54,26 @@ class Lock:
                 for n, e in enumerate(r.launches):
                     yield f"$.ep[{i}].ranks[{j}].launches[{n}]", e
 
-    def kernels(self) -> dict[str, LaunchEntry]:
-        """Action key -> entry, for every distinct kernel the lock launches (sorted by key)."""
-        out: dict[str, LaunchEntry] = {}
-        for _w, e in self.iter_launches():
+    def iter_entries(self) -> Iterator[tuple[str, "LaunchEntry | CodeObjectEntry"]]:
+        """(JSON-ish path, entry) of every kernel the lock names: every launch, then every code
+        object it hands mori whole (``hipcc``). What a store must keep, a wheel carry, an index hold."""
+        yield from self.iter_launches()
+        for i, h in enumerate(self.hipcc):
+            yield f"$.hipcc[{i}]", h.entry
+
+    def kernels(self) -> dict[str, "LaunchEntry | CodeObjectEntry"]:
+        """Action key -> entry, for every distinct kernel the lock names (sorted by key)."""
+        out: dict[str, Any] = {}
+        for _w, e in self.iter_entries():
             out.setdefault(e.key, e)
         return dict(sorted(out.items()))
 
     def action_keys(self) -> set[str]:
-        return {e.key for _w, e in self.iter_launches()}
+        return {e.key for _w, e in self.iter_entries()}
 
     def blobs(self) -> dict[str, Digest]:
         """Blob hash -> Digest of every code object the lock names."""
-        return {e.blob.hash: e.blob for _w, e in self.iter_launches()}
+        return {e.blob.hash: e.blob for _w, e in self.iter_entries()}
 
     def blob_digests(self) -> set[str]:
         return set(self.blobs())
@@ -130,6 +142,7 @@ class Lock:
             } for t in self.tuples],
             "ep": [{"config": ep.config.to_json(), "source": ep.source, "arena": ep.arena.to_json(),
                     "ranks": [r.rank for r in ep.ranks]} for ep in self.eps],
+            "hipcc": [h.to_json() for h in self.hipcc],
             "parts": [parts[r] for r in sorted(parts)],
         }
 
@@ -240,6 +253,15 @@ def _plain(v: Any) -> Any:
 class _Reader(_DocReader):
     """The document reader, and the :class:`Lock` it reads (the one reader's last step)."""
 
+    def hipcc(self, v: Any) -> tuple:
+        """The ``hipcc`` items (``model.hipcc``, imported only when a lock has some)."""
+        items = self.list(v, "$.hipcc")
+        if not items:
+            return ()
+        from gemmar_aot.model.hipcc import read_lock_hipcc
+
+        return tuple(read_lock_hipcc(self, x, f"$.hipcc[{i}]") for i, x in enumerate(items))
+
     # ---- the lock ----
 
     def lock(self, v: Any, lines: list[bytes] | None = None) -> Lock:
@@ -255,15 +277,15 @@ class _Reader(_DocReader):
         if schema > LOCK_SCHEMA:
             raise LockSchemaError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
                                 f"reads lock schema {LOCK_SCHEMA}: upgrade gemmar-aot")
-        if 1 <= schema < LOCK_SCHEMA:
+        if 1 <= schema < LOCK_SCHEMA and schema not in READ_SCHEMAS:
             raise LockSchemaError(f"{self.where}: lock schema {schema} was written by an older gemmar-aot; this one "
                                 f"reads lock schema {LOCK_SCHEMA} and does not convert old locks: rebuild it "
                                 f"with `gemmar-aot build MANIFEST` (the store's kernels are reused, nothing is "
                                 f"recompiled)")
-        if schema != LOCK_SCHEMA:
+        if schema not in READ_SCHEMAS:
             raise LockFileError(f"{self.where}: unknown lock schema {schema} (this gemmar-aot reads lock schema "
                                 f"{LOCK_SCHEMA}); {_REBUILD}")
-        self.obj(v, "$", _TOP)
+        self.obj(v, "$", top_keys(schema))
         m = self.obj(v["manifest"], "$.manifest", ("name", "arch", "sha256"))
         manifest = ManifestRef(self.str(m["name"], "$.manifest.name"), self.str(m["arch"], "$.manifest.arch"),
                                self.hex64(m["sha256"], "$.manifest.sha256"))
@@ -290,10 +312,11 @@ class _Reader(_DocReader):
                        for i, t in enumerate(self.list(v["tuples"], "$.tuples")))
         eps = tuple(self.ep(x, f"$.ep[{i}]", len(tuples) + i, parts)
                     for i, x in enumerate(self.list(v["ep"], "$.ep")))
+        hipcc = self.hipcc(v["hipcc"]) if "hipcc" in v else ()
         for part in parts.values():
             if not part.tuples:
                 raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple or EP entry "
                                                           f"lists rank {part.rank}")
         return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
                     code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
-                    toolchain=toolchain, env=dict(env), tuples=tuples, eps=eps)
+                    toolchain=toolchain, env=dict(env), tuples=tuples, eps=eps, hipcc=hipcc)

@@ -18,7 +18,12 @@ from gemmar_aot.model.types import _TUPLE_ID_FIELDS
 #:    spelled ``{"hash", "size"}``, as a lock spells every digest), so every record digest moved;
 #:    one schema whether or not the manifest has [[ep]] entries: ``ep`` is always there, and a
 #:    part's launch item indexes ``tuples`` followed by ``ep`` (item ``len(tuples) + i`` is entry i).
-LOCK_SCHEMA = 5
+#: 6: schema 5 and the ``hipcc`` list: the code objects of mori's hipcc-JIT kernels the build made
+#:    ([[hipcc]] entries), each a variant (source, arch, NIC, host proxy) and its kernel (action key,
+#:    blob, record, symbols), in the head. A schema-5 lock is read as one with no such list.
+LOCK_SCHEMA = 6
+#: The schemas this gemmar-aot reads.
+READ_SCHEMAS = (5, 6)
 _REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
 
 
@@ -40,7 +45,12 @@ class LockSchemaError(LockFileError):
 # ---------------------------------------------------------------------------
 
 _TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "tuples",
-        "ep", "parts")
+        "ep", "hipcc", "parts")
+
+
+def top_keys(schema: int) -> tuple[str, ...]:
+    """The members of a lock head of ``schema`` (one of :data:`READ_SCHEMAS`)."""
+    return _TOP if schema >= 6 else tuple(k for k in _TOP if k != "hipcc")
 _EP_KEYS = ("config", "source", "arena", "ranks")
 _PART_KEYS = ("rank", "kernels", "launches")
 _PART_REF_KEYS = ("rank", "hash", "size")

@@ -134,7 +134,7 @@ OLD_LOCK_ARCNAME = "lock.json"
 def lock_sizes(lock: Lock) -> dict[str, int | None]:
     """digest -> raw size as the lock names it. Raises on disagreement."""
     sizes: dict[str, int | None] = {}
-    for where, e in lock.iter_launches():
+    for where, e in lock.iter_entries():
         d, s = e.blob.hash, e.blob.size
         old = sizes.get(d)
         if old is not None and old != s:
@@ -145,7 +145,8 @@ def lock_sizes(lock: Lock) -> dict[str, int | None]:
 
 def coverage(lock: Lock) -> list[dict]:
     """The tuples a lock covers, grouped: transport, N, K, world, quant, wire -> M list; then its
-    ``[[ep]]`` entries, one row each (``transport`` "ep", the configuration, its ranks)."""
+    ``[[ep]]`` entries, one row each (``transport`` "ep", the configuration, its ranks); then its
+    hipcc code objects, a row per (arch, NIC variant, host proxy) naming their sources."""
     groups: dict[tuple, dict] = {}
     for t in lock.tuples:
         i = t.id
@@ -164,5 +165,10 @@ def coverage(lock: Lock) -> list[dict]:
         out.append(g)
     out = sorted(out, key=lambda g: (g["transport"], g["n"], g["k"], g["world"], g["quant"], g["wire"] or "",
                                      g["m_max"] or 0))
-    return out + [{"transport": "ep", **ep.config.to_json(), "ranks": [r.rank for r in ep.ranks]} for ep in lock.eps]
+    hipcc: dict[tuple, list[str]] = {}  # mori's hipcc code objects: the sources of each (arch, NIC, proxy)
+    for h in lock.hipcc:
+        hipcc.setdefault((h.variant.arch, h.variant.nic, h.variant.host_proxy), []).append(h.variant.source)
+    return (out + [{"transport": "ep", **ep.config.to_json(), "ranks": [r.rank for r in ep.ranks]} for ep in lock.eps]
+            + [{"transport": "hipcc", "arch": a, "nic": n, "host_proxy": p, "sources": sorted(srcs)}
+               for (a, n, p), srcs in sorted(hipcc.items())])
 
