@@ -150,8 +150,12 @@ def test_explain_names_the_changed_ingredient(smoke_build):
     other = json.loads(json.dumps(fp))
     other["cco_bitcode"]["sha256"] = "0" * 64
     res = check_lock(lock, Store(store, readonly=True), other)
-    assert res["stale"] == len(lock.action_keys())
-    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": len(lock.action_keys())}
+    flydsl = len(lock.action_keys()) - len(lock.hipcc)  # mori's hipcc kernels link no cco bitcode
+    assert res["stale"] == flydsl and res["distinct_keys"] == len(lock.action_keys())
+    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": flydsl}
+    other["hipcc"]["clang"] = "clang version 23.0.0"  # and they alone hash clang's identity
+    res = check_lock(lock, Store(store, readonly=True), other)
+    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": flydsl, "toolchain.clang": len(lock.hipcc)}
     assert [c["ingredient"] for c in res["toolchain_changed"]] == ["toolchain.cco_bitcode_sha256"]
 
 

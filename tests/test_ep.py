@@ -312,7 +312,7 @@ def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
     path = Path(summary["lock_file"])
     data = path.read_bytes()
     lock = read_lock(path).check_parts()
-    assert json.loads(data.split(b"\n")[0])["schema"] == 5 and lock.tuples == ()
+    assert json.loads(data.split(b"\n")[0])["schema"] == 6 and lock.tuples == ()
     (le,), (pe,) = lock.eps, plan.eps
     assert le.config == pe.entry.config and le.arena == pe.arena and le.source.endswith(":ep[0] (line 17)")
     fp = load_toolchain().fingerprint
@@ -326,7 +326,7 @@ def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
     assert Lock.from_bytes(data).to_bytes() == data  # canonical: read back, written again, the same bytes
     # one schema, [[ep]] entries or not: a lock without them has an empty ep list
     assert {k: v for k, v in dataclasses.replace(lock, eps=()).to_json().items() if k in ("schema", "ep")} == \
-        {"schema": 5, "ep": []}
+        {"schema": 6, "ep": []}
 
 
 @pytest.mark.compile

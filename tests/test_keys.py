@@ -30,6 +30,10 @@ FP = {
     "python": "3.11.7",
     "target": {"arch": "gfx950", "code_object_version": 6},
     "torch": {"version": "2.13.0+cpu"},
+    "hipcc": {"clang": "clang version 22.1.8", "sdk_digest": "1" * 64, "resource_dir_digest": "2" * 64,
+              "host_headers": ["libc6-dev 2.36-9+deb12u14"], "linker": "LLD 22.1.8",
+              "debs": [], "mori": {"jit": "3" * 64, "trees": {"include/mori": "7" * 64, "src/ops": "8" * 64,
+                                                               "src/io": "9" * 64, "src/collective": "0" * 64}}},
 }
 
 
@@ -101,7 +105,42 @@ def test_keys_travel_across_python_torch_and_the_released_flydsl_wheels():
     assert keys_a == [action_key(ingredients(s, b)) for s in plan.specs]
     c = copy.deepcopy(b)
     c["flydsl"]["package_digest"] = "e" * 64  # a local FlyDSL build of the same version
-    assert not set(keys_a) & {action_key(ingredients(s, c)) for s in plan.specs}
+    flydsl = [s for s in plan.specs if s.recipe != "hipcc"]  # mori's hipcc kernels: no FlyDSL in them
+    assert not {action_key(ingredients(s, a)) for s in flydsl} & {action_key(ingredients(s, c)) for s in flydsl}
+
+
+def test_a_hipcc_kernel_s_key_is_its_sources_clang_and_sdk_and_nothing_of_flydsl():
+    """mori's hipcc kernels: their subsystem's tree, include/mori, mori's JIT driver, clang, the SDK,
+    the resource dir, the host headers and lld move their keys; FlyDSL, the
+    cco bitcode, mori's version and wheel, Python, torch, and another subsystem's tree do not."""
+    plan = make_plan(load_manifest(ROOT / "manifests" / "smoke.toml"), env={})
+    hip = [s for s in plan.specs if s.recipe == "hipcc"]
+    ops = [s for s in hip if s.param_dict()["dir"] == "src/ops/kernels"]
+    io = [s for s in hip if s.param_dict()["dir"] == "src/io/kernels"]
+    assert ops and io
+
+    def keys(fp, specs):
+        return [action_key(ingredients(s, fp)) for s in specs]
+
+    def edited(path: str, value):
+        fp = copy.deepcopy(FP)
+        node = fp
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+        return fp
+
+    for path, value in (("flydsl.package_digest", "e" * 64), ("cco_bitcode.sha256", "c" * 64), ("python", "3.12.1"),
+                        ("mori.version", "1.2.5"), ("mori.wheel_sha256", "9" * 64), ("torch.version", "2.11.0"),
+                        ("hipcc.mori.trees.src/io", "5" * 64)):
+        assert keys(edited(path, value), ops) == keys(FP, ops), path
+    for path, value in (("hipcc.clang", "clang version 23.0.0"), ("hipcc.sdk_digest", "5" * 64),
+                        ("hipcc.resource_dir_digest", "5" * 64), ("hipcc.host_headers", ["libc6-dev 2.41"]),
+                        ("hipcc.linker", "LLD 23"), ("hipcc.mori.jit", "5" * 64),
+                        ("hipcc.mori.trees.include/mori", "5" * 64), ("hipcc.mori.trees.src/ops", "5" * 64)):
+        assert not set(keys(edited(path, value), ops)) & set(keys(FP, ops)), path
+    assert keys(edited("hipcc.mori.trees.src/ops", "5" * 64), io) == keys(FP, io)
 
 
 def test_every_builder_argument_changes_the_key():

@@ -106,7 +106,7 @@ def test_every_recipe_with_a_build_half_has_its_compile_code_listed():
         if info.name.startswith("_"):
             continue
         mod = recipe_module(info.name.replace("_", "-"))
-        if hasattr(mod, "build"):
+        if hasattr(mod, "build") or hasattr(mod, "compile_object"):  # FlyDSL's build half, or clang's (hipcc)
             with_build.add(mod.RECIPE)
     assert with_build == set(keys.RECIPE_CODE)
 
@@ -181,6 +181,43 @@ print(json.dumps({"code": len(code), "modules": sorted(m for m in sys.modules if
 """
 
 
+#: A hipcc compile, as the build runs it: ``python -m gemmar_aot_kernels.hipcc`` in a process of its own.
+_HIPCC_PROBE = _PROBE[:_PROBE.index("sys.setprofile(profile)")] + """
+import tempfile
+from pathlib import Path
+sys.setprofile(profile)
+from gemmar_aot_kernels import hipcc
+with tempfile.TemporaryDirectory() as td:
+    hipcc.compile_object(json.loads(sys.argv[1])["params"], Path(sys.argv[2]), Path(sys.argv[3]), Path(td) / "o")
+    size = (Path(td) / "o").stat().st_size
+sys.setprofile(None)
+print(json.dumps({"code": size, "modules": sorted(m for m in sys.modules if m.startswith("gemmar")),
+                  "called": {m: sorted(f) for m, f in called.items()}}))
+"""
+
+
+@pytest.mark.compile
+def test_a_hipcc_compile_imports_only_its_own_compile_code(tmp_path):
+    """mori's hipcc kernels compile without a FlyDSL worker: in their own process, what of ours is
+    imported is the recipe's compile code (keys.RECIPE_CODE["hipcc"]) or a package's docstring, and
+    only the recipe's code runs -- nothing of COMPILE_CODE, whose changes must not move their keys."""
+    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.toolchain import load_toolchain
+
+    spec = next(s for s in make_plan(load_manifest(ROOT / "manifests" / "smoke.toml")).specs if s.recipe == "hipcc")
+    tc = load_toolchain()
+    p = subprocess.run([sys.executable, "-c", _HIPCC_PROBE, json.dumps(spec.to_json()), str(tc.root), str(tc.mori_dir)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["code"] > 0
+    listed = set(keys.RECIPE_CODE["hipcc"])
+    packages = {"gemmar_aot", "gemmar_aot.model", "gemmar_aot.util", "gemmar_aot_kernels"}
+    assert set(got["modules"]) - listed == packages & set(got["modules"]), sorted(set(got["modules"]) - listed)
+    assert set(got["called"]) <= listed and "gemmar_aot_kernels.hipcc" in got["called"]
+
+
 @pytest.mark.compile
 def test_a_compile_worker_imports_only_the_compile_code_its_recipe_lists():
     """In a fresh process, as a pool worker starts: everything of ours imported by the time the
@@ -195,6 +232,8 @@ def test_a_compile_worker_imports_only_the_compile_code_its_recipe_lists():
         for s in make_plan(load_manifest(ROOT / "manifests" / m)).specs:
             one.setdefault(s.recipe, s)
     assert set(one) == set(keys.RECIPE_CODE), "smoke.toml and dsv4-pro-ep.toml build a kernel of every recipe"
+    for recipe in keys.OWN_COMPILE:  # no FlyDSL worker: test_a_hipcc_compile_imports_only_its_own_compile_code
+        del one[recipe]
     imported_only_seen = set()
     for recipe, spec in sorted(one.items()):
         p = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(spec.to_json())], capture_output=True,

@@ -76,7 +76,7 @@ def sample(keys: Iterable[str], n: int | None, seed: int | None) -> tuple[list[s
 
 def audit_tasks(tasks: Sequence[Any], claimed: Mapping[str, Mapping[str, Any]], origins: Mapping[str, str], *,
                 executor: Any, costs: Any = None, progress: bool = False,
-                scratch_parent: str | os.PathLike | None = None) -> dict:
+                scratch_parent: str | os.PathLike | None = None, toolchain: Any = None) -> dict:
     """Compile ``tasks`` (``compiler.scheduler.Task``) into a scratch store and compare each with
     ``claimed[key]``: ``{"blob": sha256, "record": Digest or its hash}``. Returns a report:
     ``audited`` (keys compiled and compared), ``findings`` (:class:`Finding`), ``seconds``."""
@@ -85,7 +85,8 @@ def audit_tasks(tasks: Sequence[Any], claimed: Mapping[str, Mapping[str, Any]], 
     t0 = time.perf_counter()
     findings: list[Finding] = []
     with tempfile.TemporaryDirectory(prefix="gemmar-aot-audit-", dir=scratch_parent) as scratch:
-        results = compile_all(tasks, scratch, executor=executor, costs=costs, progress=progress) if tasks else []
+        results = compile_all(tasks, scratch, executor=executor, costs=costs, progress=progress,
+                              toolchain=toolchain) if tasks else []
     by_spec = {t.spec: t for t in tasks}
     for spec, res in results:
         task = by_spec[spec]
@@ -197,7 +198,7 @@ def audit_lock(lock_path: str | os.PathLike, *, store: str | os.PathLike | None 
         claimed[key] = {"blob": e.blob.hash, "record": e.record.hash}
     with LocalExecutor(jobs, toolchain_root=toolchain_root) as ex:
         rep = audit_tasks(tasks, claimed, {k: origins.get(k, "this store (compiled here or imported)") for k in claimed},
-                          executor=ex, progress=progress)
+                          executor=ex, progress=progress, toolchain=tc)
     findings += rep["findings"]
     quarantined = []
     for f in findings:

@@ -250,12 +250,14 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
                 launchers[ln.hash] = reader.load_blob(ln.hash, ln.size)
     except StoreError as e:
         raise ClosureRefused(f"{where}: {e}") from None
+    from gemmar_aot.compiler.derive import whole_object_arch
     from gemmar_aot.compiler.derive_check import derivation_problems, kernel_label
 
     for k, rec in recs.items():
         ln = record_launcher(rec)
-        wrong = (derivation_problems(rec, codes[k], launchers[ln.hash])
-                 if is_current(rec) and ln is not None and ln.hash in launchers else [])
+        whole = ln is None and whole_object_arch(rec) is not None  # mori loads it whole: no launcher
+        wrong = (derivation_problems(rec, codes[k], None if whole else launchers[ln.hash])
+                 if is_current(rec) and (whole or (ln is not None and ln.hash in launchers)) else [])
         if wrong:
             raise ClosureRefused(f"{where}: the record of {kernel_label(rec)} ({k[:16]}) contradicts its own blobs: "
                                  + "; ".join(wrong))

@@ -57,6 +57,8 @@ def _launch_index(lock: Lock) -> dict[tuple, LaunchEntry]:
         for r in ep.ranks:
             for i, e in enumerate(r.launches):
                 out[ident + (r.rank, "launches", i)] = e
+    for h in lock.hipcc:
+        out[("hipcc", *h.variant.to_json().values())] = h.entry
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gemmar_aot.compiler.keys import toolchain_ingredients
+from gemmar_aot.model.hipcc import CodeObjectEntry, LockHipcc
 from gemmar_aot.model.launch import LaunchRecord
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
@@ -47,13 +48,23 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
                        arena=e.arena, ranks=tuple(RankLaunches(r.rank, tuple(entry(s) for s in r.launches), ())
                                                   for r in e.ranks))
                 for e in plan.eps)
+    hipcc = tuple(LockHipcc(v, h.entry.source.replace(str(manifest.path), Path(manifest.path).name),
+                            code_object_entry(v.source, keys[s.spec_id], records[s.spec_id]))
+                  for h in plan.hipcc for v, s in zip(h.entry.variants, h.specs))
     text = Path(manifest.path).read_bytes()
     return Lock(
         manifest=ManifestRef(manifest.name, manifest.arch, sha256_hex(text)),
-        arch=fp["target"]["arch"],
+        arch=manifest.arch,
         code_object_version=fp["target"]["code_object_version"],
         toolchain=ToolchainInfo(fp["digest"], toolchain_ingredients(fp), fp.get("profile")),
         env=dict(plan.env),
         tuples=tuple(tuples),
         eps=eps,
+        hipcc=hipcc,
     )
+
+
+def code_object_entry(kind: str, key: str, rec: dict) -> CodeObjectEntry:
+    """The lock's entry for a code object mori loads whole (``kind``: its spec's, mori's source name),
+    made from its record."""
+    return CodeObjectEntry(kind, key, record_blob(rec), record_digest(rec), tuple(rec["metadata"]["kernels"]))

@@ -118,6 +118,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 from gemmar_aot.model import rules
 from gemmar_aot.build.manifest_check import (
+    FLYDSL_ARCH,
     COMMON,
     Checker,
     Draft,
@@ -129,6 +130,7 @@ from gemmar_aot.build.manifest_check import (
     unknown_key,
 )
 from gemmar_aot.build.manifest_ep import EpEntry, check_ep, entry_lines
+from gemmar_aot.build.manifest_hipcc import HipccEntry, check_hipcc
 from gemmar_aot.build.workload import Workload
 from gemmar_aot.util.errors import ManifestError
 
@@ -148,7 +150,9 @@ MAX_REPEAT_WARNINGS = 32
 #: Most EP kernel compiles (every rank's variants of every [[ep]] entry) one manifest may ask for.
 MAX_EP_COMPILES = 8192
 
-_TOP_KEYS = ("manifest", "tuple", "ep")
+_TOP_KEYS = ("manifest", "tuple", "ep", "hipcc")
+#: Most hipcc code objects (sources x archs x NIC variants, every entry) one manifest may ask for.
+MAX_HIPCC_COMPILES = 512
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,7 @@ class Manifest:
     workloads: tuple[Workload, ...]
     warnings: tuple[str, ...] = ()
     eps: tuple[EpEntry, ...] = ()  # the [[ep]] entries, in manifest order, repeats removed
+    hipcc: tuple[HipccEntry, ...] = ()  # the [[hipcc]] entries, each variant in the first that asks for it
 
 
 # --------------------------------------------------------------------------
@@ -281,6 +286,47 @@ def _check_eps(ck: Checker, eps: Any, room: int) -> list[EpEntry]:
     return out
 
 
+def _check_flydsl_arch(ck: Checker, arch: str, flydsl: bool) -> None:
+    """[[tuple]] and [[ep]] entries (``flydsl``) only in a gfx950 manifest."""
+    if arch != FLYDSL_ARCH and flydsl:
+        ck.problem("top level", f'arch = "{arch}": [[tuple]] and [[ep]] entries are mori\'s FlyDSL ops, built for '
+                   f'{FLYDSL_ARCH} (MI355X) only; a {arch} manifest holds [[hipcc]] entries: set arch = '
+                   f'"{FLYDSL_ARCH}", or move them to a {FLYDSL_ARCH} manifest')
+
+
+def _check_hipccs(ck: Checker, entries: Any, arch: str) -> list[HipccEntry]:
+    """The checked ``[[hipcc]]`` entries, each code object in the first entry that asks for it (a
+    repeat warned about), bounded by :data:`MAX_HIPCC_COMPILES`."""
+    from dataclasses import replace
+
+    from gemmar_aot.build.manifest_hipcc import entry_lines as hipcc_lines
+
+    if not isinstance(entries, list):
+        ck.problem("top level", f"hipcc = {render(entries)}: hipcc entries must be [[hipcc]] sections (an array of "
+                   "tables); write the header as [[hipcc]]")
+        return []
+    lines = hipcc_lines(ck, len(entries))
+    out: list[HipccEntry] = []
+    seen: dict = {}
+    for i, raw in enumerate(entries):
+        e = check_hipcc(ck, i, raw, lines[i], arch)
+        if e is None:
+            continue
+        repeats = [v for v in e.variants if v in seen]
+        for v in repeats[:3]:
+            ck.warnings.append(f"{ck.path}: {_entry_of(e.source, ck.path)}: {v.describe()} repeats "
+                               f"{_entry_of(seen[v], ck.path)}; it is built once")
+        fresh = tuple(v for v in e.variants if v not in seen)
+        seen.update((v, e.source) for v in fresh)
+        if fresh:
+            out.append(replace(e, variants=fresh))
+    if len(seen) > MAX_HIPCC_COMPILES:
+        ck.problem("top level", f"the [[hipcc]] entries ask for {len(seen)} code objects (sources x archs x NIC "
+                   f"variants), more than the {MAX_HIPCC_COMPILES} one manifest may ask for; split it into several "
+                   "manifests")
+    return out
+
+
 def _entry_of(source: str, path: str) -> str:
     prefix = path + ":"
     return source[len(prefix):] if source.startswith(prefix) else source
@@ -325,17 +371,17 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     ck = Checker(path, text)
     for key in data:
         if key not in _TOP_KEYS:
-            unknown_key(ck, "top level", key, ("[manifest]", "[[tuple]]", "[[ep]]"), "a manifest")
+            unknown_key(ck, "top level", key, ("[manifest]", "[[tuple]]", "[[ep]]", "[[hipcc]]"), "a manifest")
     name, description, arch = check_manifest_table(ck, data.get("manifest", {}), _default_name(path))
 
     tuples = data.get("tuple")
     drafts: list[Draft] = []
-    if tuples is None and "ep" in data:
-        pass  # an EP-only manifest
+    if tuples is None and ("ep" in data or "hipcc" in data):
+        pass  # an EP-only or hipcc-only manifest
     elif tuples is None:
         ck.problem("top level", "there is no [[tuple]]: a manifest must list at least one workload; "
                    'add e.g. [[tuple]] with transport = "fused-sdma", m, n, k, world and quant (or an [[ep]] '
-                   "entry)")
+                   "or a [[hipcc]] entry)")
     elif isinstance(tuples, dict):
         ck.problem("top level", "[tuple] is a single table, but tuples are an array of tables; "
                    "write the header as [[tuple]]")
@@ -353,6 +399,8 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
                 drafts.append(d)
 
     eps = _check_eps(ck, data["ep"], MAX_WORKLOADS) if "ep" in data else []
+    hipcc = _check_hipccs(ck, data["hipcc"], arch) if "hipcc" in data else []
+    _check_flydsl_arch(ck, arch, bool(drafts or eps))
     if ck.problems:
         raise ManifestError(ck.problems)
     workloads = _expand(ck, drafts)
@@ -372,6 +420,7 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
         workloads=tuple(workloads),
         warnings=tuple(ck.warnings),
         eps=tuple(eps),
+        hipcc=tuple(hipcc),
     )
 
 
@@ -399,6 +448,7 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
 
 __all__ = [
     "MAX_EP_COMPILES",
+    "MAX_HIPCC_COMPILES",
     "MAX_GEMM_COMPILES",
     "MAX_WORKLOADS",
     "gemm_compiles",

@@ -18,8 +18,10 @@ from typing import Any, Iterator, Sequence
 from gemmar_aot.model import rules
 from gemmar_aot.build.workload import MODES
 
-#: Targets a manifest may name.
-SUPPORTED_ARCHS = ("gfx950",)
+#: Targets a manifest may name: the FlyDSL ops' (its [[tuple]] and [[ep]] entries), and MI300X's,
+#: whose manifest holds [[hipcc]] entries only (mori's hipcc-JIT kernels).
+FLYDSL_ARCH = "gfx950"
+SUPPORTED_ARCHS = (FLYDSL_ARCH, "gfx942")
 #: Manifest format versions this parser reads.
 FORMAT_VERSIONS = (1,)
 #: Most M values one tuple may expand to (before padding).
@@ -233,6 +235,20 @@ def unknown_key(ck: Checker, entry: str, key: Any, allowed, what: str) -> None:
     )
 
 
+def open_entry(ck: Checker, section: str, i: int, raw: Any, line: int | None, keys) -> str | None:
+    """The name of the i-th ``[[section]]`` entry (``section[i] (line L)``) after reporting its keys
+    outside ``keys``; None, after saying so, when it is not a table."""
+    entry = f"{section}[{i}]" + (f" (line {line})" if line else "")
+    article = "an" if section[0] in "aeiou" else "a"
+    if not isinstance(raw, dict):
+        ck.problem(entry, f"{article} [[{section}]] entry must be a table, not {render(raw)}")
+        return None
+    for key in raw:
+        if key not in keys:
+            unknown_key(ck, entry, key, tuple(keys), f"{article} [[{section}]] entry")
+    return entry
+
+
 def check_manifest_table(ck: Checker, table: Any, default_name: str) -> tuple[str, str, str]:
     name, description, arch = default_name, "", "gfx950"
     entry = "[manifest]"
@@ -263,8 +279,8 @@ def check_manifest_table(ck: Checker, table: Any, default_name: str) -> tuple[st
     if "arch" in table:
         v = table["arch"]
         if not isinstance(v, str) or v not in SUPPORTED_ARCHS:
-            ck.bad(entry, "arch", v, f"the only supported target is {_one_of(SUPPORTED_ARCHS)} (MI355X)",
-                   f'write arch = "{SUPPORTED_ARCHS[0]}" or remove the key')
+            ck.bad(entry, "arch", v, f"the supported targets are {_one_of(SUPPORTED_ARCHS)} (MI355X; MI300X for "
+                   "[[hipcc]] entries only)", f'write arch = "{SUPPORTED_ARCHS[0]}" or remove the key')
         else:
             arch = v
     if "format" in table:
@@ -527,6 +543,8 @@ __all__ = [
     "Draft",
     "FORMAT_VERSIONS",
     "MAX_M_VALUES",
+    "FLYDSL_ARCH",
+    "open_entry",
     "SUPPORTED_ARCHS",
     "check_manifest_table",
     "check_tuple",

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gemmar_aot.build.manifest_check import Checker, render, unknown_key
+from gemmar_aot.build.manifest_check import Checker, open_entry
 from gemmar_aot.model.ep import (
     COMBINE_MODES,
     DEVICE_ALIASES,
@@ -88,14 +88,10 @@ def _flag(ck: Checker, entry: str, field: str, value: Any) -> bool | None:
 
 def check_ep(ck: Checker, i: int, raw: Any, line: int | None) -> EpEntry | None:
     """The entry ``raw`` (the i-th ``[[ep]]``) checked; None after reporting its problems."""
-    entry = f"ep[{i}]" + (f" (line {line})" if line else "")
-    if not isinstance(raw, dict):
-        ck.problem(entry, f"an [[ep]] entry must be a table, not {render(raw)}")
-        return None
     before = len(ck.problems)
-    for key in raw:
-        if key not in EP_KEYS:
-            unknown_key(ck, entry, key, tuple(EP_KEYS), "an [[ep]] entry")
+    entry = open_entry(ck, "ep", i, raw, line, EP_KEYS)
+    if entry is None:
+        return None
     for key, (required, example) in EP_KEYS.items():
         if required and key not in raw:
             ck.problem(entry, f"missing {key}; add e.g. {example}")

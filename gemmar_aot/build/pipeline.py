@@ -26,7 +26,7 @@ from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.store.backend import record_blob
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.compiler.derive_check import RecordCheck
-from gemmar_aot.compiler.keys import action_key, ingredients
+from gemmar_aot.compiler.keys import OWN_COMPILE, action_key, ingredients
 from gemmar_aot.store.blob_index import build_blob_index
 from gemmar_aot.store.record_index import build_index, lock_rank_groups
 from gemmar_aot.util.filedigest import sha256_hex
@@ -314,7 +314,7 @@ class _BuildRun:
                     rec = self._unless_contradicted(keys[ids[s]], rec, check)
                 if rec is not None:
                     self.records[ids[s]] = rec
-                elif self.local is not None and self.session is None:
+                elif self.local is not None and self.session is None and s.recipe not in OWN_COMPILE:
                     self.local.start()  # at the first miss: workers import while the look-ups go on
         self.local_hits = len(self.records)
 
@@ -412,7 +412,7 @@ class _BuildRun:
         ids, keys, session = self.ids, self.keys, self.session
         self.todo = todo = [Task(s, keys[ids[s]], self.ingr[ids[s]]) for s in self.selected
                             if ids[s] not in self.records]
-        if todo and self.local is not None:
+        if self.local is not None and any(t.spec.recipe not in OWN_COMPILE for t in todo):
             self.local.start()
         self.hits = len(self.records)
 
@@ -425,7 +425,7 @@ class _BuildRun:
         with self.phase("compile (waiting on workers)", kernels=len(todo)):
             self.results = compile_all(todo, str(self.root), executor=self.o.executor or self.local,
                                        costs=self.costs, progress=self.o.progress, on_result=uploaded,
-                                       on_tail=self.early.start) if todo else []
+                                       on_tail=self.early.start, toolchain=self.tc) if todo else []
         self.compile_wall = time.perf_counter() - t0
 
     def tally(self) -> None:

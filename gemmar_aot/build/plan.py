@@ -24,7 +24,8 @@ from gemmar_aot.build.workload import Workload, dedup_workloads
 from gemmar_aot.model.ep import Arena, arena_layout, factory_kwargs, variants
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.spec import KernelSpec
-from gemmar_aot_kernels import ep as ep_recipe, recipe_module
+from gemmar_aot.build.manifest_hipcc import HipccEntry
+from gemmar_aot_kernels import ep as ep_recipe, hipcc as hipcc_recipe, recipe_module
 from gemmar_aot_kernels._common import RankKernels
 
 #: Environment variables that change generated code, read at plan time and
@@ -77,6 +78,18 @@ class EpPlan:
 
 
 @dataclass(frozen=True)
+class HipccPlan:
+    """One ``[[hipcc]]`` entry planned: a spec per code object it asks for (``gemmar_aot_kernels.hipcc``)."""
+
+    entry: HipccEntry
+    specs: tuple[KernelSpec, ...]
+
+    def to_json(self) -> dict:
+        return {"source": self.entry.source,
+                "code_objects": [{**v.to_json(), "spec_id": s.spec_id} for v, s in zip(self.entry.variants, self.specs)]}
+
+
+@dataclass(frozen=True)
 class Plan:
     manifest: str
     arch: str
@@ -86,10 +99,12 @@ class Plan:
     warnings: tuple[str, ...] = ()  # the manifest's (merged duplicates, off-grid range stops)
     eps: tuple[EpPlan, ...] = ()
     mori: str = ""  # the mori whose EP factory keywords the EP specs carry
+    hipcc: tuple[HipccPlan, ...] = ()
 
     @property
     def instances(self) -> int:
-        return sum(t.kernel_count for t in self.tuples) + sum(e.kernel_count for e in self.eps)
+        return (sum(t.kernel_count for t in self.tuples) + sum(e.kernel_count for e in self.eps)
+                + sum(len(h.specs) for h in self.hipcc))
 
     @property
     def dedup_ratio(self) -> float:
@@ -121,6 +136,7 @@ class Plan:
                 for t in self.tuples
             ],
             **({"ep": [e.to_json() for e in self.eps], "ep_mori": self.mori} if self.eps else {}),
+            **({"hipcc": [h.to_json() for h in self.hipcc]} if self.hipcc else {}),
             "kernel_instances": self.instances,
             "distinct_specs": len(self.specs),
             "dedup_ratio": round(self.dedup_ratio, 3),
@@ -168,11 +184,15 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_
                        ranks=tuple(replace(r, launches=tuple(_for_mori(s, mori_version) for s in r.launches))
                                    for r in ep_recipe.rank_kernels(e.config)))
                 for e in manifest.eps)
+    hipcc = tuple(HipccPlan(h, tuple(hipcc_recipe.spec(v) for v in h.variants)) for h in manifest.hipcc)
     distinct: dict[str, KernelSpec] = {}
     for t in (*tuples, *eps):
         for r in t.ranks:
             for s in r.launches + r.self_test:
                 distinct.setdefault(s.spec_id, s)
+    for h in hipcc:
+        for s in h.specs:
+            distinct.setdefault(s.spec_id, s)
     specs = tuple(sorted(distinct.values(), key=lambda s: (s.recipe, s.kind, s.rank, s.spec_id)))
     return Plan(
         manifest=manifest.name,
@@ -183,6 +203,7 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_
         warnings=tuple(manifest.warnings),
         eps=eps,
         mori=mori_version,
+        hipcc=hipcc,
     )
 
 
@@ -200,3 +221,5 @@ def plan_order(plan: Plan):
         for r in t.ranks:
             yield from r.launches
             yield from r.self_test
+    for h in plan.hipcc:
+        yield from h.specs

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gemmar_aot.util.atomic_write import atomic_write_bytes
-from gemmar_aot.compiler.derive import DeriveError, is_current, with_derived
+from gemmar_aot.compiler.derive import DeriveError, is_current, whole_object_arch, with_derived
 from gemmar_aot.compiler.derive_check import derivation_problems
 from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.errors import CorruptArtifactError, StoreError
@@ -153,7 +153,8 @@ class RemoteSession:
                 ln = record_launcher(got[0])
                 launcher = None if ln is None else self._launcher(ln)
                 current = is_current(got[0])
-                if launcher is None and (ln is not None or not current):
+                whole = whole_object_arch(got[0]) is not None  # mori loads it whole: no launcher to have
+                if launcher is None and not whole and (ln is not None or not current):
                     with self._lock:
                         # Current: a hit all the same (degraded). Stale: a miss, compiled again.
                         self.counts["without_launcher" if current else "stale_without_launcher"] += 1
@@ -166,7 +167,7 @@ class RemoteSession:
                 self.problem(f"lookup of {key}", e)
                 return key, None
             if current:
-                wrong = derivation_problems(got[0], code, launcher) if launcher is not None else []
+                wrong = derivation_problems(got[0], code, launcher) if launcher is not None or whole else []
                 if wrong:  # its own blobs contradict it: refused as a corrupt entry, compiled here
                     self._quarantine(f"ac/{key}", got[1], "the record contradicts its own blobs: " + "; ".join(wrong))
                     return key, None

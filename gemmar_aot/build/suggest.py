@@ -14,6 +14,7 @@ new text must parse as a manifest before it replaces the old (atomically).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import defaultdict
@@ -60,6 +61,9 @@ def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
 
     wanted: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     ep = _ep_suggestions([d for d in lines if isinstance(d.get("ep"), dict)], manifest)
+    hip = _hipcc_suggestions([d for d in lines if isinstance(d.get("hipcc"), dict)], manifest)
+    for k in ep:
+        ep[k] += hip[k]
     lines = [d for d in lines if isinstance(d.get("tuple"), dict)]
     for d in lines:
         t = d["tuple"]
@@ -109,6 +113,33 @@ def _ep_suggestions(lines: Sequence[dict], manifest: Any) -> dict:
         group = {"ep": c.to_json(), "reports": len(wanted[key]), "tokens": sorted(set(tokens)), "already_built": built}
         out["groups"].append(group)
         (out["already_built"] if built else out["blocks"]).append(group if built else manifest_entry(c))
+    return out
+
+
+def _hipcc_suggestions(lines: Sequence[dict], manifest: Any) -> dict:
+    """The ``[[hipcc]]`` entries for the code objects mori asked for and the artifacts lacked: one per
+    (arch, NIC variant, host proxy), naming its sources; those the manifest builds already, apart."""
+    from gemmar_aot.model.hipcc import ARCHS, NICS, SOURCES, HipccVariant
+
+    wanted: dict[HipccVariant, int] = defaultdict(int)
+    for d in lines:
+        h = d["hipcc"]
+        v = HipccVariant(h.get("source"), h.get("arch"), h.get("nic"), bool(h.get("host_proxy")))
+        if v.source in SOURCES and v.arch in ARCHS and v.nic in NICS:
+            wanted[v] += 1
+    have = {v for e in getattr(manifest, "hipcc", ()) for v in e.variants}
+    out: dict = {"misses": sum(wanted.values()), "groups": [], "blocks": [], "already_built": []}
+    by_group: dict[tuple, list[str]] = defaultdict(list)
+    for v in sorted(wanted):
+        group = {"hipcc": v.to_json(), "reports": wanted[v], "already_built": v in have}
+        out["groups"].append(group)
+        if v in have:
+            out["already_built"].append(group)
+        else:
+            by_group[(v.arch, v.nic, v.host_proxy)].append(v.source)
+    for (arch, nic, proxy), sources in sorted(by_group.items()):
+        out["blocks"].append(f"[[hipcc]]\nsources = {json.dumps(sources)}\narchs = {json.dumps([arch])}\n"
+                             f"nics = {json.dumps([nic])}\n" + ("host_proxy = true\n" if proxy else ""))
     return out
 
 

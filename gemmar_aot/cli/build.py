@@ -73,6 +73,11 @@ def plan(manifest: Path, as_json: bool, verbose: bool, toolchain: str | None) ->
         if verbose:
             for r in e.ranks:
                 click.echo(f"      rank {r.rank}: " + ", ".join(f"{s.kind}={s.spec_id[:12]}" for s in r.launches))
+    for h in p.hipcc:
+        vs = h.entry.variants
+        click.echo(f"  hipcc ({h.entry.source}): {len(vs)} code object(s) of mori's hipcc-JIT kernels: "
+                   + ", ".join(sorted({v.source for v in vs})) + f" for {'/'.join(sorted({v.arch for v in vs}))}, "
+                   f"NIC {'/'.join(sorted({v.nic for v in vs}))}" + (" with the host proxy" if vs[0].host_proxy else ""))
     click.echo(f"kernel instances: {p.instances}; distinct specs: {len(p.specs)}; "
                f"dedup ratio {p.dedup_ratio:.2f}")
     for kind, n in p.distinct_by_kind().items():
@@ -284,7 +289,8 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
         return
     for a in r["already_built"]:
         what = (f"[[ep]] world={a['ep']['world']} hidden={a['ep']['hidden']} max_tokens={a['ep']['max_tokens']}"
-                if "ep" in a else f"{a['tuple']['transport']} N={a['tuple']['n']} K={a['tuple']['k']} M={a['m']}")
+                if "ep" in a else f"[[hipcc]] {a['hipcc']['source']} {a['hipcc']['arch']} {a['hipcc']['nic']}"
+                if "hipcc" in a else f"{a['tuple']['transport']} N={a['tuple']['n']} K={a['tuple']['k']} M={a['m']}")
         click.echo(f"# already in the manifest (rebuild and redeploy the artifacts): {what}", err=True)
     if not r["snippet"]:
         click.echo(f"# {r['misses']} miss(es) reported; nothing to add", err=True)

@@ -12,7 +12,11 @@ A build is two actions, as Bazel would split it, because their inputs differ:
    derive code (``keys.derive_code_digest``).
 
 A record stores both: the compile outputs by digest (``blob``, ``launcher``), the derived
-fields, and ``derive`` naming the derive key and the derive code it came from. A record
+fields, and ``derive`` naming the derive key and the derive code it came from.
+
+A kernel mori loads whole and launches itself (its hipcc-JIT code objects,
+:data:`WHOLE_OBJECT_RECIPES`) has no launcher: its derived fields come from the code object
+alone (:func:`derive_object`: its target and the kernels it defines). A record
 whose ``derive.code`` is not this process's derive code is stale, never wrong and never a
 miss: :func:`rederive` recomputes its derived fields from its verified blobs (a store's,
 a remote cache's), with zero compiles. A record without a launcher cannot be re-derived
@@ -31,8 +35,10 @@ from gemmar_aot.compiler.hostir import read_launch_record
 from gemmar_aot.compiler.launcher import Launcher, LauncherError
 from gemmar_aot.util.filedigest import sha256_hex
 
-#: The architecture every code object here is compiled for.
+#: The architecture every FlyDSL code object here is compiled for.
 ARCH = "gfx950"
+#: Recipes whose code objects mori loads whole (no launcher): derived from the code object alone.
+WHOLE_OBJECT_RECIPES = frozenset({"hipcc"})
 
 
 class DeriveError(ValueError):
@@ -48,16 +54,7 @@ def derive(code: bytes, launcher: bytes) -> dict[str, Any]:
         ln = Launcher.from_bytes(launcher)
     except LauncherError as e:
         raise DeriveError(f"launcher: {e}") from None
-    try:
-        co = parse_code_object(code)
-    except ValueError as e:
-        raise DeriveError(f"code object: {e}") from None
-    if co.arch != ARCH:
-        raise DeriveError(f"compiled for {co.arch}, expected {ARCH}")
-    if co.undefined_symbols:
-        raise DeriveError(
-            f"code object references undefined symbols {list(co.undefined_symbols)}: the cco "
-            f"device bitcode did not provide them (wrong or empty MORI_CCO_BC?)")
+    co = _code_object(code, ARCH, ": the cco device bitcode did not provide them (wrong or empty MORI_CCO_BC?)")
     kernel = co.kernel()
     try:
         record = read_launch_record(ln.host_ir, list(ln.arg_names), [tuple(k) for k in ln.arg_kinds])
@@ -68,7 +65,39 @@ def derive(code: bytes, launcher: bytes) -> dict[str, Any]:
     return {"metadata": kernel.to_json(), "launch": record.to_json()}
 
 
-def derive_key(code_digest: str, launcher_digest: str) -> str:
+def _code_object(code: bytes, arch: str, undefined_why: str = ""):
+    """``code`` parsed, a code object for ``arch`` that references no undefined symbol; else DeriveError."""
+    try:
+        co = parse_code_object(code)
+    except ValueError as e:
+        raise DeriveError(f"code object: {e}") from None
+    if co.arch != arch:
+        raise DeriveError(f"compiled for {co.arch}, expected {arch}")
+    if co.undefined_symbols:
+        raise DeriveError(f"code object references undefined symbols {list(co.undefined_symbols)}{undefined_why}")
+    return co
+
+
+def derive_object(code: bytes, arch: str) -> dict[str, Any]:
+    """The derived record fields of a code object loaded whole, ``{"metadata": {"target",
+    "kernels"}}``: what it is compiled for and the kernels it defines, in its note's order.
+    DeriveError when it is not a loadable code object for ``arch``."""
+    co = _code_object(code, arch)
+    if not co.kernels:
+        raise DeriveError("code object defines no kernel")
+    return {"metadata": {"target": co.target, "kernels": [k.name for k in co.kernels]}}
+
+
+def whole_object_arch(rec: Mapping[str, Any]) -> str | None:
+    """The arch of a record's code object when it is loaded whole (no launcher), else None."""
+    spec = rec.get("spec")
+    if isinstance(spec, Mapping) and spec.get("recipe") in WHOLE_OBJECT_RECIPES:
+        params = spec.get("params")
+        return params.get("arch") if isinstance(params, Mapping) else None
+    return None
+
+
+def derive_key(code_digest: str, launcher_digest: str | None) -> str:
     """The derive action's key: its two input blobs and the derive code."""
     from gemmar_aot.compiler.keys import derive_code_digest
 
@@ -76,20 +105,22 @@ def derive_key(code_digest: str, launcher_digest: str) -> str:
     return sha256_hex(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
 
-def derived_fields(code: bytes, launcher: bytes) -> dict[str, Any]:
-    """:func:`derive`'s fields plus the record's ``derive`` stamp."""
+def derived_fields(code: bytes, launcher: bytes | None, arch: str | None = None) -> dict[str, Any]:
+    """:func:`derive`'s fields (:func:`derive_object`'s for a code object loaded whole: no
+    ``launcher``, its ``arch`` given) plus the record's ``derive`` stamp."""
     from gemmar_aot.compiler.keys import derive_code_digest
 
-    out = derive(code, launcher)
+    out = derive(code, launcher) if launcher is not None else derive_object(code, arch or ARCH)
     out["derive"] = {"code": derive_code_digest(),
-                     "key": derive_key(sha256_hex(code), sha256_hex(launcher))}
+                     "key": derive_key(sha256_hex(code), None if launcher is None else sha256_hex(launcher))}
     return out
 
 
-def with_derived(rec: Mapping[str, Any], code: bytes, launcher: bytes) -> dict:
+def with_derived(rec: Mapping[str, Any], code: bytes, launcher: bytes | None) -> dict:
     """``rec`` (a record, or a record's fields) with its derived fields made by this derive code
-    from ``code`` and ``launcher``: the one way a record's derived part is (re)made."""
-    return {**rec, **derived_fields(code, launcher)}
+    from ``code`` and ``launcher`` (None: a code object loaded whole, of the arch its spec names):
+    the one way a record's derived part is (re)made."""
+    return {**rec, **derived_fields(code, launcher, whole_object_arch(rec))}
 
 
 def is_current(rec: Mapping[str, Any]) -> bool:
@@ -108,12 +139,13 @@ def rederive(store, key: str, rec: Mapping[str, Any], *, writer=None) -> dict | 
     from gemmar_aot.store.backend import record_blob, record_launcher
     from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
 
-    if "launcher" not in rec:
+    whole = whole_object_arch(rec) is not None
+    if "launcher" not in rec and not whole:
         return None
     code_ref, ln_ref = record_blob(rec), record_launcher(rec)
     try:
         code = store.load_blob(code_ref.hash, code_ref.size)
-        launcher = store.load_blob(ln_ref.hash, ln_ref.size)
+        launcher = None if whole else store.load_blob(ln_ref.hash, ln_ref.size)
     except (BlobNotFoundError, CorruptArtifactError):
         return None
     new = with_derived(rec, code, launcher)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from gemmar_aot.compiler.derive import DeriveError, derive, derive_key, is_current
+from gemmar_aot.compiler.derive import DeriveError, derive, derive_key, derive_object, is_current, whole_object_arch
 from gemmar_aot.model.types import Digest
 
 #: The record members the derive step makes (besides its ``derive`` stamp).
@@ -44,18 +44,23 @@ def differences(have: Any, want: Any, path: str = "") -> list[tuple[str, Any, An
     return [] if have == want else [(path, have, want)]
 
 
-def derivation_problems(rec: Mapping[str, Any], code: bytes, launcher: bytes) -> list[str]:
+def derivation_problems(rec: Mapping[str, Any], code: bytes, launcher: bytes | None) -> list[str]:
     """How ``rec``'s derived fields differ from what this derive code makes of ``code`` and
-    ``launcher`` (its own blobs); empty when they agree."""
+    ``launcher`` (its own blobs; None for a code object loaded whole); empty when they agree."""
     try:
-        want = derive(code, launcher)
+        want = _derive(rec, code, launcher)
     except DeriveError as e:
         return [f"its own blobs do not derive ({e})"]
-    return _compare(rec, want, derive_key(Digest.of(code).hash, Digest.of(launcher).hash))
+    return _compare(rec, want, derive_key(Digest.of(code).hash, None if launcher is None else Digest.of(launcher).hash))
+
+
+def _derive(rec: Mapping[str, Any], code: bytes, launcher: bytes | None) -> dict:
+    arch = whole_object_arch(rec)
+    return derive_object(code, arch) if launcher is None and arch is not None else derive(code, launcher)
 
 
 def _compare(rec: Mapping[str, Any], want: Mapping[str, Any], key: str) -> list[str]:
-    diff = [d for name in DERIVED if rec.get(name) != want[name]
+    diff = [d for name in DERIVED if name in want and rec.get(name) != want[name]
             for d in differences(rec.get(name, "<absent>"), want[name], name)]
     stamp = (rec.get("derive") or {}).get("key")
     if stamp != key:
@@ -95,17 +100,17 @@ class RecordCheck:
         if not is_current(rec):
             return None
         ln = record_launcher(rec)
-        if ln is None:
+        if ln is None and whole_object_arch(rec) is None:
             return None
         blob = record_blob(rec)
-        pair = (blob.hash, ln.hash)
+        pair = (blob.hash, ln.hash if ln is not None else whole_object_arch(rec))
         got = self._derived.get(pair)
         if got is None:
-            code, launcher = load(blob), load(ln)
-            if code is None or launcher is None:
+            code, launcher = load(blob), (load(ln) if ln is not None else None)
+            if code is None or (ln is not None and launcher is None):
                 return None
             try:
-                got = (derive(code, launcher), derive_key(blob.hash, ln.hash))
+                got = (_derive(rec, code, launcher), derive_key(blob.hash, None if ln is None else ln.hash))
             except DeriveError as e:
                 got = f"its own blobs do not derive ({e})"
             self._derived[pair] = got

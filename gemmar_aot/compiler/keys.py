@@ -122,6 +122,9 @@ MODULES = ModuleNames({
     "kernels.fused_sdma": "gemmar_aot_kernels.fused_sdma",
     "kernels.gemm_only": "gemmar_aot_kernels.gemm_only",
     "kernels.gemv": "gemmar_aot_kernels.gemv",
+    "kernels.hipcc": "gemmar_aot_kernels.hipcc",
+    "model.hipcc": "gemmar_aot.model.hipcc",
+    "types": "gemmar_aot.model.types",
     "kernels.sdma_phases": "gemmar_aot_kernels.sdma_phases",
     "kernels.split_lsa": "gemmar_aot_kernels.split_lsa",
     "kernels.split_sdma": "gemmar_aot_kernels.split_sdma",
@@ -175,7 +178,12 @@ RECIPE_CODE = {recipe: _imports(*mods) for recipe, mods in {
     "gemv": ("kernels.gemv", "rules"),
     "sdma-phases": ("kernels.sdma_phases",),
     "ep": ("kernels.ep",),
+    # mori's hipcc-JIT kernels: no FlyDSL worker; a process of their own drives mori's command
+    # builder and runs clang (OWN_COMPILE): what they import of ours, nothing of COMPILE_CODE
+    "hipcc": ("kernels.hipcc", "model.hipcc", "spec", "filedigest"),
 }.items()}
+#: Recipes compiled without the FlyDSL worker (COMPILE_CODE): their compile code is their own alone.
+OWN_COMPILE = frozenset({"hipcc"})
 
 #: Generator ingredients only some recipes' kernels are made from, by recipe: mori's EP sources
 #: (``toolchain.fingerprint.MORI_EP_SOURCE_GLOBS``) can change an EP kernel and no other.
@@ -196,7 +204,7 @@ def compile_code_digest(recipe: str) -> str:
     except KeyError:
         raise KeyError(f"no compile code listed for recipe {recipe!r}: add it to keys.RECIPE_CODE "
                        f"(known: {sorted(RECIPE_CODE)})") from None
-    return modules_digest(_logical(COMPILE_CODE + own), MODULES)
+    return modules_digest(_logical((() if recipe in OWN_COMPILE else COMPILE_CODE) + own), MODULES)
 
 
 @lru_cache(maxsize=1)
@@ -256,6 +264,9 @@ def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
     """Everything one kernel's key hashes: the spec, the toolchain, and the compile code of its recipe."""
     from gemmar_aot_kernels import RECIPE_VERSION
 
+    if spec.recipe == "hipcc":
+        return hipcc_ingredients(spec, fp)
+
     ti = toolchain_ingredients(fp)
     compiler = {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}
     own = RECIPE_GENERATOR.get(spec.recipe, ())
@@ -269,6 +280,29 @@ def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
                              f"gemmar_aot.toolchain setup`) again")
     return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(), "generator": generator,
             "toolchain": ti["toolchain"], "compiler": compiler}
+
+
+def hipcc_ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
+    """A hipcc kernel's ingredients: the spec (source, arch, NIC variant, proxy); mori's sources as
+    its own JIT cache keys them (the source's subsystem tree and ``include/mori``, whole) and its
+    compile driver (``mori/jit``: the flags); the HIP SDK, clang, its resource dir, the host headers
+    a device compile reads, the linker; the recipe's compile code (which says how clang is invoked).
+    Nothing of FlyDSL, the cco bitcode or mori's version: none of them reaches these bytes."""
+    from gemmar_aot_kernels import RECIPE_VERSION
+
+    h = fp.get("hipcc")
+    if not h:
+        from gemmar_aot.util.errors import ToolchainError
+
+        raise ToolchainError("the toolchain was set up before gemmar-aot built mori's hipcc kernels (its "
+                             "toolchain.json has no hipcc section): run `make setup` (or `python -m "
+                             "gemmar_aot.toolchain setup`) again")
+    tree = spec.param_dict()["dir"].rsplit("/", 1)[0]
+    trees = h["mori"]["trees"]
+    return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(),
+            "generator": {"mori_jit": h["mori"]["jit"], "mori_trees": {t: trees[t] for t in (tree, "include/mori")}},
+            "toolchain": {k: h[k] for k in ("clang", "sdk_digest", "resource_dir_digest", "host_headers", "linker")},
+            "compiler": {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}}
 
 
 def action_key(ingr: Mapping[str, Any]) -> str:

@@ -46,7 +46,11 @@ from gemmar_aot_kernels import recipe_module
 
 #: CPU seconds per kernel by cost class, used until a build has recorded its own
 #: (FlyDSL 0.4.2, locations off, this machine kind).
-DEFAULT_COSTS = {"gemm": 1.2, "gemm:mxfp8": 2.4, "lsa_ar": 0.12, "*": 0.06}
+DEFAULT_COSTS = {"gemm": 1.2, "gemm:mxfp8": 2.4, "lsa_ar": 0.12, "*": 0.06,
+                 # mori's hipcc-JIT sources (clang, gfx950, 2 loaded cores: shared/reference notes)
+                 "ep_intranode": 130.0, "ep_async_ll": 60.0, "ep_internode_v1ll": 40.0, "ep_internode_v1": 31.0,
+                 "ep_internode": 15.0, "ccl_kernels": 10.0, "shmem_kernels": 3.0, "scatter_gather": 3.0,
+                 "fabric_copy": 3.0, "ep_local_expert_count": 1.5, "cast_kernel": 1.5}
 COSTS_FILE = "compile-costs.json"
 
 
@@ -387,8 +391,14 @@ def compile_all(
     on_result: Callable[[KernelSpec, CompileResult], None] | None = None,
     on_tail: Callable[[], None] | None = None,
     tail_fraction: float = 0.6,
+    toolchain=None,
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
+
+    Tasks of a recipe no FlyDSL worker compiles (``keys.OWN_COMPILE``: mori's hipcc kernels) run
+    first, a clang process each (:class:`~gemmar_aot.compiler.hipcc.HipccExecutor`, as many at a
+    time as the executor has workers, with ``toolchain``: the build's, else the one of
+    ``toolchain_root`` and ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``); the rest on ``executor``.
 
     ``executor``: where to run them (default: a LocalExecutor of ``jobs`` workers, closed
     here). An executor passed in is used but not closed. ``on_result(spec, result)`` is
@@ -397,29 +407,49 @@ def compile_all(
     ``tail_fraction`` of the tasks are done (in a longest-first schedule, what is left is
     short kernels), so the caller can start serial work that would otherwise follow the
     last kernel."""
+    from gemmar_aot.compiler.keys import OWN_COMPILE
+
     tasks = list({t.spec: t for t in tasks}.values())
-    if not tasks:
-        return []
     costs = costs or CostModel()
+    whole = [t for t in tasks if t.spec.recipe in OWN_COMPILE]
+    results: list[tuple[KernelSpec, CompileResult]] = []
+    if whole:
+        from gemmar_aot.compiler.hipcc import HipccExecutor
+
+        if toolchain is None:
+            from gemmar_aot.toolchain import load_toolchain
+
+            toolchain = load_toolchain(toolchain_root)
+        hip = HipccExecutor(toolchain, getattr(executor, "jobs", None) or jobs, costs)
+        results = _run(hip, whole, store_root, costs, progress, on_result)
+        tasks = [t for t in tasks if t.spec.recipe not in OWN_COMPILE]
+    if not tasks:
+        return results
     own = executor is None
     if own:
         executor = LocalExecutor(jobs, toolchain_root=toolchain_root, debug_locations=debug_locations, costs=costs)
+    try:
+        return results + _run(executor, tasks, store_root, costs, progress, on_result, on_tail, tail_fraction)
+    finally:
+        if own:
+            executor.close()
+
+
+def _run(executor, tasks: list[Task], store_root: str, costs: CostModel, progress: bool, on_result,
+         on_tail=None, tail_fraction: float = 0.6) -> list[tuple[KernelSpec, CompileResult]]:
+    """``tasks`` on ``executor``, with the progress bar, ``on_result`` and ``on_tail``."""
     cost_total = sum(costs.expected(t.spec) for t in tasks)
     cost_done = 0.0
     bar = Progress(total=len(tasks), enabled=progress)
     results: list[tuple[KernelSpec, CompileResult]] = []
-    try:
-        with terminate_as_interrupt():
-            for spec, res in executor.run(tasks, store_root):
-                cost_done += costs.expected(spec)
-                results.append((spec, res))
-                if on_result is not None:
-                    on_result(spec, res)
-                bar.update(res, spec.label(), cost_done, cost_total)
-                if on_tail is not None and len(results) >= tail_fraction * len(tasks):
-                    on_tail()
-                    on_tail = None
-    finally:
-        if own:
-            executor.close()
+    with terminate_as_interrupt():
+        for spec, res in executor.run(tasks, store_root):
+            cost_done += costs.expected(spec)
+            results.append((spec, res))
+            if on_result is not None:
+                on_result(spec, res)
+            bar.update(res, spec.label(), cost_done, cost_total)
+            if on_tail is not None and len(results) >= tail_fraction * len(tasks):
+                on_tail()
+                on_tail = None
     return results

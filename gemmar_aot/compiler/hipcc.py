@@ -1,0 +1,133 @@
+"""Where mori's hipcc-JIT kernels compile: a process each, ``jobs`` at a time, into the store.
+
+A hipcc spec needs no FlyDSL worker: its compile is one clang run (seconds to minutes), driven
+by ``python -m gemmar_aot_kernels.hipcc`` in a process of its own (mori's JIT driver is imported
+there, bare). :class:`HipccExecutor` is a compile executor (``scheduler.Executor``): threads
+start those processes, longest first by the cost model, each under its key's claim in the store
+(a concurrent builder compiles a key once, as for every kernel), and the record is the spec, the
+derived fields of the code object (its target and kernels: ``derive.derive_object``), the key's
+ingredients, the compile time and the clang command that made it (relative paths).
+
+A failure is a result (``ok=False``) naming the command and clang's last lines, never an
+exception; an interrupt ends the clang processes still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from gemmar_aot.compiler.worker import CompileResult
+from gemmar_aot.model.spec import KernelSpec
+
+
+class HipccExecutor:
+    """Compiles hipcc specs with the toolchain ``tc`` (its root, its profile's mori)."""
+
+    def __init__(self, tc, jobs: int | None = None, costs=None):
+        self.tc = tc
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.costs = costs
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def info(self) -> dict:
+        return {"name": "hipcc", "jobs": self.jobs}
+
+    def run(self, tasks: Sequence, store_root: str) -> Iterator[tuple[KernelSpec, CompileResult]]:
+        todo: queue.Queue = queue.Queue()
+        order = sorted(tasks, key=lambda t: -(self.costs.expected(t.spec) if self.costs else 0))
+        for t in order:
+            todo.put(t)
+        done: queue.Queue = queue.Queue()
+
+        def work() -> None:
+            while not self._closed:
+                try:
+                    t = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done.put((t.spec, self._compile(t, store_root)))
+
+        threads = [threading.Thread(target=work, name="gemmar-hipcc", daemon=True)
+                   for _ in range(min(self.jobs, len(order)))]
+        for th in threads:
+            th.start()
+        try:
+            for _ in order:
+                yield done.get()
+        finally:
+            self.close()
+            for th in threads:
+                th.join()
+
+    def _compile(self, t, store_root: str) -> CompileResult:
+        from gemmar_aot.compiler.derive import derived_fields, is_current
+        from gemmar_aot.store import Store
+
+        spec, t0, c0 = t.spec, time.perf_counter(), _children_cpu()
+        try:
+            with Store(store_root).claim(t.key) as claim:
+                if claim.hit is not None and is_current(claim.hit):
+                    return CompileResult(spec.spec_id, True, time.perf_counter() - t0, claim.hit, hit=True)
+                t_run = time.monotonic()
+                code, argv = self._clang(spec)
+                seconds = time.perf_counter() - t0
+                fields = {"spec": spec.to_json(), **derived_fields(code, None, spec.param_dict()["arch"]),
+                          "ingredients": t.ingredients, "compile_seconds": round(seconds, 3),
+                          "command": ["clang", *argv]}
+                t_store = time.monotonic()
+                rec = claim.put(code, fields)
+            return CompileResult(spec.spec_id, True, seconds, rec, cpu_seconds=_children_cpu() - c0,
+                                 phases=(("compile", t_run, t_store), ("store", t_store, time.monotonic())),
+                                 pid=os.getpid())
+        except BaseException as exc:  # noqa: BLE001 - every failure is a result
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return CompileResult(spec.spec_id, False, time.perf_counter() - t0, error=str(exc),
+                                 cpu_seconds=_children_cpu() - c0, pid=os.getpid())
+
+    def _clang(self, spec: KernelSpec) -> tuple[bytes, list[str]]:
+        """The code object of ``spec`` (and the clang command that made it), from a process of its own."""
+        with tempfile.TemporaryDirectory(prefix="gemmar-hipcc-out-") as td:
+            out = Path(td) / "out.hsaco"
+            cmd = [sys.executable, "-m", "gemmar_aot_kernels.hipcc", json.dumps(spec.to_json()), str(self.tc.root),
+                   str(self.tc.mori_dir), str(out)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            with self._lock:
+                self._procs.add(proc)
+            try:
+                stdout, stderr = proc.communicate()
+            finally:
+                with self._lock:
+                    self._procs.discard(proc)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{spec.label()}: compile failed (exit {proc.returncode}):\n{stderr[-4000:]}")
+            return out.read_bytes(), json.loads(stdout.splitlines()[-1])
+
+    def close(self) -> None:
+        """End the clang processes still running (an interrupt); safe to call again."""
+        self._closed = True
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 15)
+                except OSError:
+                    pass
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
