@@ -6,6 +6,10 @@ backend) does::
     from mori.ops.gemm_ar import GemmAllReduceOp
     from mori.ops.dispatch_combine_v2 import EpDispatchCombineConfig, EpDispatchCombineOp
 
+and sglang's and vLLM's mori EP path (``mori.ops.EpDispatchCombineOp``, EP v1), the collectives,
+shmem and IO kernels reach mori's hipcc JIT (``mori.jit.core.compile_genco``), which the hook
+serves from prebuilt code objects too (``gemmar_aot.runtime.hipcc``).
+
 With ``GEMMAR_AOT_PATCH_MORI=1`` in its environment and the hook installed
 (``gemmar-aot mori-patch install``: one ``.pth`` line in the environment's
 site-packages), those op names resolve to gemmar-aot's ops instead of mori's JIT ops
@@ -97,8 +101,41 @@ def _patched_ep_op():
     return EpDispatchCombineOp
 
 
-#: package -> (the name served, the factory of gemmar-aot's class for it).
-TARGETS = {TARGET: ("GemmAllReduceOp", _patched_op), EP_TARGET: ("EpDispatchCombineOp", _patched_ep_op)}
+JIT_TARGET = "mori.jit.core"
+LOADER_TARGET = "mori.ops._jit_loader"
+
+
+def _patched_compile_genco():
+    """gemmar-aot's ``compile_genco`` (``gemmar_aot.runtime.hipcc``), logging each code object it hands mori."""
+    from gemmar_aot.runtime import hipcc
+
+    told: set = set()
+
+    def compile_genco(kernel_name: str, source_dir: str = "src/ops/kernels") -> str:
+        path = hipcc.compile_genco(kernel_name, source_dir)
+        if (kernel_name, path) not in told:
+            told.add((kernel_name, path))
+            log.info("gemmar-aot serves %s.compile_genco (%s=1): %s/%s.hip -> prebuilt %s, no hipcc", JIT_TARGET,
+                     ENV_VAR, source_dir, kernel_name, path)
+        return path
+
+    compile_genco.__doc__ = hipcc.compile_genco.__doc__
+    return compile_genco
+
+
+def _patched_ensure_compiled():
+    from gemmar_aot.runtime import hipcc
+
+    return hipcc.ensure_compiled
+
+
+#: package -> (the name served, the factory of gemmar-aot's class or function for it). mori's
+#: hipcc JIT is served where every caller reaches it: ``compile_genco`` (the collectives, shmem
+#: and IO modules import it from ``mori.jit.core`` at each call; ``mori.jit`` imports it from there)
+#: and the ops' ``ensure_compiled`` (which would turn a missing code object into a warning).
+TARGETS = {TARGET: ("GemmAllReduceOp", _patched_op), EP_TARGET: ("EpDispatchCombineOp", _patched_ep_op),
+           JIT_TARGET: ("compile_genco", _patched_compile_genco),
+           LOADER_TARGET: ("ensure_compiled", _patched_ensure_compiled)}
 
 
 def patch_module(module) -> None:

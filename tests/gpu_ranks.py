@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 
-def skip_reason(world: int, modules: Sequence[str] = ("mori", "mori.cco")) -> str | None:
-    """Why this machine cannot run a ``world``-GPU test needing ``modules``, or None."""
+def skip_reason(world: int, modules: Sequence[str] = ("mori", "mori.cco"),
+                archs: Sequence[str] = ("gfx950",)) -> str | None:
+    """Why this machine cannot run a ``world``-GPU test needing ``modules`` on GPUs of one of
+    ``archs``, or None."""
     try:
         import torch
     except ImportError:
@@ -29,9 +31,11 @@ def skip_reason(world: int, modules: Sequence[str] = ("mori", "mori.cco")) -> st
         return "torch is not a ROCm build"
     if torch.cuda.device_count() < world:
         return f"needs {world} GPUs, torch sees {torch.cuda.device_count()}"
-    archs = {torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(world)}
-    if archs != {"gfx950"}:
-        return f"needs gfx950 (MI355X) devices, found {sorted(archs)}"
+    found = {torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(world)}
+    if len(found) != 1 or not found <= set(archs):
+        names = {"gfx950": "MI355X", "gfx942": "MI300X"}
+        return (f"needs {' or '.join(f'{a} ({names.get(a, a)})' for a in archs)} devices, all alike; found "
+                f"{sorted(found)}")
     for mod in modules:
         try:
             if importlib.util.find_spec(mod) is None:

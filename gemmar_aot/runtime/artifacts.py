@@ -182,6 +182,8 @@ class Artifacts:
     index: dict[TupleKey, dict[int, dict[int, RankEntry]]] = field(default_factory=dict)
     #: built EP entries: their configuration -> rank -> kernels
     ep_index: dict[Any, dict[int, EpRankEntry]] = field(default_factory=dict)
+    #: mori's hipcc-JIT code objects: their variant (source, arch, NIC, proxy) -> (lock item, its lock)
+    hipcc_index: dict[Any, tuple[Any, LockInfo]] = field(default_factory=dict)
     _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
     _indexes: dict[int, tuple[LockInfo, RecordIndex | None]] = field(default_factory=dict, repr=False)
     _blob_indexes: dict[int, tuple[LockInfo, BlobIndex | None]] = field(default_factory=dict, repr=False)
@@ -210,6 +212,17 @@ class Artifacts:
         for ep in lock.eps:
             for r in ep.ranks:
                 self.add_ep_entry(EpRankEntry(r.rank, ep, r, info))
+        for h in lock.hipcc:
+            self.add_hipcc(h, info)
+
+    def add_hipcc(self, item: Any, info: LockInfo) -> None:
+        """Index one built hipcc code object (a ``LockHipcc``); a duplicate must be the same kernel."""
+        old = self.hipcc_index.setdefault(item.variant, (item, info))
+        if old[0].entry.key != item.entry.key:
+            raise ArtifactConflictError(
+                f"conflicting artifacts for mori's {item.variant.describe()}: {old[1].source} ({old[0].source}) and "
+                f"{info.source} ({item.source}) name different kernels. Remove one of them, or point artifacts=/"
+                f"${ENV_VAR} at exactly one")
 
     def add_ep_entry(self, entry: EpRankEntry) -> None:
         """Index one rank of a built EP entry; a duplicate must name the same kernels."""
@@ -423,6 +436,8 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
         for by_rank in spec.ep_index.values():
             for entry in by_rank.values():
                 arts.add_ep_entry(entry)
+        for item, info in spec.hipcc_index.values():
+            arts.add_hipcc(item, info)
         for s in spec.sources:
             if s not in arts.sources:
                 arts.sources.append(s)

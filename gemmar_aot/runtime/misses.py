@@ -219,7 +219,7 @@ def read_reports(paths: Iterable[str | os.PathLike]) -> tuple[list[dict], list[s
                 continue
             try:
                 d = json.loads(raw)
-                if d.get("schema") != SCHEMA or not (isinstance(d.get("tuple"), dict) or isinstance(d.get("ep"), dict)):
+                if d.get("schema") != SCHEMA or not any(isinstance(d.get(k), dict) for k in ("tuple", "ep", "hipcc")):
                     raise ValueError(f"not a schema-{SCHEMA} miss line")
                 lines.append(d)
             except ValueError as exc:

@@ -35,13 +35,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STUB_ARCH "gfx950"
-#define STUB_ARCH_FULL "gfx950:sramecc+:xnack-"
 #define EM_AMDGPU 224
 #define EF_AMDGPU_MACH 0x0ff
-#define EF_AMDGPU_MACH_AMDGCN_GFX950 0x04f
 #define NT_AMDGPU_METADATA 32
-#define LDS_BYTES (160 * 1024) /* gfx950 */
+
+/* The device: gfx950 (MI355X), or gfx942 (MI300X) when HIPSTUB_ARCH=gfx942 is set at load. */
+typedef struct { const char *arch, *full; unsigned mach, lds, major, minor; } stub_device;
+static const stub_device DEVICES[] = {
+  {"gfx950", "gfx950:sramecc+:xnack-", 0x04f, 160 * 1024, 9, 5},
+  {"gfx942", "gfx942:sramecc+:xnack-", 0x04c, 64 * 1024, 9, 4},
+};
+static const stub_device *stub_dev(void) {
+  static const stub_device *d = NULL;
+  if (!d) {
+    const char *want = getenv("HIPSTUB_ARCH");
+    d = &DEVICES[0];
+    for (size_t i = 0; want && i < sizeof DEVICES / sizeof DEVICES[0]; i++)
+      if (strcmp(want, DEVICES[i].arch) == 0) d = &DEVICES[i];
+  }
+  return d;
+}
+#define STUB_ARCH (stub_dev()->arch)
+#define STUB_ARCH_FULL (stub_dev()->full)
+#define LDS_BYTES (stub_dev()->lds)
 #define MAX_FLAT_WG 1024
 
 /* ------------------------------------------------------------------ */
@@ -138,11 +154,11 @@ static size_t g_nmemsets, g_cap_memsets;
 
 enum {
   C_LOAD, C_UNLOAD, C_GETFN, C_LAUNCH, C_MEMSET, C_STREAM_SYNC, C_DEVICE_SYNC, C_MALLOC, C_FREE,
-  C_MEMCPY, C_PROPS, C_REJECTED, C_NCOUNTERS
+  C_MEMCPY, C_PROPS, C_REJECTED, C_LOAD_FILE, C_NCOUNTERS
 };
 static const char *g_counter_names[C_NCOUNTERS] = {
     "module_load", "module_unload", "get_function", "launch", "memset", "stream_synchronize",
-    "device_synchronize", "malloc", "free", "memcpy", "device_properties", "rejected"};
+    "device_synchronize", "malloc", "free", "memcpy", "device_properties", "rejected", "module_load_file"};
 static uint64_t g_counters[C_NCOUNTERS];
 static char g_last_reject[512];
 
@@ -547,7 +563,7 @@ hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_t *prop, int device) {
   if (device != 0) return fail(hipErrorInvalidDevice, "hipGetDeviceProperties: the stub has one device, 0%s", NULL);
   memset(prop, 0, sizeof *prop);
   snprintf(prop->name, sizeof prop->name, "hipstub test double (no GPU)");
-  snprintf(prop->gcnArchName, sizeof prop->gcnArchName, STUB_ARCH_FULL);
+  snprintf(prop->gcnArchName, sizeof prop->gcnArchName, "%s", STUB_ARCH_FULL);
   prop->totalGlobalMem = (size_t)288 << 30;
   prop->sharedMemPerBlock = LDS_BYTES;
   prop->maxSharedMemoryPerMultiProcessor = LDS_BYTES;
@@ -556,8 +572,8 @@ hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_t *prop, int device) {
   prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = prop->maxThreadsDim[2] = MAX_FLAT_WG;
   prop->maxGridSize[0] = prop->maxGridSize[1] = prop->maxGridSize[2] = 0x7fffffff;
   prop->multiProcessorCount = 256;
-  prop->major = 9;
-  prop->minor = 5;
+  prop->major = (int)stub_dev()->major;
+  prop->minor = (int)stub_dev()->minor;
   prop->regsPerBlock = 512 * 64;
   prop->clockRate = 2400000;
   prop->l2CacheSize = 4 << 20;
@@ -628,6 +644,11 @@ hipError_t hipMemset(void *dst, int value, size_t sizeBytes) {
   hipError_t e = record_memset(dst, value, sizeBytes);
   if (e == hipSuccess && sizeBytes) memset(dst, value, sizeBytes);
   return e;
+}
+
+hipError_t hipMemsetAsync(void *dst, int value, size_t sizeBytes, hipStream_t stream) {
+  (void)stream;
+  return hipMemset(dst, value, sizeBytes);
 }
 
 hipError_t hipMemsetD32Async(hipDeviceptr_t dst, int value, size_t count, hipStream_t stream) {
@@ -744,8 +765,8 @@ static hipError_t load_module(hipModule_t *module, const void *image) {
     return fail(hipErrorInvalidImage, "hipModuleLoadData: not a little-endian ELF64 image%s", NULL);
   if (eh->machine != EM_AMDGPU || eh->ident[7] != 64 /* ELFOSABI_AMDGPU_HSA */)
     return fail(hipErrorInvalidImage, "hipModuleLoadData: not an AMDGPU HSA code object%s", NULL);
-  if ((eh->flags & EF_AMDGPU_MACH) != EF_AMDGPU_MACH_AMDGCN_GFX950)
-    return fail(hipErrorNoBinaryForGpu, "hipModuleLoadData: the code object is not for " STUB_ARCH "%s", NULL);
+  if ((eh->flags & EF_AMDGPU_MACH) != stub_dev()->mach)
+    return fail(hipErrorNoBinaryForGpu, "hipModuleLoadData: the code object is not for %s", STUB_ARCH);
   if (eh->shentsize != sizeof(elf64_shdr) || eh->shnum == 0)
     return fail(hipErrorInvalidImage, "hipModuleLoadData: no section headers%s", NULL);
   size_t mlen = 0;
@@ -782,6 +803,31 @@ static hipError_t load_module(hipModule_t *module, const void *image) {
 }
 
 hipError_t hipModuleLoadData(hipModule_t *module, const void *image) { return load_module(module, image); }
+
+/* hipModuleLoad: the file's bytes, kept for the module's life (as the runtime keeps its copy). */
+hipError_t hipModuleLoad(hipModule_t *module, const char *fname) {
+  if (!fname) return fail(hipErrorInvalidValue, "hipModuleLoad: null file name%s", NULL);
+  FILE *f = fopen(fname, "rb");
+  if (!f) return fail(hipErrorFileNotFound, "hipModuleLoad: cannot open %s", fname);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *buf = n > 0 ? malloc((size_t)n) : NULL;
+  if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    fclose(f);
+    free(buf);
+    return fail(hipErrorInvalidImage, "hipModuleLoad: cannot read %s", fname);
+  }
+  fclose(f);
+  hipError_t e = load_module(module, buf);
+  if (e != hipSuccess) free(buf);
+  else {
+    pthread_mutex_lock(&g_lock);
+    g_counters[C_LOAD_FILE]++;
+    pthread_mutex_unlock(&g_lock);
+  }
+  return e;
+}
 
 static int module_ok(hipModule_t m) {
   for (struct ihipModule_t *p = g_modules; p; p = p->next)

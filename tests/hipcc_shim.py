@@ -1,0 +1,85 @@
+"""A TEST DOUBLE of ROCm's ``hipcc``: what mori's own ``compile_genco`` runs in the byte-parity tests.
+
+It is written from ROCm 7.2.4's ``hipBin_amd.h`` (how hipcc builds clang's command for the AMD
+platform), independently of ``gemmar_aot_kernels.hipcc``:
+
+* the compiler is clang++ (zig's clang 22 in g++ driver mode here, the toolchain's clang);
+* hipcc's own flags come first: each ``--offload-arch=`` (taken out of the user's arguments),
+  then ``-O3`` unless the user gave an ``-O``;
+* then the user's arguments in their order, ``--genco`` replaced by ``--cuda-device-only`` and
+  ``-x hip`` inserted before each ``.hip``/``.cu`` input when the user gave no ``-x``;
+* ``$HIPCC_COMPILE_FLAGS_APPEND`` last.
+
+Where clang is installed (its resource dir, the HIP SDK, the device libraries, ``lld``) comes from
+``gemmar_aot_kernels.hipcc.install_args``: what ROCm's clang finds by its install layout.
+Two normalisations, and only these: every path under mori's ``_jit-sources`` becomes relative to
+a staging directory (``mori/...``), the output is written there and copied to the ``-o`` path; and
+``-cuid=mori_<source stem>`` is added (clang otherwise hashes the absolute command line into a
+symbol). Usage: ``ROCM_PATH/bin/hipcc`` is a shell line running this file with the toolchain root
+in ``$GEMMAR_AOT_TOOLCHAIN``; each call's clang command is appended to ``$HIPCC_SHIM_LOG``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MARK = "/_jit-sources"
+
+
+def hipcc_to_clang(args: list[str]) -> list[str]:
+    offload = [a for a in args if a.startswith("--offload-arch=")]
+    gave_x = "-x" in args
+    gave_o = any(a.startswith("-O") for a in args)
+    tool_args: list[str] = []
+    for a in args:
+        if a.startswith("--offload-arch="):
+            continue
+        if "--genco" in a:
+            tool_args.append("--cuda-device-only")
+            continue
+        if not gave_x and a.endswith((".hip", ".cu", ".cuh")):
+            tool_args.extend(["-x", "hip"])
+        tool_args.append(a)
+    append = os.environ.get("HIPCC_COMPILE_FLAGS_APPEND", "").split()
+    return offload + ([] if gave_o else ["-O3"]) + tool_args + append
+
+
+def main(argv: list[str]) -> int:
+    from gemmar_aot_kernels.hipcc import install_args
+
+    root = Path(os.environ["GEMMAR_AOT_TOOLCHAIN"])
+    clang_args = hipcc_to_clang(argv)
+    source = next(a for a in clang_args if a.endswith(".hip"))
+    mori_root = source[: source.index(MARK) + len(MARK)]
+    out_at = clang_args.index("-o") + 1
+    dest = clang_args[out_at]
+    clang_args[out_at] = "out.hsaco"
+    rel = ["mori" + a[len(mori_root):] if a.startswith(mori_root) else
+           ("-Imori" + a[2 + len(mori_root):] if a.startswith("-I" + mori_root) else a) for a in clang_args]
+    rel.append(f"-cuid=mori_{Path(source).stem}")
+    with tempfile.TemporaryDirectory(prefix="hipcc-shim-") as td:
+        stage = Path(td)
+        (stage / "mori").symlink_to(mori_root)
+        (stage / "rocm").symlink_to(root / "rocm-sdk")
+        (stage / "clang").symlink_to(root / "clang-resource")
+        cmd = [str(root / "rocm" / "llvm" / "bin" / "zig"), "clang", *install_args(), *rel]
+        p = subprocess.run(cmd, cwd=stage, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.stderr.write(p.stdout + p.stderr)
+            return p.returncode
+        shutil.copyfile(stage / "out.hsaco", dest)
+    log = os.environ.get("HIPCC_SHIM_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"hipcc": argv, "clang": cmd[1:]}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
