@@ -2,13 +2,16 @@
 #
 #   make setup   .venv with the pinned build+test deps, then the build toolchain in
 #                .toolchain (mori sources, HIP headers, cco bitcode, ld.lld) for every
-#                toolchain profile (TOOLCHAIN=default or TOOLCHAIN=nightly for one). Idempotent:
+#                toolchain profile (TOOLCHAIN=default or TOOLCHAIN=nightly for one), and the HIP SDK
+#                for mori's hipcc kernels (Debian's, pinned). Idempotent:
 #                a re-run verifies digests and redoes only what is missing or changed.
 #                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
 #                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).
-#   make build   compile $(MANIFEST) into artifacts/: by default the whole pod, the GEMM +
-#                all-reduce manifest and the MoE EP dispatch/combine one (MANIFEST=path for
-#                one; JOBS=N for parallel workers, PROFILE=nightly for another toolchain profile)
+#   make build   compile $(MANIFEST) into artifacts/: by default the whole MI355X pod, the GEMM +
+#                all-reduce manifest, the MoE EP dispatch/combine v2 one and mori's hipcc-JIT
+#                kernels (EP v1, collectives, shmem, IO; ~100 s with 2 workers) (MANIFEST=path for one; JOBS=N
+#                for parallel workers, PROFILE=nightly for another toolchain profile). The MI300X
+#                manifest (manifests/mi300x-hipcc.toml) is built in bench, not here.
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
 #   make gpu-report   on an MI355X node: the GPU tier and the PR's comparison, as JSON + Markdown
 #   make setup-py312   a Python 3.12 build environment beside .venv (.venv312, .toolchain312)
@@ -19,7 +22,7 @@
 PYTHON      ?= python3
 VENV        := .venv
 VPY         := $(VENV)/bin/python
-MANIFEST    ?= manifests/dsv4-pro-wo_b.toml manifests/dsv4-pro-ep.toml
+MANIFEST    ?= manifests/dsv4-pro-wo_b.toml manifests/dsv4-pro-ep.toml manifests/dsv4-pro-hipcc.toml
 OUT         ?= artifacts
 JOBS        ?=
 PYTEST_ARGS ?=
