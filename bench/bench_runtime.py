@@ -135,7 +135,7 @@ def bench_startup(store: Path, rank: int, repeat: int) -> dict:
 
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.runtime import GemmAllReduceOp, load_artifacts
-    from gemmar_aot.runtime.verify import RecordBinding
+    from gemmar_aot.runtime.record_binding import RecordBinding
     from gemmar_aot.model.bundle import LockBundle
 
     index = LockBundle(store).record_index  # the lock's record index: the binding reads it when present

@@ -283,7 +283,8 @@ POD_IMPORTS = {
     "gemmar_aot.runtime.gc_pause", "gemmar_aot.runtime.launches",
     "gemmar_aot.runtime.loading", "gemmar_aot.runtime.memory", "gemmar_aot.runtime.misses", "gemmar_aot.runtime.op",
     "gemmar_aot.runtime.operands", "gemmar_aot.runtime.padding", "gemmar_aot.runtime.provenance",
-    "gemmar_aot.runtime.self_test", "gemmar_aot.runtime.support", "gemmar_aot.runtime.verify",
+    "gemmar_aot.runtime.record_binding", "gemmar_aot.runtime.self_test", "gemmar_aot.runtime.support",
+    "gemmar_aot.runtime.verify",
     "gemmar_aot.runtime.window", "gemmar_aot.store", "gemmar_aot.store._fs", "gemmar_aot.store.backend",
     "gemmar_aot.store.blob_index", "gemmar_aot.store.blobfmt", "gemmar_aot.store.errors", "gemmar_aot.store.record",
     "gemmar_aot.store.record_index", "gemmar_aot.util", "gemmar_aot.util.atomic_write",
@@ -314,3 +315,32 @@ def test_a_pod_imports_exactly_the_modules_it_uses():
     assert ours == POD_IMPORTS, (f"the pod now imports {sorted(ours - POD_IMPORTS)} and no longer "
                                  f"{sorted(POD_IMPORTS - ours)}")
     assert not {m for m in new if m.split(".")[0] in ("cryptography", "flydsl", "mlir", "filelock", "click", "jsonschema")}
+
+
+#: The steps of getting kernels ready, and the runtime modules that call each: ``.loading`` (every
+#: op, through ``LoadedOp._load``) and ``.hipcc`` (mori's own kernels: the same provenance step,
+#: then the whole-object check). Another caller is another way to load: fold it into the path.
+LOADING_STEPS = {"check_built": ["hipcc.py", "loading.py"], "check_provenance": ["loading.py"],
+                 "check_device": ["loading.py"], "verify_kernels": ["loading.py"], "verify_entries": ["loading.py"],
+                 "check_installed_mori": ["loading.py"], "load_module": ["loading.py"],
+                 "verify_whole_object": ["hipcc.py"]}
+
+
+def test_every_op_gets_its_kernels_one_way():
+    """Each step of the loading path (provenance, device, verification, loading) is called from one
+    place in the runtime: the ops state what they load and call ``LoadedOp._load``; mori's hipcc
+    kernels take the same provenance step and their own whole-object check."""
+    import ast
+
+    callers: dict[str, set[str]] = {}
+    for p in sorted((REPO / "gemmar_aot" / "runtime").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name in LOADING_STEPS:
+                    callers.setdefault(name, set()).add(p.name)
+    assert {k: sorted(v) for k, v in callers.items()} == LOADING_STEPS
+    ops = {p.name for p in (REPO / "gemmar_aot" / "runtime").glob("*.py") if "self._load(" in p.read_text()}
+    assert ops == {"op.py", "ep.py", "gemm.py"}, ops
+

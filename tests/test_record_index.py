@@ -20,8 +20,8 @@ from index_frames import find_line, read_frames, write_frames
 from gemmar_aot.model.lock import read_lock, write_lock
 from gemmar_aot.model.types import Digest
 from gemmar_aot.store.record import RECORD_READ_MEMBERS, record_digest, record_digest_of_halves, record_halves
-from gemmar_aot.runtime import verify
-from gemmar_aot.runtime.verify import envelope
+from gemmar_aot.runtime import record_binding
+from gemmar_aot.runtime.record_binding import envelope
 from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
 from gemmar_aot.store import Store
@@ -84,8 +84,8 @@ def test_every_entry_of_a_build_is_bound_by_its_envelope_and_only_the_spec_is_pa
         assert not read.startswith(envelope(replace(e, blob=Digest(e.blob.hash, e.blob.size + 1))))
     # and so no launch record of the index is parsed when an op gets ready
     parsed = []
-    orig = verify.parse_lines
-    monkeypatch.setattr(verify, "parse_lines", lambda texts, path: parsed.extend(texts) or orig(texts, path))
+    orig = record_binding.parse_lines
+    monkeypatch.setattr(record_binding, "parse_lines", lambda texts, path: parsed.extend(texts) or orig(texts, path))
     _op(smoke_store, smoke_lock).close()
     assert parsed and all(t.startswith(b'{"schema":') and b'"launch":' not in t for t in parsed)
 

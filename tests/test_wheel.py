@@ -923,7 +923,7 @@ def test_installed_wheel_binds_its_lock_through_the_record_index(smoke_wheel, sm
         import sys
         from fakes import FakeCommunicator, FakeHipDriver
         from gemmar_aot.runtime import ArtifactMismatchError, GemmAllReduceOp
-        from gemmar_aot.runtime.verify import RecordBinding
+        from gemmar_aot.runtime.record_binding import RecordBinding
         from gemmar_aot.model.lock import read_lock
         checked = []
         orig = RecordBinding.check

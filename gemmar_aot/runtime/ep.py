@@ -51,9 +51,8 @@ from .ep_config import BACKENDS, EpDispatchRoutingHandle, Requested, read_config
 from .errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
-from .loading import Kernels, check_device, check_provenance, release, verify_kernels
-from .memory import communicator_device, device_context, tensor_at
-from .provenance import COMMUNICATORS
+from .loading import Kernels, LoadedOp
+from .memory import communicator_device, tensor_at
 from .verify import EpPosition
 
 log = logging.getLogger("gemmar_aot.runtime")
@@ -94,22 +93,25 @@ def _backend_refusal(req: Requested) -> str:
                    "gfx950), so that it resolves the FlyDSL tuning table the artifacts were built from")
 
 
-class EpDispatchCombineOp:
+class EpDispatchCombineOp(LoadedOp):
     """mori's EP dispatch/combine (FlyDSL backend) from ahead-of-time compiled kernels. Owns the
     symmetric window (the arena), the per-rank tensors mori's backend makes, and one resolved
     launch per kernel of this rank."""
 
     backend_name = "flydsl"
 
+    @property
+    def dev(self):
+        """The op's device, by the name mori's backends give it."""
+        return self.device
+
     @gc_paused()
     def __init__(self, cfg, comm, *, artifacts: Any = None, driver: Driver | None = None,
                  trusted_keys: Any = None, miss_report: Any = None):
         t_start = time.perf_counter()
-        self._closed = True  # cleanup state first: a failure below rolls back through close()
+        self._init_loaded()  # cleanup state first: a failure below rolls back through close()
         self.mem = self.win = None
-        self._kernels: Kernels | None = None
         self._launch: dict[tuple[str, int, int], Launch] = {}
-        self._mori, self._mori_held, self._driver = None, False, None
         self._startup_seconds: float | None = None
         self.cfg, self.comm = cfg, comm
         req = read_config(cfg)
@@ -127,35 +129,19 @@ class EpDispatchCombineOp:
         # mori's _pick, resolved once per bucket: a call scans this table
         self._picks = pick_table(c)
         self._dispatch_specs, self._combine_specs = variants(c)
-        # provenance (one profile per op and per communicator; the pod's mori), the device
-        self._mori = check_provenance([entry])
-        #: the combines write 0 at the count they are passed: a snapshot's own count goes through a copy
-        self._combine_zeroes = combine_zeroes_total_recv(self._mori.version if self._mori else None)
-        COMMUNICATORS.acquire(comm, self._mori, entry.where, check_only=True)
-        if driver is None:
-            from .hip import HipDriver
-
-            driver = HipDriver()
-        self._driver = driver
-        self.device = self.dev = communicator_device(comm)
-        self.arch = check_device([entry], driver, self.device)
         positions = self._positions(entry)
-        kernels = verify_kernels(self.artifacts, [entry], launches=lambda e: e.launches,
-                                 position=lambda e, le: positions[le.key], sequences=self._check_sequence)
-        with device_context(self.device):
-            try:
-                COMMUNICATORS.acquire(comm, self._mori, entry.where)
-                self._mori_held = True
-                self._kernels = kernels
-                kernels.load(driver)
-                self._acquire_window()
-                self._closed = False
-                self._make_tensors(c)
-                self._prepare_launches(entry, kernels)
-                comm.barrier()  # every rank's window zeroed before any rank's first dispatch writes into it
-            except BaseException:
-                self._rollback()
-                raise
+
+        def acquire(kernels: Kernels) -> None:
+            #: the combines write 0 at the count they are passed: a snapshot's own count goes through a copy
+            self._combine_zeroes = combine_zeroes_total_recv(self._mori.version if self._mori else None)
+            self._acquire_window()
+            self._make_tensors(c)
+            self._prepare_launches(entry, kernels)
+            comm.barrier()  # every rank's window zeroed before any rank's first dispatch writes into it
+
+        self._load(self.artifacts, [entry], driver=driver, device=lambda: communicator_device(comm), comm=comm,
+                   launches=lambda e: e.launches, position=lambda e, le: positions[le.key],
+                   sequences=self._check_sequence, acquire=acquire)
         self._startup_seconds = time.perf_counter() - t_start
 
     # ------------------------------------------------------------------
@@ -339,13 +325,6 @@ class EpDispatchCombineOp:
                 raise ArtifactMismatchError(f"{entry.at} {kind}: the record launches grid {launch.grid} block "
                                             f"{launch.block}, the variant is {b} blocks of {w} warps; rebuild it")
             self._launch[role] = launch
-
-    def _rollback(self) -> None:
-        self._closed = False
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - the original error is the one to report
-            log.exception("gemmar-aot: releasing a half-constructed EpDispatchCombineOp failed")
 
     # ------------------------------------------------------------------
     # the ops
@@ -531,11 +510,8 @@ class EpDispatchCombineOp:
             return
         self._closed = True
         self._launch.clear()
-        if self._mori_held:
-            self._mori_held = False
-            COMMUNICATORS.release(self.comm, self._mori)
         errors: list = []
-        release((self.win, self.mem), self._kernels, self._driver, errors)  # deregister before free
+        self._release_loaded((self.win, self.mem), errors)  # deregister before free
         self.win = self.mem = None
         if errors:
             raise errors[0]

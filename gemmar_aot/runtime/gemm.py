@@ -42,7 +42,7 @@ from .artifacts import load_artifacts
 from .driver import Driver
 from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .launches import Launch, prepare_launch
-from .loading import Kernels, check_device, check_provenance, release, verify_kernels
+from .loading import Kernels, LoadedOp
 from gemmar_aot.model.manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import FNUZ_REASON, check_operands
@@ -63,7 +63,7 @@ _GEMV_ARGS = (("tensor", "int32"), ("tensor", "int32"), ("tensor", "int32"), ("t
               ("tensor", "bfloat16"), ("i32", ""), ("i32", ""), ("stream", ""))
 
 
-class _StandaloneOp:
+class _StandaloneOp(LoadedOp):
     """What the two ops share: finding their kernels, loading them, closing."""
 
     transport = ""
@@ -73,10 +73,8 @@ class _StandaloneOp:
     _CANNOT_PAD = ""
 
     def _init_state(self, on_miss: str | None, miss_report: Any) -> None:
-        self._closed = True
-        self._kernels: Kernels | None = None
+        self._init_loaded()
         self._launches: dict[Any, Launch] = {}
-        self._driver: Any = None
         self._on_miss = misses.policy(on_miss, cannot_pad=self._CANNOT_PAD)
         self._misses = misses.OpMisses(type(self).__name__, miss_report, self._miss_identity, rank=None)
 
@@ -135,38 +133,17 @@ class _StandaloneOp:
                                  m_max=0, n=i.n, k=i.k, quant=i.quant, gather_dtype=i.gather_dtype,
                                  gather_transport=i.gather_transport, block_m=i.block_m)
 
-        ordered = list(entries.values())
-        check_provenance(ordered)  # one toolchain profile per op, and the pod's mori the artifacts'
-        if driver is None:
-            from .hip import HipDriver
+        def acquire(kernels: Kernels) -> None:
+            for slot, e in entries.items():
+                le = e.launches[0]
+                record, given = le.launch, fixed(le.launch)
+                self._launches[slot] = prepare_launch(
+                    kind=le.kind, digest=le.blob.hash, record=record, kernel=kernels.kernel[le.blob.hash],
+                    function=kernels.function[le.blob.hash], fixed=given, where=f"{e.where} {le.kind}",
+                    per_call=tuple(p for a in record.args if a.kind != "stream" for p in a.params if p not in given))
 
-            driver = HipDriver()
-        self._driver = driver
-        self.device = resolve_device(device)
-        check_device(ordered, driver, self.device)
-        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: e.launches[:1], position=position)
-        from .memory import device_context
-
-        with device_context(self.device):
-            try:
-                self._kernels = kernels
-                kernels.load(driver)
-                for slot, e in entries.items():
-                    le = e.launches[0]
-                    record, given = le.launch, fixed(le.launch)
-                    self._launches[slot] = prepare_launch(
-                        kind=le.kind, digest=le.blob.hash, record=record, kernel=kernels.kernel[le.blob.hash],
-                        function=kernels.function[le.blob.hash], fixed=given, where=f"{e.where} {le.kind}",
-                        per_call=tuple(p for a in record.args if a.kind != "stream" for p in a.params
-                                       if p not in given))
-                self._closed = False
-            except BaseException:
-                self._closed = False
-                try:
-                    self.close()
-                except Exception:  # noqa: BLE001 - the original error is the one to report
-                    log.exception("gemmar-aot: releasing a half-constructed %s failed", type(self).__name__)
-                raise
+        self._load(self.artifacts, list(entries.values()), driver=driver, device=lambda: resolve_device(device),
+                   launches=lambda e: e.launches[:1], position=position, acquire=acquire)
 
     def _key(self) -> TupleKey:
         return TupleKey.make(transport=self.transport, n=self.n, k=self.k, world=1, quant="mxfp8",
@@ -186,7 +163,7 @@ class _StandaloneOp:
         self._closed = True
         self._launches.clear()
         errors: list = []
-        release((), self._kernels, self._driver, errors)
+        self._release_loaded((), errors)
         if errors:
             raise errors[0]
 

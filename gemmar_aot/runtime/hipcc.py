@@ -133,51 +133,19 @@ class HipccServer:
         return self._arts
 
     def _materialise(self, v: HipccVariant) -> str:
-        from gemmar_aot.model.codeobject import CodeObjectError, parse_code_object
-
-        from .provenance import check_installed_mori
+        """Steps 1 and 3 of every op's loading path (:mod:`.loading`) for this code object, then
+        the file mori's loader reads."""
+        from .loading import check_built
+        from .verify import verify_whole_object
 
         arts = self.artifacts()
         found = arts.hipcc_index.get(v)
         if found is None:
             raise self._missing(v, arts)
         item, info = found
-        check_installed_mori([(info.mori, f"{info.source} ({item.source})")])
-        self._check_record(item, info, arts)
-        e = item.entry
-        data = arts.load_blob(info, e.blob.hash, e.blob.size)
-        try:
-            co = parse_code_object(data)
-        except CodeObjectError as exc:
-            raise ArtifactMismatchError(f"{info.source} ({item.source}): {v.describe()} is not a code object: "
-                                        f"{exc}") from None
-        missing = sorted(set(e.symbols) - {k.name for k in co.kernels})
-        if co.arch != v.arch or missing:
-            raise ArtifactMismatchError(f"{info.source} ({item.source}): the code object of {v.describe()} is for "
-                                        f"{co.arch} and lacks {missing}; rebuild the manifest")
-        return str(self._write(e.blob.hash, data))
-
-    def _check_record(self, item, info, arts) -> None:
-        """The record the lock names for this item, bound to its variant (by the lock's record
-        index, every line checked against the lock's record digest)."""
-        index = arts.record_index(info)
-        e = item.entry
-        if index is None:
-            rec = arts.store(info.source).read_record_named(e.key, e.record)
-        else:
-            rec = index.records([(e.key, e.record, e.blob.hash)]).get(e.key)
-        if not isinstance(rec, dict):
-            raise ArtifactMismatchError(f"{info.source} ({item.source}): the record the lock names for "
-                                        f"{item.variant.describe()} is not there or is another record ({rec}); "
-                                        f"rebuild the manifest")
-        spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
-        p = spec.get("params") if isinstance(spec.get("params"), dict) else {}
-        got = HipccVariant(p.get("source"), p.get("arch"), p.get("nic"), p.get("host_proxy")) \
-            if spec.get("recipe") == "hipcc" else None
-        if got != item.variant or p.get("profiler") is not False:
-            raise ArtifactMismatchError(f"{info.source} ({item.source}): the lock serves {item.variant.describe()} "
-                                        f"with a record that compiled {got.describe() if got else spec}; the lock "
-                                        f"was edited or made by another gemmar-aot: rebuild the manifest")
+        check_built([(info.mori, f"{info.source} ({item.source})")])
+        data = verify_whole_object(arts, info, item)
+        return str(self._write(item.entry.blob.hash, data))
 
     def _write(self, digest: str, data: bytes) -> Path:
         d = self._dir or cache_dir()

@@ -31,7 +31,8 @@ from gemmar_aot.model.launch import LaunchRecord, LaunchRecordError
 
 from .driver import KernArgs
 from .errors import ArtifactMismatchError
-from .verify import block_mismatch, explicit_args, record_key
+from .record_binding import record_key
+from .verify import block_mismatch, explicit_args
 
 #: struct codes per host-parameter type: pointers unsigned, lengths and i32 signed.
 _CODES = {"ptr": "Q", "len32": "i", "i32": "i", "i64": "q"}

@@ -1,32 +1,40 @@
 """The one way every op gets its kernels: check, verify, then load; roll back on failure.
 
-Cheapest checks first, and nothing acquired until every kernel is verified:
+An op states what it loads (its lock entries, which launches of each, where each sits) and what
+it acquires around them (a window, tensors, plans); :meth:`LoadedOp._load` does the rest, in this
+order, cheapest checks first and nothing acquired until every kernel is verified:
 
 1. :func:`check_provenance` -- one toolchain profile, and the pod's mori the artifacts'
-   (:mod:`.provenance`).
-2. :func:`check_device` -- the device is the arch every lock was built for.
+   (:mod:`.provenance`); for a collective op, the communicator's profile checked (not counted).
+2. :func:`check_device` -- the driver (the HIP runtime's unless given) says the device is the
+   arch every lock was built for.
 3. :func:`verify_kernels` -- every lock entry, record, blob and code object
    (:func:`.verify.verify_entries`). A bad artifact is refused here.
-4. :meth:`Kernels.load` -- each code object loaded once (``hipModuleLoadData``) and its
-   kernel looked up. Every module loaded is in :attr:`Kernels.modules` the moment it is
-   loaded, so an op whose construction fails after any step releases exactly what was
-   acquired (:meth:`Kernels.unload`, called from the op's ``close``).
+4. On the device: the communicator's profile counted, then :meth:`Kernels.load` -- each code
+   object loaded once (``hipModuleLoadData``) and its kernel looked up -- then the op's own
+   ``acquire``. Every module loaded is in :attr:`Kernels.modules` the moment it is loaded, so a
+   failure anywhere releases exactly what was acquired (the op's ``close``, through
+   :meth:`LoadedOp._release_loaded`), and the first error is the one raised.
 
-The ops differ in what they do around these steps (the collective op checks its communicator
-after 1, acquires it and its window before 4, and resolves a launch plan per M after 4); the
-steps themselves, and what they check, are the same for every op.
+mori's hipcc-JIT kernels take steps 1 and 3 the same way (:func:`check_built`,
+:func:`.verify.verify_whole_object`); the arch is the device's by construction (the variant is
+chosen by it), and mori itself loads them from the file they are written to (:mod:`.hipcc`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Sequence
 
 from gemmar_aot.model.codeobject import KernelMetadata
 
 from .driver import Driver, arch_base, unload_modules
 from .errors import ArtifactMismatchError
-from .provenance import MoriIdentity, check_installed_mori, one_profile
+from .provenance import COMMUNICATORS, MoriIdentity, check_installed_mori, one_profile
 from .verify import EntryPosition, EpPosition, verify_entries
+
+
+log = logging.getLogger("gemmar_aot.runtime")
 
 
 class Kernels:
@@ -59,9 +67,13 @@ class Kernels:
 
 
 def check_provenance(entries: Sequence[Any]) -> MoriIdentity | None:
-    """Step 1 for ``entries`` (RankEntry): one toolchain profile (returned), and the pod's mori the
-    artifacts'. Raises ArtifactMismatchError."""
-    built = [(e.lock.mori, e.where) for e in entries]
+    """Step 1 for ``entries`` (RankEntry or EpRankEntry): :func:`check_built` of their locks."""
+    return check_built([(e.lock.mori, e.where) for e in entries])
+
+
+def check_built(built: Sequence[tuple[Any, str]]) -> MoriIdentity | None:
+    """Step 1 for what was built, as (the lock's mori, where): one toolchain profile (returned),
+    and the pod's mori the artifacts'. Raises ArtifactMismatchError."""
     mori = one_profile(built)
     check_installed_mori(built)
     return mori
@@ -101,3 +113,73 @@ def release(handles: Sequence[Any], kernels: Kernels | None, driver: Driver, err
                 errors.append(exc)
     if kernels is not None:
         kernels.unload(driver, errors)
+
+
+class LoadedOp:
+    """What every op holds from the loading path, and gives back: the artifacts' mori (counted on
+    the communicator while held), the driver, the device and its arch, the kernels.
+
+    An op calls :meth:`_init_loaded` first (so a failure anywhere rolls back through its
+    ``close``), then :meth:`_load`; its ``close`` sets ``_closed`` and calls :meth:`_release_loaded`
+    with the handles it acquired."""
+
+    def _init_loaded(self) -> None:
+        self._closed = True
+        self._driver: Any = None
+        self._kernels: Kernels | None = None
+        self._mori: MoriIdentity | None = None
+        self._counted_on: Any = None  # the communicator this op's profile is counted on
+        self.device: Any = None
+        self.arch: str | None = None
+
+    def _load(self, artifacts: Any, entries: Sequence[Any], *, driver: Driver | None, device: Callable[[], Any],
+              launches: Callable[[Any], Sequence[Any]], position: Callable[[Any, Any], EntryPosition | EpPosition],
+              acquire: Callable[[Kernels], None], sequences: Callable[[Sequence[Any]], None] | None = None,
+              comm: Any = None) -> None:
+        """Steps 1-4 of the module docstring for ``entries`` (RankEntry or EpRankEntry) on the device
+        ``device()`` names (asked after step 1); ``acquire(kernels)`` runs last, on the device, with the
+        kernels loaded. Raises what the first failing step raises, after releasing everything acquired."""
+        self._mori = check_provenance(entries)
+        if comm is not None:
+            COMMUNICATORS.acquire(comm, self._mori, entries[0].where, check_only=True)
+        if driver is None:
+            from .hip import HipDriver
+
+            driver = HipDriver()
+        self._driver = driver
+        self.device = device = device()
+        self.arch = check_device(entries, driver, device)
+        kernels = verify_kernels(artifacts, entries, launches=launches, position=position, sequences=sequences)
+        from .memory import device_context
+
+        with device_context(device):
+            try:
+                if comm is not None:
+                    COMMUNICATORS.acquire(comm, self._mori, entries[0].where)
+                    self._counted_on = comm
+                self._kernels = kernels
+                kernels.load(driver)
+                self._closed = False  # from here on, close() has something to release
+                acquire(kernels)
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        """Release whatever construction acquired; never masks the error being raised."""
+        self._closed = False
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            log.exception("gemmar-aot: releasing a half-constructed %s failed", type(self).__name__)
+
+    def close(self) -> None:  # pragma: no cover - every op defines its own
+        raise NotImplementedError
+
+    def _release_loaded(self, handles: Sequence[Any], errors: list) -> None:
+        """The communicator's count given back, ``handles`` closed in order, the modules unloaded;
+        every error appended to ``errors``."""
+        comm, self._counted_on = self._counted_on, None
+        if comm is not None:
+            COMMUNICATORS.release(comm, self._mori)
+        release(handles, self._kernels, self._driver, errors)

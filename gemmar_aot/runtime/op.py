@@ -67,12 +67,11 @@ from .driver import Driver
 from .errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
-from .loading import Kernels, check_device, check_provenance, release, verify_kernels
+from .loading import Kernels, LoadedOp
 from gemmar_aot.model.manifest_lines import manifest_snippet, nearest
-from .memory import communicator_device, dev_comm_requirements, device_context, tensor_at
+from .memory import communicator_device, dev_comm_requirements, tensor_at
 from .operands import check_operands
 from .padding import PadBuffers
-from .provenance import COMMUNICATORS
 from .verify import EntryPosition
 from .support import TRANSPORT, checked_arguments, supports
 from .window import check_layouts, window_bytes_for
@@ -99,7 +98,7 @@ class _Plan:
         self.calls = 0  # served calls at this M (op.stats())
 
 
-class GemmAllReduceOp:
+class GemmAllReduceOp(LoadedOp):
     """Fused fp8 GEMM + all-reduce over cco SDMA, from ahead-of-time compiled kernels.
 
     Owns the symmetric window and one resolved launch plan per M the artifacts hold
@@ -134,48 +133,30 @@ class GemmAllReduceOp:
         self.transport = transport
         ordered = self._find_entries(artifacts, trusted_keys)
 
-        # provenance (one profile per op and per communicator; the pod's mori), the device
-        self._mori = check_provenance(ordered)
-        COMMUNICATORS.acquire(comm, self._mori, ordered[0].where, check_only=True)
-        if driver is None:
-            from .hip import HipDriver
+        def acquire(kernels: Kernels) -> None:
+            self._acquire(ordered, kernels)
+            if self_test:
+                self.self_test()
+            if self_test_gemm:
+                self.self_test_gemm()
 
-            driver = HipDriver()
-        self._driver = driver
-        self.device = communicator_device(comm)
-        self.arch = check_device(ordered, driver, self.device)
-        # every kernel verified, nothing acquired yet: records, blobs, code objects
-        kernels = verify_kernels(self.artifacts, ordered, launches=lambda e: (*e.launches, *e.self_test),
-                                 position=self._position)
-        with device_context(self.device):
-            try:
-                self._acquire(ordered, kernels)
-                if self_test:
-                    self.self_test()
-                if self_test_gemm:
-                    self.self_test_gemm()
-            except BaseException:
-                self._rollback()
-                raise
+        self._load(self.artifacts, ordered, driver=driver, device=lambda: communicator_device(comm), comm=comm,
+                   launches=lambda e: (*e.launches, *e.self_test), position=self._position, acquire=acquire)
         self._startup_seconds = time.perf_counter() - t_start
 
     def _init_state(self) -> None:
         """What close() reads: nothing acquired yet."""
-        self._closed = True
+        self._init_loaded()
         self._startup_seconds: float | None = None
         self._padded_rows = 0
         self._pad: PadBuffers | None = None
         self._buckets: tuple[int, ...] = ()
         self.mem = self.win = self.dev_comm = None
-        self._kernels: Kernels | None = None
         self._plans: dict[int, _Plan] = {}
         self._phases: dict[str, Launch] = {}
         self._entries: dict[int, RankEntry] = {}
         self._pad_in = None
         self._fallback = None
-        self._driver: Any = None
-        self._mori = None  # the artifacts' mori / toolchain profile, counted on the communicator
-        self._mori_held = False
 
     def _find_entries(self, artifacts: Any, trusted_keys: Any) -> list[RankEntry]:
         """Every M held for this op and rank (built for every rank), with one shared window
@@ -205,13 +186,9 @@ class GemmAllReduceOp:
         return [e for _m, e in sorted(entries.items())]
 
     def _acquire(self, ordered: list[RankEntry], kernels: Kernels) -> None:
-        """Acquire (on the op's device): the communicator's profile count, the modules, the window
-        (zeroed), the dev comm; then one plan per M. The caller rolls back on failure."""
+        """Acquire (on the op's device, the kernels loaded): the window (zeroed), the dev comm; then
+        one plan per M. The loading path rolls back on failure."""
         comm, driver = self.comm, self._driver
-        COMMUNICATORS.acquire(comm, self._mori, ordered[0].where)
-        self._mori_held = True
-        self._kernels = kernels
-        kernels.load(driver)
         self.mem = comm.alloc_mem(self.window_bytes)
         self.win = comm.register_window(self.mem.ptr, self.mem.size)
         # Counters live in the window and are read before first written: zero it once,
@@ -219,21 +196,12 @@ class GemmAllReduceOp:
         driver.memset(self.mem.ptr, 0, self.window_bytes)
         self.dev_comm = comm.create_dev_comm(dev_comm_requirements(comm, self.sdma_queues))
         comm.barrier()
-        self._closed = False
         shared: dict = {}  # what the M values' launches have in common, derived once
         for e in ordered:
             self._plans[e.m] = self._make_plan(e, kernels, shared)
         if self._on_miss == "pad":
             self._buckets = tuple(sorted(self._plans))
             self._pad = PadBuffers(self._buckets[-1], self.k, self.quant, self.device)
-
-    def _rollback(self) -> None:
-        """Release whatever the constructor acquired; never masks the error being raised."""
-        self._closed = False
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - the original error is the one to report
-            log.exception("gemmar-aot: releasing a half-constructed GemmAllReduceOp failed")
 
     # ------------------------------------------------------------------
     # construction helpers
@@ -542,17 +510,14 @@ class GemmAllReduceOp:
         self._phases.clear()
         self._pad_in = None
         self._pad = None
-        if self._mori_held:
-            self._mori_held = False
-            COMMUNICATORS.release(self.comm, self._mori)
-        errors = []
+        errors: list = []
         if self._fallback is not None:
             try:
                 self._fallback.close()
             except Exception as exc:  # noqa: BLE001
                 errors.append(exc)
             self._fallback = None
-        release((self.win, self.mem), self._kernels, self._driver, errors)  # deregister before free
+        self._release_loaded((self.win, self.mem), errors)  # deregister before free
         self.win = self.mem = None
         if errors:
             raise errors[0]

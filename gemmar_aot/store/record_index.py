@@ -2,7 +2,7 @@
 
 The runtime binds each lock entry to the record it was made from (the lock names each
 record's digest, :func:`gemmar_aot.store.record.record_digest`; see
-``gemmar_aot.runtime.verify.RecordBinding``). Reading those records one file at a time
+``gemmar_aot.runtime.record_binding.RecordBinding``). Reading those records one file at a time
 costs a rank 53 file opens, zstd frames and JSON texts at startup. The build therefore
 writes, next to each lock file, the records that lock names in one file::
 

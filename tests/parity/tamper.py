@@ -4,7 +4,7 @@ Two ways a record can be wrong:
 
 * **the lock alone** is edited (a lock from another build, or hand-edited): it no
   longer agrees with the action-cache record its entry names -- the runtime's job
-  (``runtime.verify.RecordBinding``);
+  (``runtime.record_binding.RecordBinding``);
 * **the lock and the store agree on a wrong record** (the compiler side wrote it
   wrongly): only an independent oracle can tell -- the parity tier's job.
 
