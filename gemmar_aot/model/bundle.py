@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 #: ``<store>/locks/<manifest name>`` + this is a lock file.
 LOCK_SUFFIX = ".lock.json"
@@ -83,3 +84,28 @@ class LockBundle:
         atomic_write_bytes(self.record_index, record_index)
         atomic_write_bytes(self.blob_index, blob_index)
         return write_lock(self.lock, lock)
+
+    def read(self, verify: Callable[[bytes | None, bytes], Any] | None = None) -> tuple[Any, Any]:
+        """The lock, read once and checked (:class:`~gemmar_aot.model.lock.Lock`), and what
+        ``verify`` says of it: given a verifier (``verify(envelope bytes or None, the lock's plain
+        bytes)``, e.g. a trust set's check), the envelope beside the lock is read and handed to it
+        with the bytes the lock is then parsed from, before they are parsed; without one, (lock,
+        None). Raises the lock reader's errors (``LockFileError``), what ``verify`` raises, and
+        OSError for an envelope that is there but cannot be read."""
+        from gemmar_aot.model.codec import plain_lock_bytes
+        from gemmar_aot.model.lock import Lock, read_lock
+
+        if verify is None:
+            return read_lock(self.lock), None
+        try:
+            data = self.lock.read_bytes()
+        except OSError:
+            read_lock(self.lock)  # raises the reader's error (no such file, a directory)
+            raise
+        try:
+            envelope = self.envelope.read_bytes()
+        except FileNotFoundError:
+            envelope = None
+        plain = plain_lock_bytes(data, str(self.lock))  # decompressed once: for the signature, then the reader
+        verified = verify(envelope, plain)
+        return Lock.from_bytes(plain, str(self.lock)), verified

@@ -48,10 +48,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from gemmar_aot.model.codec import plain_lock_bytes
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.bundle import LOCK_SUFFIX, LockBundle
-from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock, read_lock
+from gemmar_aot.model.lock import ENTRY_POINT_GROUP, Lock
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, RankLaunches, TupleKey
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
 from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError
@@ -384,43 +383,35 @@ def _add_path(arts: Artifacts, path: Path, origin: str, store_root: Path | None 
 
 
 def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = None):
-    """The lock at ``path``, checked against ``arts.trust`` first when there is one: (lock, who
-    signed it) -- or, given ``root``, (lock, its Source, who signed it), add_lock's arguments."""
-    verified = None
-    if arts.trust is None:
-        lock = read_lock(path)
-    else:
-        try:
-            data = path.read_bytes()
-        except OSError:
-            read_lock(path)  # raises the reader's error (no such file, a directory)
-            raise
-        src = Source(path, root or _store_root_for_lock(path), origin)
-        from gemmar_aot.trust.keys import SignatureError
-
-        env_path = LockBundle(path).envelope
-        try:
-            env = env_path.read_bytes()
-        except FileNotFoundError:
-            env = None
-        except OSError as exc:
-            raise ArtifactSignatureError(f"cannot read the signature envelope {env_path} of the lock {src}: "
-                                         f"{exc.strerror or exc}") from None
-        plain = plain_lock_bytes(data, str(path))  # decompressed once: for the signature, then the reader
-        try:
-            verified = arts.trust.verify(env, plain, str(src), str(env_path))
-        except SignatureError as exc:
-            raise ArtifactSignatureError(str(exc)) from None
-        lock = Lock.from_bytes(plain, str(path))
+    """The lock at ``path`` (its bundle read once), checked against ``arts.trust`` when there is
+    one: (lock, who signed it) -- or, given ``root``, (lock, its Source, who signed it), add_lock's
+    arguments."""
+    src = Source(path, root or _store_root_for_lock(path), origin)
+    bundle = LockBundle(path)
+    trust = arts.trust
+    try:
+        lock, verified = bundle.read(None if trust is None else lambda env, plain: _vouched(trust, src, env, plain))
+    except OSError as exc:  # the envelope is there and cannot be read
+        raise ArtifactSignatureError(f"cannot read the signature envelope {bundle.envelope} of the lock {src}: "
+                                     f"{exc.strerror or exc}") from None
+    if verified is not None:
         want = LockBundle.in_store("", lock.manifest.name, lock.toolchain.profile).lock.name
         if verified.envelope.subject[0] != want:
             raise ArtifactSignatureError(
                 f"the lock {src} is signed as {verified.envelope.subject[0]!r}, but it is the lock of manifest "
                 f"{lock.manifest.name!r} ({want}): the envelope was made for another lock; re-sign it")
         log.debug("lock %s vouched for by %s", path, verified.describe())
-    if root is None:
-        return lock, verified
-    return lock, Source(path, root, origin), verified
+    return (lock, verified) if root is None else (lock, src, verified)
+
+
+def _vouched(trust: TrustSet, src: Source, envelope: bytes | None, plain: bytes):
+    """Who vouches for the lock's ``plain`` bytes by ``envelope``, among the trusted keys."""
+    from gemmar_aot.trust.keys import SignatureError
+
+    try:
+        return trust.verify(envelope, plain, str(src), str(LockBundle(src.lock_path).envelope))
+    except SignatureError as exc:
+        raise ArtifactSignatureError(str(exc)) from None
 
 
 def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
