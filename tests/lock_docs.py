@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
+from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
 
 
 def decode_lock_doc(data: bytes) -> dict:
@@ -16,7 +16,7 @@ def decode_lock_doc(data: bytes) -> dict:
     encoded. Unchecked, for tests that look inside or edit it; ``Lock.from_bytes`` is the one
     reader of a lock, and checks it."""
     if data[:4] == LOCK_ZSTD_MAGIC:
-        data = _decompress_lock(data, "<lock>")
+        data = decompress_lock(data, "<lock>")
     head, *parts = (json.loads(line) for line in data.split(b"\n") if line)
     return {**head, "parts": parts}
 

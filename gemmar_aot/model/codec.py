@@ -18,10 +18,10 @@ MAX_LOCK_BYTES = 256 << 20
 def plain_lock_bytes(data: bytes, where: str = "<lock>") -> bytes:
     """A lock file's canonical bytes: ``data`` itself, or the bytes inside its zstd frame (an artifact
     wheel's ``lock.json.zst``). What a lock's sha256 -- and its signature -- is of."""
-    return _decompress_lock(data, where) if data[:4] == LOCK_ZSTD_MAGIC else data
+    return decompress_lock(data, where) if data[:4] == LOCK_ZSTD_MAGIC else data
 
 
-def _decompress_lock(data: bytes, where: str) -> bytes:
+def decompress_lock(data: bytes, where: str) -> bytes:
     """The JSON of a zstd-compressed lock. The frame must carry its content size and checksum
     (:func:`compress_lock` writes both), so a flipped byte is a clear error, never other JSON.
     ``zstandard`` is imported here only: the model stays standard library for plain locks."""

@@ -13,8 +13,8 @@ from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
 from gemmar_aot.model.schema import LOCK_SCHEMA, READ_SCHEMAS, LockFileError, LockSchemaError, _REBUILD, top_keys
-from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, _decompress_lock, encode_lock_doc
-from gemmar_aot.model.validate import _DocReader, _show, _type_name
+from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
+from gemmar_aot.model.validate import DocReader, show_value, type_name
 
 if TYPE_CHECKING:  # a pod whose lock has no hipcc item never imports it
     from gemmar_aot.model.hipcc import CodeObjectEntry, LockHipcc
@@ -176,7 +176,7 @@ class Lock:
             data = data.encode()
         data = bytes(data)
         if data[:4] == LOCK_ZSTD_MAGIC:
-            data = _decompress_lock(data, where)
+            data = decompress_lock(data, where)
         lines = _lines(data)
         try:
             head = json.loads(lines[0])
@@ -250,7 +250,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-class _Reader(_DocReader):
+class _Reader(DocReader):
     """The document reader, and the :class:`Lock` it reads (the one reader's last step)."""
 
     def hipcc(self, v: Any) -> tuple:
@@ -268,11 +268,11 @@ class _Reader(_DocReader):
         """The lock of head ``v``: with ``lines`` (the file's lines after the head) the parts are
         digests naming them; without, the parts are inline (:meth:`Lock.to_json`'s form)."""
         if type(v) is not dict:
-            raise LockFileError(f"{self.where}: a lock file holds a JSON object, this holds {_type_name(v)}; "
+            raise LockFileError(f"{self.where}: a lock file holds a JSON object, this holds {type_name(v)}; "
                                 f"{_REBUILD}")
         schema = v.get("schema")
         if type(schema) is not int:
-            raise LockFileError(f"{self.where}: $.schema is {_show(schema)}, not an integer lock schema: it is not a "
+            raise LockFileError(f"{self.where}: $.schema is {show_value(schema)}, not an integer lock schema: it is not a "
                                 f"gemmar-aot lock file (this gemmar-aot reads lock schema {LOCK_SCHEMA})")
         if schema > LOCK_SCHEMA:
             raise LockSchemaError(f"{self.where}: lock schema {schema} was written by a newer gemmar-aot; this one "
@@ -292,19 +292,19 @@ class _Reader(_DocReader):
         tc = self.obj(v["toolchain"], "$.toolchain", ("digest", "profile", "ingredients"))
         ingr = tc["ingredients"]
         if type(ingr) is not dict:
-            raise self.fail("$.toolchain.ingredients", f"is {_type_name(ingr)}, expected an object")
+            raise self.fail("$.toolchain.ingredients", f"is {type_name(ingr)}, expected an object")
         for k, sec in ingr.items():
             if type(sec) is not dict:
-                raise self.fail(f"$.toolchain.ingredients.{k}", f"is {_type_name(sec)}, expected an object")
+                raise self.fail(f"$.toolchain.ingredients.{k}", f"is {type_name(sec)}, expected an object")
             self.json_value(sec, f"$.toolchain.ingredients.{k}")
         toolchain = ToolchainInfo(self.hex64(tc["digest"], "$.toolchain.digest"), ingr,
                                   self.opt_str(tc["profile"], "$.toolchain.profile"))
         env = v["env"]
         if type(env) is not dict:
-            raise self.fail("$.env", f"is {_type_name(env)}, expected an object")
+            raise self.fail("$.env", f"is {type_name(env)}, expected an object")
         for k, x in env.items():
             if x is not None and type(x) is not str:
-                raise self.fail(f"$.env.{k}", f"is {_type_name(x)} ({_show(x)}), expected a string or null")
+                raise self.fail(f"$.env.{k}", f"is {type_name(x)} ({show_value(x)}), expected a string or null")
         records = [self.launch_record(r, f"$.launch_records[{i}]")
                    for i, r in enumerate(self.list(v["launch_records"], "$.launch_records"))]
         parts = self.parts(v["parts"], lines, records)

@@ -69,12 +69,12 @@ def _keyset(keys: tuple) -> frozenset:
     return ks
 
 
-def _show(v: Any) -> str:
+def show_value(v: Any) -> str:
     s = repr(v)
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _type_name(v: Any) -> str:
+def type_name(v: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
             bool: "a boolean", type(None): "null"}.get(type(v), type(v).__name__)
 
@@ -123,7 +123,7 @@ class _LockPart:
 
     __slots__ = ("reader", "index", "rank", "ref", "data", "records", "tuples", "got")
 
-    def __init__(self, reader: "_DocReader", index: int, rank: int, ref: Digest | None, data: Any,
+    def __init__(self, reader: "DocReader", index: int, rank: int, ref: Digest | None, data: Any,
                  records: list[LaunchRecord]):
         self.reader, self.index, self.rank, self.ref, self.data = reader, index, rank, ref, data
         self.records = records
@@ -151,7 +151,7 @@ class _LockPart:
         return got
 
 
-class _DocReader:
+class DocReader:
     """Builds typed values from parsed lock JSON; every failure names the file, the JSON path,
     the value and the fix."""
 
@@ -167,7 +167,7 @@ class _DocReader:
         if type(v) is dict and v.keys() == _keyset(keys):
             return v
         if type(v) is not dict:
-            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected an object")
+            raise self.fail(path, f"is {type_name(v)} ({show_value(v)}), expected an object")
         missing = [k for k in keys if k not in v]
         if missing:
             raise self.fail(path, f"has no {', '.join(repr(k) for k in missing)} (a required field)")
@@ -177,14 +177,14 @@ class _DocReader:
 
     def list(self, v: Any, path: str) -> list:
         if type(v) is not list:
-            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected a list")
+            raise self.fail(path, f"is {type_name(v)} ({show_value(v)}), expected a list")
         return v
 
     def int(self, v: Any, path: str, lo: int = 0) -> int:
         if type(v) is int and v >= lo:
             return v
         if type(v) is not int:
-            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected an integer")
+            raise self.fail(path, f"is {type_name(v)} ({show_value(v)}), expected an integer")
         raise self.fail(path, f"is {v}, expected an integer >= {lo}")
 
     def ints(self, vs: Sequence[Any], paths, lo: int = 0) -> None:
@@ -200,7 +200,7 @@ class _DocReader:
         if type(v) is str and (v or empty) and (not choices or v in choices):
             return v
         if type(v) is not str:
-            raise self.fail(path, f"is {_type_name(v)} ({_show(v)}), expected a string")
+            raise self.fail(path, f"is {type_name(v)} ({show_value(v)}), expected a string")
         if not v and not empty:
             raise self.fail(path, "is an empty string")
         raise self.fail(path, f"is {v!r}, expected one of {', '.join(choices)}")
@@ -215,7 +215,7 @@ class _DocReader:
 
     def hex64(self, v: Any, path: str, what: str = "a sha256") -> str:
         if not is_hex64(v):
-            raise self.fail(path, f"is {_show(v)}, expected {what} (64 lowercase hex digits)")
+            raise self.fail(path, f"is {show_value(v)}, expected {what} (64 lowercase hex digits)")
         return v
 
     def digest(self, v: Any, path: str) -> Digest:
@@ -282,13 +282,13 @@ class _DocReader:
                 raise self.fail(path, f"(line {p.index + 2}) is not JSON ({exc})") from None
             self.obj(v, path, _PART_KEYS)
             if v["rank"] != p.rank:
-                raise self.fail(f"{path}.rank", f"is {_show(v['rank'])}, the head names the part of rank {p.rank}")
+                raise self.fail(f"{path}.rank", f"is {show_value(v['rank'])}, the head names the part of rank {p.rank}")
         table = self.kernels(v["kernels"], p.records, f"{path}.kernels")
         seqs: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         for j, item in enumerate(self.list(v["launches"], f"{path}.launches")):
             ip = f"{path}.launches[{j}]"
             if type(item) is not list or len(item) != 3:
-                raise self.fail(ip, f"is {_show(item)}, expected [tuple index, [action keys launched], "
+                raise self.fail(ip, f"is {show_value(item)}, expected [tuple index, [action keys launched], "
                                     f"[action keys self-tested]]")
             ti = self.int(item[0], f"{ip}[0]")
             if ti not in p.tuples or ti in seqs:
@@ -303,7 +303,7 @@ class _DocReader:
 
     def kernels(self, v: Any, records: list[LaunchRecord], path: str) -> _KernelTable:
         if type(v) is not dict:
-            raise self.fail(path, f"is {_type_name(v)}, expected an object (action key -> kernel)")
+            raise self.fail(path, f"is {type_name(v)}, expected an object (action key -> kernel)")
         if self.kernels_valid(v, records):
             return _KernelTable(v, records)
         return _KernelTable.of(self.kernels_slow(v, records, path))
@@ -344,7 +344,7 @@ class _DocReader:
                 self.obj(k, path, _KERNEL_KEYS)
             idx = k["launch"]
             if type(idx) is not int or not 0 <= idx < n:
-                raise self.fail(f"{path}.launch", f"is {_show(idx)}, expected an index into $.launch_records "
+                raise self.fail(f"{path}.launch", f"is {show_value(idx)}, expected an index into $.launch_records "
                                                   f"(0..{n - 1})")
             kind = self.str(k["kind"], f"{path}.kind")
             symbol = self.str(k["symbol"], f"{path}.symbol")
@@ -355,7 +355,7 @@ class _DocReader:
             try:
                 entry = LaunchEntry(kind, key, blob, launch, record)
             except ValueError:  # the action key
-                raise self.fail(where, f"has key {_show(key)}, expected an action key (64 lowercase hex "
+                raise self.fail(where, f"has key {show_value(key)}, expected an action key (64 lowercase hex "
                                        f"digits)") from None
             out[key] = entry
         return out
@@ -377,17 +377,17 @@ class _DocReader:
             if ps and (_types(ps) != _INT or min(ps) < 0 or max(ps) >= nparams):
                 for j, p in enumerate(ps):
                     if type(p) is not int or not 0 <= p < nparams:
-                        raise self.fail(f"{ap}.params[{j}]", f"is {_show(p)}, expected a host parameter index "
+                        raise self.fail(f"{ap}.params[{j}]", f"is {show_value(p)}, expected a host parameter index "
                                                              f"(0..{nparams - 1})")
         program = self.list(o["program"], f"{path}.program")
         for i, ins in enumerate(program):
             if type(ins) is not list or len(ins) < 2 or not _STR_INT.issuperset(map(type, ins)):
-                raise self.fail(f"{path}.program[{i}]", f"is {_show(ins)}, expected [result, op, operands...] of "
+                raise self.fail(f"{path}.program[{i}]", f"is {show_value(ins)}, expected [result, op, operands...] of "
                                                         f"strings and integers")
         for what in ("grid", "block"):
             g = self.list(o[what], f"{path}.{what}")
             if len(g) != 3 or not _STR_INT.issuperset(map(type, g)):
-                raise self.fail(f"{path}.{what}", f"is {_show(g)}, expected three integers or program values")
+                raise self.fail(f"{path}.{what}", f"is {show_value(g)}, expected three integers or program values")
         sp = self.int(o["stream_param"], f"{path}.stream_param")
         if sp >= nparams:
             raise self.fail(f"{path}.stream_param", f"is {sp}, but the record has {nparams} host parameters")
@@ -498,7 +498,7 @@ class _DocReader:
         c = self.obj(v["config"], f"{path}.config", names)
         for f in names:
             if type(c[f]) is not kinds[f] or (kinds[f] is int and c[f] < 0):
-                raise self.fail(f"{path}.config.{f}", f"is {_show(c[f])}, expected {kinds[f].__name__}")
+                raise self.fail(f"{path}.config.{f}", f"is {show_value(c[f])}, expected {kinds[f].__name__}")
         try:
             config = EpConfig.from_json(c)
             bad = config_problems(config)
@@ -512,7 +512,7 @@ class _DocReader:
                                              "backend's regions)")
         ranks = [self.int(r, f"{path}.ranks[{j}]") for j, r in enumerate(self.list(v["ranks"], f"{path}.ranks"))]
         if ranks != list(range(config.world)) or not parts.keys() >= set(ranks):
-            raise self.fail(f"{path}.ranks", f"is {_show(ranks)}: every rank of the world of {config.world}, "
+            raise self.fail(f"{path}.ranks", f"is {show_value(ranks)}: every rank of the world of {config.world}, "
                                              "each with its part")
         for r in ranks:
             parts[r].tuples.add(ti)
@@ -529,7 +529,7 @@ class _DocReader:
             pass
         for n, key in enumerate(v):
             if type(key) is not str or key not in kernels.raw:
-                raise self.fail(f"{path}[{n}]", f"is {_show(key)}, which names no kernel in {table_path}")
+                raise self.fail(f"{path}[{n}]", f"is {show_value(key)}, which names no kernel in {table_path}")
         raise AssertionError("unreachable: a bad reference passed every check")
 
     def window(self, v: Any, path: str) -> WindowLayout:
