@@ -570,7 +570,7 @@ def test_failed_build_writes_no_wheel(tmp_path, monkeypatch):
                "by_kind": {}, "failures": [{"spec_id": "ab" * 32, "key": "cd" * 32, "label": "gemm r0",
                                             "error": "boom"}]}
     monkeypatch.setattr(gemmar_aot.build.pipeline, "build",
-                        lambda *a, **kw: gemmar_aot.build.pipeline.Built(summary, None, None, None))
+                        lambda *a, **kw: gemmar_aot.build.pipeline.Built(summary, None, None, None, None, {}))
     res = _run("wheel", SMOKE, "--store", tmp_path / "s", "--out", tmp_path / "dist")
     assert res.exit_code == 1 and "FAILED gemm r0" in res.output and "no wheel was written" in res.output
     assert not (tmp_path / "dist").exists()

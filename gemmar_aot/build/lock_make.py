@@ -13,7 +13,6 @@ from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
 from gemmar_aot.store.backend import record_blob
 from gemmar_aot.store.record import record_digest
-from gemmar_aot.util.filedigest import sha256_hex
 
 
 def launch_entry(kind: str, key: str, rec: dict) -> LaunchEntry:
@@ -51,9 +50,8 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
     hipcc = tuple(LockHipcc(v, h.entry.source.replace(str(manifest.path), Path(manifest.path).name),
                             code_object_entry(v.source, keys[s.spec_id], records[s.spec_id]))
                   for h in plan.hipcc for v, s in zip(h.entry.variants, h.specs))
-    text = Path(manifest.path).read_bytes()
     return Lock(
-        manifest=ManifestRef(manifest.name, manifest.arch, sha256_hex(text)),
+        manifest=ManifestRef(manifest.name, manifest.arch, manifest.sha256),
         arch=manifest.arch,
         code_object_version=fp["target"]["code_object_version"],
         toolchain=ToolchainInfo(fp["digest"], toolchain_ingredients(fp), fp.get("profile")),

@@ -133,6 +133,7 @@ from gemmar_aot.build.manifest_ep import EpEntry, check_ep, entry_lines
 from gemmar_aot.build.manifest_hipcc import HipccEntry, check_hipcc
 from gemmar_aot.build.workload import Workload
 from gemmar_aot.util.errors import ManifestError
+from gemmar_aot.util.filedigest import sha256_hex
 
 #: Most distinct workloads (tuples after padding and de-duplication) one manifest
 #: may ask for, across all its tuples.
@@ -171,6 +172,8 @@ class Manifest:
     warnings: tuple[str, ...] = ()
     eps: tuple[EpEntry, ...] = ()  # the [[ep]] entries, in manifest order, repeats removed
     hipcc: tuple[HipccEntry, ...] = ()  # the [[hipcc]] entries, each variant in the first that asks for it
+    text: bytes = b""  # the bytes read, once: the lock names their sha256, a wheel carries them
+    sha256: str = ""
 
 
 # --------------------------------------------------------------------------
@@ -343,20 +346,26 @@ def _default_name(path: str) -> str:
     return Path(path).stem or "manifest"
 
 
+def _text_of(text: str | bytes, path: str) -> tuple[str, bytes]:
+    """The manifest's text, and the bytes it was read as (what the lock's sha256 names)."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            return bytes(text).decode("utf-8"), bytes(text)
+        except UnicodeDecodeError as exc:
+            raise ManifestError([f"{path}: not UTF-8 text (bad byte at offset {exc.start}); "
+                                 "save the manifest as UTF-8"]) from None
+    if not isinstance(text, str):
+        raise ManifestError([f"{path}: expected the manifest's text, got {type(text).__name__}"])
+    return text, text.encode("utf-8")
+
+
 def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     """Parse and validate manifest ``text``; ``path`` is only used in messages.
 
     Raises :class:`ManifestError` listing every problem; never anything else.
     """
     path = str(path)
-    if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ManifestError([f"{path}: not UTF-8 text (bad byte at offset {exc.start}); "
-                                 "save the manifest as UTF-8"]) from None
-    if not isinstance(text, str):
-        raise ManifestError([f"{path}: expected the manifest's text, got {type(text).__name__}"])
+    text, read = _text_of(text, path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -421,6 +430,8 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
         warnings=tuple(ck.warnings),
         eps=tuple(eps),
         hipcc=tuple(hipcc),
+        text=read,
+        sha256=sha256_hex(read),
     )
 
 

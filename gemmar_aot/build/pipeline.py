@@ -18,28 +18,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from gemmar_aot.build.local_lookup import LocalLookup
 from gemmar_aot.build.lock_make import make_lock
+from gemmar_aot.build.manifest import Manifest, load_manifest
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.store.backend import record_blob
-from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
-from gemmar_aot.compiler.derive_check import RecordCheck
 from gemmar_aot.compiler.keys import OWN_COMPILE, action_key, ingredients
 from gemmar_aot.store.blob_index import build_blob_index
 from gemmar_aot.store.record_index import build_index, lock_rank_groups
-from gemmar_aot.util.filedigest import sha256_hex
-
-
-def _rederive(st, writer, key: str, rec: dict) -> dict | None:
-    """``rec`` derived again by this derive code from its blobs in ``st`` (written back through
-    ``writer``), or None -- then the kernel is a miss and compiles: no launcher, a missing or
-    damaged blob, or blobs this derive code refuses."""
-    try:
-        return rederive(st, key, rec, writer=writer)
-    except DeriveError:
-        return None
 
 
 class _EarlyOptimize:
@@ -97,15 +86,17 @@ def _env(name: str, value: str):
 class Built:
     """What a build made, in memory, for the step after it (the wheel): the summary, the lock
     (None when the build wrote none: a failure, a shard), the record index it wrote beside the
-    lock, and the store it wrote into (one handle)."""
+    lock, the store it wrote into (one handle), the manifest as read, and the blobs it read."""
 
     summary: dict
     lock: Lock | None
     record_index: bytes | None
     store: Any
+    manifest: Manifest
+    blobs: Mapping[str, bytes]  # digest -> verified bytes, every code object the lock names among them
 
 
-def build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = None,
+def build(manifest: "Path | Manifest", *, store: Path | None = None, jobs: int | None = None,
               debug_locations: bool = False, only: tuple[str, ...] = (),
               shard: tuple[int, int] | None = None,
               remote: str | None = None, remote_read_only: bool = False, remote_required: bool = False,
@@ -113,7 +104,8 @@ def build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = 
               trace_path: str | os.PathLike | None = None, executor=None,
               toolchain_profile: str | None = None, signers: Sequence[Any] = (),
               sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None) -> Built:
-    """Build ``manifest_path`` into the store; returns what it made (:class:`Built`), the summary
+    """Build ``manifest`` (a path, or the :class:`~gemmar_aot.build.manifest.Manifest` read from one:
+    each input is read once) into the store; returns what it made (:class:`Built`), the summary
     among it (:func:`run_build` returns that alone).
 
     ``signers`` (:mod:`gemmar_aot.trust`: keys, or anything with ``keyid`` and ``sign``): sign
@@ -134,21 +126,22 @@ def build(manifest_path: Path, *, store: Path | None = None, jobs: int | None = 
     processes, started as soon as the first store miss is seen so their start-up overlaps
     the rest of the key look-ups. ``trace_path``: write a Chrome-trace/Perfetto JSON timeline.
     """
-    run = _BuildRun(Path(manifest_path), _BuildOptions(
+    run = _BuildRun(manifest if isinstance(manifest, Manifest) else Path(manifest), _BuildOptions(
         store=store, jobs=jobs, debug_locations=debug_locations, only=only, shard=shard, remote=remote,
         remote_read_only=remote_read_only, remote_required=remote_required, progress=progress,
         toolchain_root=toolchain_root, trace_path=trace_path, executor=executor,
         toolchain_profile=toolchain_profile, signers=tuple(signers), sign_expires=sign_expires,
         audit_remote=audit_remote, audit_seed=audit_seed))
     summary = run.run()
-    return Built(summary, run.lock if run.lock_file else None, run.index if run.lock_file else None, run.st)
+    return Built(summary, run.lock if run.lock_file else None, run.index if run.lock_file else None, run.st,
+                 run.manifest, run.found.blobs)
 
 
 
 
-def run_build(manifest_path: Path, **options: Any) -> dict:
-    """Build ``manifest_path`` into the store (:func:`build`'s keywords); returns the summary."""
-    return build(manifest_path, **options).summary
+def run_build(manifest: "Path | Manifest", **options: Any) -> dict:
+    """Build ``manifest`` into the store (:func:`build`'s arguments); returns the summary."""
+    return build(manifest, **options).summary
 
 
 @dataclass(frozen=True)
@@ -187,17 +180,14 @@ class _BuildRun:
     ``compile``, ``tally``, ``optimize``, ``write_lock``, ``finish_remote`` (the closure upload),
     ``sign``, ``summary``. The state they hand on is this object's attributes."""
 
-    def __init__(self, manifest_path: Path, o: _BuildOptions):
-        self.manifest_path, self.o = manifest_path, o
+    def __init__(self, manifest: "Path | Manifest", o: _BuildOptions):
+        self.given, self.o = manifest, o
         self.t_start = time.perf_counter()
         self.started = datetime.now(timezone.utc)
         self.session = self.local = self.early = self.early_info = None
         self.closure = self.closure_keys = self.audit_report = None
         self.lock = self.index = self.lock_file = None
         self.records: dict[str, dict] = {}
-        self.rederived: list[str] = []
-        self.relabelled: list[str] = []  # taken over from key schema 3 (keys.schema3_key)
-        self.contradicted: list[dict] = []  # local records their own blobs contradict: compiled again
         self.remote_hits = 0
         self.results: list = []
         self.todo: list = []
@@ -230,7 +220,6 @@ class _BuildRun:
     def prepare(self) -> None:
         from gemmar_aot.compiler.scheduler import COSTS_FILE, CostModel, LocalExecutor
         from gemmar_aot.compiler.trace import BuildTrace
-        from gemmar_aot.build.manifest import load_manifest
         from gemmar_aot.build.plan import make_plan
         from gemmar_aot.store import Store, default_store_root
         from gemmar_aot.toolchain import load_toolchain
@@ -239,7 +228,8 @@ class _BuildRun:
         o = self.o
         self.trace = BuildTrace() if o.trace_path is not None else None
         with self.phase("manifest"):
-            self.manifest = load_manifest(self.manifest_path)
+            given = self.given
+            self.manifest = given if isinstance(given, Manifest) else load_manifest(given)
         with self.phase("plan"):
             # EP specs carry the factory keywords of the profile's mori (pinned: no set-up needed)
             self.plan = make_plan(self.manifest, mori_version=get_profile(o.toolchain_profile).mori.version)
@@ -248,6 +238,7 @@ class _BuildRun:
         self.fp = self.tc.fingerprint
         self.root = default_store_root(str(o.store) if o.store is not None else None)
         self.st = Store(self.root)
+        self.found = LocalLookup(self.st, self.root)
         if o.remote:
             from gemmar_aot.build.remote_session import RemoteSession
             from gemmar_aot.store.errors import StoreError
@@ -291,64 +282,18 @@ class _BuildRun:
         self.selected = selected
 
     def look_up_locally(self) -> None:
-        from gemmar_aot.build.remote_session import FETCH_LEVEL
-        from gemmar_aot.store import Store
+        from gemmar_aot.compiler.keys import schema3_key
 
-        ids, keys, rewriter, check = self.ids, self.keys, None, RecordCheck()
+        ids, keys, ingr, found = self.ids, self.keys, self.ingr, self.found
         with self.phase("store look-ups", specs=len(self.selected)):
             for s in self.selected:
-                rec = self.st.get_record(keys[ids[s]], verify=True)
-                relabel = rec is None
-                if relabel:
-                    rec = self._relabel(s)
-                if rec is not None and not is_current(rec):
-                    if rewriter is None:
-                        # Written as the remote's entries are (remote_session.py): zstd level 3, no
-                        # fsync. A torn or lost record is derived again by the next build, and
-                        # ``gemmar-aot optimize`` (run by every build that compiles) re-encodes it.
-                        rewriter = Store(self.root, level=FETCH_LEVEL, durable=False, touch=False)
-                    rec = _rederive(self.st, rewriter, keys[ids[s]], rec)
-                    if rec is not None:
-                        (self.relabelled if relabel else self.rederived).append(ids[s])
-                elif rec is not None:
-                    rec = self._unless_contradicted(keys[ids[s]], rec, check)
+                sid = ids[s]
+                rec = found.find(keys[sid], ingr[sid]["spec"], lambda: schema3_key(ingr[sid]))
                 if rec is not None:
-                    self.records[ids[s]] = rec
+                    self.records[sid] = rec
                 elif self.local is not None and self.session is None and s.recipe not in OWN_COMPILE:
                     self.local.start()  # at the first miss: workers import while the look-ups go on
         self.local_hits = len(self.records)
-
-    def _unless_contradicted(self, key: str, rec: dict, check: RecordCheck) -> dict | None:
-        """``rec``, or None when it contradicts its own blobs (``derive_check``): then it is
-        quarantined, said, and compiled again -- never a hit."""
-        from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
-
-        def load(d):
-            try:
-                return self.st.load_blob(d.hash, d.size)
-            except (BlobNotFoundError, CorruptArtifactError):
-                return None
-
-        why = check(rec, load)
-        if why is None:
-            return rec
-        self.st.quarantine(self.st.record_path(key), why)
-        self.contradicted.append({"key": key, "problem": why})
-        return None
-
-    def _relabel(self, s) -> dict | None:
-        """The record of ``s``'s kernel under its key schema 3 key, taken over under its key now
-        (the same spec, toolchain and compile code: only the key's form moved; the blobs are
-        verified when the record is derived again, next), or None."""
-        from gemmar_aot.compiler.keys import schema3_key
-
-        old_key = schema3_key(self.ingr[self.ids[s]])
-        # (not verified here: _rederive, next, loads and verifies its blobs)
-        old = self.st.get_record(old_key) if old_key is not None else None
-        if old is None or old.get("spec") != self.ingr[self.ids[s]]["spec"]:
-            return None
-        # derived again (and written under the new key) as any record of other derive code is
-        return {**old, "key": self.keys[self.ids[s]], "derive": {**old.get("derive", {}), "code": None}}
 
     def look_up_remote(self) -> None:
         """What the local store lacked, from the remote: the manifest's closure first (a whole
@@ -359,7 +304,7 @@ class _BuildRun:
         missing = [keys[ids[s]] for s in selected if ids[s] not in self.records]
         if self.o.whole:  # a build of the whole manifest: it has a closure
             all_keys = set(keys.values())
-            sha = sha256_hex(Path(self.manifest.path).read_bytes())
+            sha = self.manifest.sha256
             from gemmar_aot.build.closure import closure_keys, closure_lookup
 
             self.closure_keys = closure_keys(self.manifest, sha, self.tc.profile.name, self.fp["digest"], all_keys)
@@ -383,10 +328,12 @@ class _BuildRun:
         if self.o.audit_remote and found:
             self.audit(found)
         self.remote_hits = len(found)
+        by_key = {keys[sid]: rec for sid, rec in self.records.items()}
+        refresh = set(self.found.rederived)  # the remote's entry predates this derive code: refresh it
         if not (self.closure and self.closure["present"]):  # the remote holds this closure: it has them all
-            session.backfill({keys[sid]: rec for sid, rec in self.records.items() if keys[sid] not in found})
-        for sid in self.rederived:  # the remote's entry predates this derive code: refresh it
-            session.upload(keys[sid], self.records[sid])
+            session.backfill({k: rec for k, rec in by_key.items() if k not in found and k not in refresh})
+        for key in sorted(refresh):  # uploaded once each (the backfill leaves them to this)
+            session.upload(key, by_key[key])
 
     def audit(self, found: dict) -> None:
         """Recompile a sample of the remote hits ``found``; one finding distrusts them all (each
@@ -484,7 +431,7 @@ class _BuildRun:
             by_key = {self.keys[sid]: rec for sid, rec in self.records.items()}
             self.index = build_index(self.lock.kernels(), by_key.get, groups=lock_rank_groups(self.lock))
             self.lock_file = bundle.write(self.lock, record_index=self.index,
-                                          blob_index=build_blob_index(self.lock, self.st.load_blob))
+                                          blob_index=build_blob_index(self.lock, self.found.load_blob))
 
     def finish_remote(self) -> None:
         """The closure uploaded when the remote lacks it, then the session's uploads finished."""
@@ -543,9 +490,9 @@ class _BuildRun:
             "hits": self.hits + self.waited,
             "local_hits": self.local_hits + self.waited,
             "remote_hits": self.remote_hits,
-            "rederived": len(self.rederived) + (remote["rederived"] if remote else 0),
-            "relabelled": len(self.relabelled),
-            "contradicted": self.contradicted,
+            "rederived": len(self.found.rederived) + (remote["rederived"] if remote else 0),
+            "relabelled": len(self.found.relabelled),
+            "contradicted": self.found.contradicted,
             "uploads": remote["uploads"] if remote else 0,
             "remote": remote,
             "closure": self.closure,

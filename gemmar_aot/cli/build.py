@@ -154,14 +154,15 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     if signers and (shard_ix is not None or only):
         raise click.UsageError("--sign-key signs the lock, and a --shard or --only build writes none: sign the "
                                "final build of the whole manifest")
-    _echo_warnings(load_manifest(manifest).warnings)  # before the long part (the summary repeats them)
+    loaded = load_manifest(manifest)  # read once: the build takes it as read
+    _echo_warnings(loaded.warnings)  # before the long part (the summary repeats them)
     ex = None
     try:
         if executor == "ray":
             from gemmar_aot.compiler.ray_executor import RayExecutor
 
             ex = RayExecutor(ray_address, debug_locations=debug_locations, toolchain_profile=toolchain)
-        summary = run_build(manifest, store=store, jobs=jobs, debug_locations=debug_locations,
+        summary = run_build(loaded, store=store, jobs=jobs, debug_locations=debug_locations,
                             only=only, shard=shard_ix, remote=(remote or "").strip() or None,
                             remote_read_only=remote_read_only, remote_required=remote_required,
                             progress=not quiet, trace_path=trace_path, executor=ex,

@@ -81,16 +81,19 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
                         _store_content(signed.lock, store, _record_index(signed.lock, store)), out_dir, version)
 
 
-def wheel_from_build(built: Any, manifest: str | os.PathLike, out_dir: str | os.PathLike, *,
-                     version: str | None = None) -> dict:
+def wheel_from_build(built: Any, out_dir: str | os.PathLike, *, version: str | None = None) -> dict:
     """Write the wheel of a build that just ran (``gemmar_aot.build.pipeline.Built``), from what it
-    holds in memory: its lock (serialised once), the record index it wrote beside the lock, and
-    its store handle. The same lock gives the same bytes as :func:`wheel_from_lock`."""
+    holds in memory: the manifest it read, its lock (serialised once), the record index it wrote
+    beside the lock, the code objects it verified for the lock's blob index. Nothing is read again.
+    The same lock gives the same bytes as :func:`wheel_from_lock`."""
     lock_path = Path(built.summary["lock_file"])
     env_file = LockBundle(lock_path).envelope
     signed = _signed_lock(built.lock, env_file.read_bytes() if env_file.is_file() else None)
-    return _write_wheel(signed, _manifest_source(signed.lock, manifest, None, None),
-                        _store_content(signed.lock, built.store, built.record_index), out_dir, version)
+    m = built.manifest
+    source = _checked_source(signed.lock, ManifestSource(m.text, Path(m.path).name, m.sha256,
+                                                         " ".join(m.description.split())))
+    return _write_wheel(signed, source, _store_content(signed.lock, built.store, built.record_index, built.blobs),
+                        out_dir, version)
 
 
 def _write_wheel(signed: "SignedLock", source: "ManifestSource", content: "StoreContent",
@@ -142,19 +145,13 @@ def _signed_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, envelope: b
 
 @dataclass(frozen=True)
 class ManifestSource:
-    """The manifest text the lock was built from (BUILD_INFO.json carries it), its file name and sha256."""
+    """The manifest text the lock was built from (BUILD_INFO.json carries it), its file name and
+    sha256, and its ``[manifest] description`` (for METADATA)."""
 
     text: bytes
     file: str | None
     sha256: str
-
-    @property
-    def description(self) -> str:
-        """``[manifest] description``, for METADATA ("" when there is none or the text does not parse)."""
-        try:
-            return _manifest_description(self.text)
-        except Exception:  # noqa: BLE001 - the description is decoration
-            return ""
+    description: str
 
 
 def _manifest_source(lock: Lock, manifest: str | os.PathLike | None, text: bytes | None,
@@ -166,12 +163,20 @@ def _manifest_source(lock: Lock, manifest: str | os.PathLike | None, text: bytes
     if text is None:
         raise WheelError("the manifest text is needed (the wheel records it): pass manifest (the file the "
                          "lock was built from), or manifest_text and manifest_file")
-    sha256 = sha256_hex(text)
-    if lock.manifest.sha256 != sha256:
+    try:
+        description = _manifest_description(text)
+    except Exception:  # noqa: BLE001 - the description is decoration
+        description = ""
+    return _checked_source(lock, ManifestSource(text, file, sha256_hex(text), description))
+
+
+def _checked_source(lock: Lock, source: ManifestSource) -> ManifestSource:
+    """``source``, refused unless it is the manifest the lock names."""
+    if lock.manifest.sha256 != source.sha256:
         raise WheelError(f"the lock for {lock.manifest.name} was built from another version of the manifest "
-                         f"{file or ''} (lock: sha256 {lock.manifest.sha256}, file: {sha256}); rebuild "
-                         f"the manifest, then make the wheel")
-    return ManifestSource(text, file, sha256)
+                         f"{source.file or ''} (lock: sha256 {lock.manifest.sha256}, file: {source.sha256}); "
+                         f"rebuild the manifest, then make the wheel")
+    return source
 
 
 def _manifest_description(text: bytes) -> str:
@@ -227,9 +232,12 @@ def _open_store(store_root: Path) -> Store:
     return st
 
 
-def _store_content(lock: Lock, st: Store, record_index: bytes | None) -> StoreContent:
+def _store_content(lock: Lock, st: Store, record_index: bytes | None,
+                   blobs: Mapping[str, bytes] | None = None) -> StoreContent:
+    """What the wheel carries of the store: ``blobs`` (the code objects a build just verified),
+    else each read from ``st`` and verified."""
     lock_file = compress_lock(lock, ZSTD_LEVEL)
-    raws = _load_raws(lock, st)
+    raws = _load_raws(lock, st) if blobs is None else {d: blobs[d] for d in sorted(lock_sizes(lock))}
     pack, encoding = pack_blobs(raws)
     return StoreContent(lock_file, raws, record_index, pack, encoding)
 
@@ -434,14 +442,15 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
+    from gemmar_aot.build.manifest import load_manifest
     from gemmar_aot.build.pipeline import build
 
-    built = build(Path(manifest), store=Path(store) if store is not None else None, jobs=jobs,
+    built = build(load_manifest(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                   progress=progress, toolchain_root=toolchain_root, remote=remote,
                   remote_read_only=remote_read_only, remote_required=remote_required,
                   toolchain_profile=toolchain_profile, signers=signers, sign_expires=sign_expires)
     if built.summary["failed"] or built.lock is None:
         raise WheelBuildFailed(built.summary)
-    out = wheel_from_build(built, manifest, out_dir, version=version)
+    out = wheel_from_build(built, out_dir, version=version)
     out["build"] = built.summary
     return out
