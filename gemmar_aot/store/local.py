@@ -33,7 +33,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import blobfmt
 from gemmar_aot.store.record import RECORD_VOLATILE_FIELDS, record_digest
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_json
@@ -44,6 +43,7 @@ from ._fs import check_hex64, fanout, iter_fanned
 from .backend import BadRecord, CacheBackend, Digest, check_record, read_record
 from .codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
 from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
+from .local_dictionaries import DICT_POINTERS, RECORD_LEVEL, DictionaryFiles
 
 #: Version of the on-disk layout. Bump on any change an older reader would misread.
 #: 2: records are zstd-compressed JSON (``ac/ab/<key>.json.zst``); 1 kept them plain.
@@ -61,15 +61,11 @@ MIGRATABLE = (2, 3)
 RECORD_SUFFIX = ".json.zst"
 BLOB_SUFFIX = ".zst"
 CLAIM_SUFFIX = ".claim"
-#: zstd level for new records without a dictionary yet (cheap: a put is on the build's path).
-RECORD_LEVEL = 3
 #: zstd level for new blobs. Level 19 costs little next to a compile and decodes as fast as
 #: level 3; see bench/bench_store.py and BENCHMARKS.md.
 DEFAULT_LEVEL = 19
 #: A record hit refreshes the record's mtime (the LRU clock of ``gc``) at most this often.
 TOUCH_INTERVAL_S = 3600.0
-#: Pointer files naming the dictionary new blobs / new records are compressed with.
-DICT_POINTERS = {"blobs": "dictionary.json", "records": "record-dictionary.json"}
 
 
 def read_store_format(root: Path) -> int | None:
@@ -108,7 +104,7 @@ def read_store_format(root: Path) -> int | None:
     return v
 
 
-class DirectoryBackend(CacheBackend):
+class DirectoryBackend(DictionaryFiles, CacheBackend):
     """A store directory. Opening never writes; the first write creates (or migrates) the layout.
 
     ``readonly``: never modify anything (no quarantine, no touch, no restore; writes raise).
@@ -193,6 +189,10 @@ class DirectoryBackend(CacheBackend):
             raise StoreError(f"{self.root} was opened read-only")
         atomic_write_bytes(path, data, durable=self.durable)
 
+    def awaits_migration(self) -> bool:
+        """Whether this store is of an older format its first write migrates (``MIGRATABLE``)."""
+        return self.format in MIGRATABLE
+
     def exists(self) -> bool:
         return self.format is not None
 
@@ -236,103 +236,6 @@ class DirectoryBackend(CacheBackend):
         for key, p in iter_fanned(self.ac_dir, RECORD_SUFFIX):
             if is_hex64(key) and p.parent.name == key[:2]:
                 yield key, p
-
-    # ---- dictionaries ----
-
-    def _load_dictionary(self, digest: str) -> bytes:
-        """Verified raw bytes of dictionary ``digest``, from the blob or its spare copy.
-
-        A damaged or missing copy is quarantined and rewritten from the good one, so one
-        flipped byte in a dictionary costs nothing. Raises DictionaryUnavailable when
-        neither copy is good.
-        """
-        problems = []
-        good: bytes | None = None
-        good_data: bytes | None = None
-        bad_paths = []
-        for p in (self.blob_path(digest), self.spare_path(digest)):
-            try:
-                data = p.read_bytes()
-            except FileNotFoundError:
-                problems.append(f"{p}: missing")
-                bad_paths.append((p, None))
-                continue
-            try:
-                raw = self.codec.decode_dictionary(data, digest)
-            except BadBlob as e:
-                problems.append(f"{p}: {e}")
-                bad_paths.append((p, str(e)))
-                continue
-            good, good_data = raw, data
-            break
-        if good is None:
-            for p, why in bad_paths:
-                if why is not None:
-                    self.quarantine(p, f"dictionary: {why}")
-            raise DictionaryUnavailable(f"its zstd dictionary {digest} is missing or corrupt "
-                                        f"({'; '.join(problems)})")
-        if bad_paths and not self.readonly:
-            for p, why in bad_paths:
-                if why is not None:
-                    self.quarantine(p, f"dictionary: {why}; restored from its other copy")
-                with contextlib.suppress(OSError, StoreError):
-                    self.write_file(p, good_data)
-                    self.counters["dictionaries_restored"] += 1
-        return good
-
-    def dictionary_info(self, kind: str = "blobs") -> dict | None:
-        """The dictionary new ``kind`` ("blobs" or "records") use: ``{"hash", "size", "trained_on", "level"}``
-        (its Digest, then how it was trained)."""
-        p = self.root / DICT_POINTERS[kind]
-        try:
-            info = json.loads(p.read_bytes())
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            self.quarantine(p, "unreadable dictionary pointer")
-            return None
-        if self.format in MIGRATABLE:  # read as it is until its first write migrates it
-            from .migrate import pointer_of_format3
-
-            info = pointer_of_format3(info)
-        if not isinstance(info, dict) or not is_hex64(info.get("hash")):
-            self.quarantine(p, "malformed dictionary pointer")
-            return None
-        return info
-
-    def current_dictionary(self, kind: str = "blobs") -> str | None:
-        """Digest of the dictionary for new ``kind``, None for plain zstd (also when it is unusable)."""
-        info = self.dictionary_info(kind)
-        if info is None:
-            return None
-        try:
-            self.codec.dictionary(info["hash"])
-        except BadBlob:
-            return None
-        return info["hash"]
-
-    def put_dictionary(self, raw: bytes) -> str:
-        """Store a zstd dictionary as a plain blob plus its spare copy; returns its digest."""
-        if raw[:4] != blobfmt.ZSTD_DICT_MAGIC:
-            raise ValueError("not a zstd dictionary (bad magic)")
-        d = self.put_blob(raw, use_dictionary=False).hash
-        sp = self.spare_path(d)
-        if not sp.is_file():
-            self.write_file(sp, self.blob_path(d).read_bytes())
-        return d
-
-    def set_dictionary(self, raw: bytes | None, *, kind: str = "blobs", trained_on: int = 0) -> str | None:
-        """Store ``raw`` (a zstd dictionary) and use it for new ``kind``; None: plain zstd."""
-        self.init()
-        p = self.root / DICT_POINTERS[kind]
-        if raw is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
-            return None
-        d = self.put_dictionary(raw)
-        self.write_file(p, canonical_json({"hash": d, "size": len(raw), "trained_on": trained_on,
-                                           "level": self.level}))
-        return d
 
     # ---- blobs ----
 
@@ -426,27 +329,6 @@ class DirectoryBackend(CacheBackend):
         self.init()
         self.write_file(p, data)
         return True
-
-    def reencode_blob(self, digest: str, *, dictionary: str | None, level: int | None = None,
-                      only_if_smaller: bool = True) -> tuple[int, int] | None:
-        """Re-encode blob ``digest`` with ``dictionary``; (bytes before, after) when rewritten."""
-        p = self.blob_path(digest)
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            raw = self.codec.decode(data, digest)
-        except BadBlob as e:
-            self.quarantine(p, str(e))
-            return None
-        if raw[:4] == blobfmt.ZSTD_DICT_MAGIC:
-            return None  # dictionaries stay plain
-        new = self.codec.encode(raw, dictionary, level=level, digest=digest)
-        if only_if_smaller and len(new) >= len(data):
-            return None
-        self.write_file(p, new)
-        return len(data), len(new)
 
     # ---- records ----
 
@@ -542,25 +424,6 @@ class DirectoryBackend(CacheBackend):
 
     def find_missing_records(self, keys: Iterable[str]) -> set[str]:
         return {k for k in keys if not self.record_path(k).is_file()}
-
-    def reencode_record(self, key: str, dictionary: str | None) -> tuple[int, int] | None:
-        """Re-encode record ``key`` with ``dictionary``; (bytes before, after) when it got smaller.
-        The record's text is kept byte for byte (a record of an older schema stays one: only a
-        migration or a build rewrites a record)."""
-        p = self.record_path(key)
-        try:
-            data = p.read_bytes()
-            text, _rec = self._decode_record(data, key)
-        except FileNotFoundError:
-            return None
-        except (BadRecord, BadBlob) as e:
-            self.quarantine(p, f"unreadable record: {e}")
-            return None
-        new = self.codec.encode(text, dictionary, level=self.level if dictionary else RECORD_LEVEL)
-        if len(new) >= len(data):
-            return None
-        self.write_file(p, new)
-        return len(data), len(new)
 
     # ---- quarantine ----
 
