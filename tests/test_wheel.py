@@ -247,12 +247,14 @@ def test_layout_record_and_zip_metadata(synth, tmp_path):
                                         else zipfile.ZIP_DEFLATED)
     # BUILD_INFO
     info = json.loads(files[f"{pkg}/BUILD_INFO.json"])
-    assert info["manifest"]["text"].encode() == SYNTH_MANIFEST and info["manifest"]["sha256"] == _sha(SYNTH_MANIFEST)
+    assert info["manifest"]["text"].encode() == SYNTH_MANIFEST
+    assert info["manifest"]["digest"] == {"hash": _sha(SYNTH_MANIFEST), "size": len(SYNTH_MANIFEST)}
     assert info["manifest"]["file"] == "synth.toml" and info["arch"] == "gfx950"
     assert info["toolchain"]["digest"] == "ab" * 32
-    assert info["lock"]["sha256"] == _sha(read_lock_bytes(lock))
-    assert info["lock"]["file"] == "lock.json.zst" and info["lock"]["file_bytes"] == len(lz)
-    assert s["version"] == "1.0.0+" + info["lock"]["sha256"][:12]
+    plain = read_lock_bytes(lock)
+    assert info["format"] == 2 and info["lock"]["digest"] == {"hash": _sha(plain), "size": len(plain)}
+    assert info["lock"]["file"] == "lock.json.zst" and info["lock"]["file_size"] == len(lz)
+    assert s["version"] == "1.0.0+" + info["lock"]["digest"]["hash"][:12]
     assert str(tmp_path) not in json.dumps(info)  # no paths
 
 

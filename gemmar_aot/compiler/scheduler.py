@@ -52,6 +52,8 @@ DEFAULT_COSTS = {"gemm": 1.2, "gemm:mxfp8": 2.4, "lsa_ar": 0.12, "*": 0.06,
                  "ep_internode": 15.0, "ccl_kernels": 10.0, "shmem_kernels": 3.0, "scatter_gather": 3.0,
                  "fabric_copy": 3.0, "ep_local_expert_count": 1.5, "cast_kernel": 1.5}
 COSTS_FILE = "compile-costs.json"
+#: Version of COSTS_FILE; a file of another version is ignored (the timings are learnt again).
+COSTS_SCHEMA = 1
 
 
 def expected_cost(spec: KernelSpec) -> float:
@@ -82,6 +84,8 @@ class CostModel:
     def load(cls, path: Path) -> "CostModel":
         try:
             data = json.loads(Path(path).read_text())
+            if data.get("schema") != COSTS_SCHEMA:
+                return cls()
             return cls({k: v for k, v in data.get("classes", {}).items()
                         if isinstance(v, dict) and v.get("seconds", 0) > 0})
         except (OSError, ValueError, AttributeError):
@@ -111,7 +115,7 @@ class CostModel:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"schema": 1, "classes": self.costs}, indent=1, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps({"schema": COSTS_SCHEMA, "classes": self.costs}, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, path)
 
 

@@ -30,7 +30,8 @@ from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
 from gemmar_aot.model.bundle import LockBundle
 
 from .archive import parse_record, record_hash
-from .layout import ENVELOPE_ARCNAME, OLD_LOCK_ARCNAME, PACK_ARCPATH, WheelError, coverage, lock_sizes
+from .layout import (ENVELOPE_ARCNAME, OLD_LOCK_ARCNAME, PACK_ARCPATH, READ_WHEEL_FORMATS, WheelError,
+                           build_info_digest, coverage, lock_sizes)
 from gemmar_aot.util.filedigest import sha256_hex
 
 
@@ -53,6 +54,9 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
     files = _read_wheel(path)
     checked, problems = _check_record(files)
     pkg, info = _artifact_package(path, files)
+    if info.get("format") not in READ_WHEEL_FORMATS:
+        problems.append(f"{pkg}/BUILD_INFO.json is of wheel format {info.get('format')!r}; this gemmar-aot reads "
+                        f"{', '.join(map(str, READ_WHEEL_FORMATS))}: inspect it with the gemmar-aot that made it")
     lock_name, lock, other_schema = _read_lock(files.contents, pkg, info, problems)
     problems += _manifest_problems(info, lock)
     pack_name, pack = _open_pack(files.contents, pkg, problems)
@@ -163,7 +167,7 @@ def _read_lock(contents: Mapping[str, bytes], pkg: str, info: Mapping[str, Any],
         other_schema, plain = str(e), plain_lock_bytes(lock_file, lock_name)
     except GemmarError as e:
         problems.append(str(e))
-    if (lock is not None or other_schema) and sha256_hex(plain) != (info.get("lock") or {}).get("sha256"):
+    if (lock is not None or other_schema) and sha256_hex(plain) != build_info_digest(info, "lock"):
         problems.append(f"{lock_name} does not have the sha256 BUILD_INFO.json records")
     return lock_name, lock, other_schema
 
@@ -172,9 +176,10 @@ def _manifest_problems(info: Mapping[str, Any], lock: Lock | None) -> list[str]:
     """BUILD_INFO.json's manifest text against its sha256, and that sha256 against the lock's."""
     man = info.get("manifest") or {}
     out = []
-    if sha256_hex(man.get("text", "").encode()) != man.get("sha256"):
+    sha = build_info_digest(info, "manifest")
+    if sha256_hex(man.get("text", "").encode()) != sha:
         out.append("BUILD_INFO.json's manifest text does not match its sha256")
-    if lock is not None and lock.manifest.sha256 != man.get("sha256"):
+    if lock is not None and lock.manifest.sha256 != sha:
         out.append("the lock was built from another manifest than the one BUILD_INFO.json records")
     return out
 
@@ -296,7 +301,8 @@ def _report(path: Path, files: WheelFiles, pkg: str, info: Mapping[str, Any], pr
         "arch": info.get("arch"),
         "code_object_version": info.get("code_object_version"),
         "toolchain": info.get("toolchain"),
-        "manifest": {k: man.get(k) for k in ("name", "file", "sha256", "text")},
+        "manifest": {"name": man.get("name"), "file": man.get("file"), "sha256": build_info_digest(info, "manifest"),
+                     "text": man.get("text")},
         "generator": info.get("generator"),
         "coverage": tally.coverage,
         "kernels": tally.kernels,

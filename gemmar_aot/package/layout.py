@@ -43,6 +43,7 @@ without the action key and blob digest the lock already holds -- in one small zs
 from __future__ import annotations
 
 import re
+from typing import Any, Mapping
 
 from gemmar_aot import __version__
 from gemmar_aot.util.errors import GemmarError
@@ -53,7 +54,19 @@ from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 from gemmar_aot.util.filedigest import sha256_hex
 
 #: Version of the layout inside the wheel (BUILD_INFO.json ``format``).
-WHEEL_FORMAT = 1
+#: 2: BUILD_INFO.json spells the manifest's and the lock's digests as every digest is spelled,
+#:    ``{"hash", "size"}`` (format 1: ``"sha256"`` and ``"bytes"``), and the record index's size
+#:    as ``"size"``.
+WHEEL_FORMAT = 2
+#: The formats ``inspect`` reads.
+READ_WHEEL_FORMATS = (1, 2)
+
+
+def build_info_digest(info: Mapping[str, Any], part: str) -> str | None:
+    """The sha256 BUILD_INFO.json (``info``, of either format) records for ``part``: "manifest" or "lock"."""
+    got = info.get(part) if isinstance(info.get(part), Mapping) else {}
+    d = got.get("digest")
+    return d.get("hash") if isinstance(d, Mapping) else got.get("sha256")
 DIST_PREFIX = "gemmar-artifacts-"
 DEFAULT_PUBLIC_VERSION = "1.0.0"
 TAG = "py3-none-any"

@@ -308,10 +308,11 @@ def _build_info(signed: SignedLock, source: ManifestSource, name: WheelName, con
         "code_object_version": lock.code_object_version,
         "toolchain": {"digest": lock.toolchain.digest, "profile": lock.toolchain.profile,
                       **lock.toolchain.ingredients},
-        "manifest": {"name": lock.manifest.name, "file": source.file, "sha256": source.sha256,
+        "manifest": {"name": lock.manifest.name, "file": source.file,
+                     "digest": {"hash": source.sha256, "size": len(source.text)},
                      "text": source.text.decode("utf-8", errors="replace")},
-        "lock": {"sha256": signed.sha256, "bytes": len(signed.lock_bytes),
-                 "file": LOCK_ARCNAME, "file_bytes": len(content.lock_file)},
+        "lock": {"digest": {"hash": signed.sha256, "size": len(signed.lock_bytes)},
+                 "file": LOCK_ARCNAME, "file_size": len(content.lock_file)},
         "coverage": coverage(lock),
         "kernels": len(lock.action_keys()),
         "code_objects": len(content.raws),
@@ -320,7 +321,7 @@ def _build_info(signed: SignedLock, source: ManifestSource, name: WheelName, con
         "dictionary_file_bytes": content.encoding["dictionary_file_bytes"],
         "pack_bytes": len(content.pack),
         "record_index": (None if content.record_index is None
-                         else {"file": INDEX_ARCNAME, "bytes": len(content.record_index)}),
+                         else {"file": INDEX_ARCNAME, "size": len(content.record_index)}),
         "encoding": content.encoding,
     }
 
@@ -422,7 +423,7 @@ def _summary(dest: Path, data: bytes, signed: SignedLock, name: WheelName, conte
         "blob_bytes": build_info["blob_bytes"],
         "dictionary": content.encoding["dictionary"],
         "dictionary_file_bytes": build_info["dictionary_file_bytes"],
-        "lock_sha256": build_info["lock"]["sha256"],
+        "lock_sha256": signed.sha256,
         "coverage": build_info["coverage"],
         "signature": signed.signature,
     }
