@@ -33,6 +33,16 @@ def smoke_store(request) -> Path:
     return Path(out)
 
 
+@pytest.fixture(scope="module")
+def gpu_artifacts(request):
+    """The GPU tiers' store: $GEMMAR_AOT_GPU_ARTIFACTS, else the smoke build's."""
+    env = os.environ.get("GEMMAR_AOT_GPU_ARTIFACTS")
+    if env:
+        return env
+    _summary, out = request.getfixturevalue("smoke_build")
+    return str(out)
+
+
 @pytest.fixture(scope="session")
 def smoke_lock(smoke_store):
     """The smoke store's lock (a typed, immutable gemmar_aot.model.lock.Lock)."""

@@ -74,3 +74,34 @@ def run_ranks(worker: Callable, args: tuple, *, world: int, out_dir: Path, what:
     for r in range(world):
         text = (Path(out_dir) / f"rank{r}.txt").read_text()
         assert text == "ok", f"rank {r}:\n{text}"
+
+
+def cco_worker(rank: int, world: int, uid: bytes, module: str, scenario: str, args: tuple, out_dir: str, vmm: int,
+               env: dict) -> None:
+    """One rank of a GPU scenario: ``env`` set, this rank's GPU, a cco communicator of ``world``
+    ranks (``vmm`` bytes of symmetric memory per rank), then ``SCENARIOS[scenario](comm, rank,
+    *args)`` of the test module ``module``; its outcome written for :func:`run_ranks`."""
+    import importlib
+    import os
+
+    os.environ.update(env)
+    import torch
+
+    torch.cuda.set_device(rank)
+    from mori.cco import Communicator, UniqueId
+
+    scenarios = importlib.import_module(module).SCENARIOS
+    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
+        scenarios[scenario](comm, rank, *args)
+        torch.cuda.synchronize()
+
+
+def run_cco_scenario(module: str, scenario: str, args: tuple, out_dir: Path, *, world: int, vmm: int, timeout: float,
+                     env: dict | None = None) -> None:
+    """:func:`cco_worker` on ``world`` GPUs, one communicator's unique id for all of them."""
+    from mori.cco import Communicator
+
+    uid = bytes(Communicator.get_unique_id())
+    run_ranks(cco_worker, (world, uid, module, scenario, args, str(out_dir), vmm, env or {}), world=world,
+              out_dir=out_dir, what=scenario, timeout=timeout)
+

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ranks import rank_outcome, run_ranks, skip_reason
+from gpu_ranks import run_cco_scenario, skip_reason
 
 WORLD = 2
 N = 1024
@@ -37,15 +37,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(SKIP_REASON is not None, reason=f"GPU tier skipped: {SKIP_REASON}"),
 ]
-
-
-@pytest.fixture(scope="module")
-def gpu_artifacts(request):
-    env = os.environ.get("GEMMAR_AOT_GPU_ARTIFACTS")
-    if env:
-        return env
-    _summary, out = request.getfixturevalue("smoke_build")
-    return str(out)
 
 
 # ---------------------------------------------------------------------------
@@ -211,27 +202,11 @@ SCENARIOS = {
 }
 
 
-def _worker(rank: int, world: int, uid: bytes, artifacts: str, scenario: str, out_dir: str) -> None:
-    os.environ.setdefault("MORI_ENABLE_SDMA", "1")
-    import torch
-
-    torch.cuda.set_device(rank)
-    from mori.cco import Communicator, UniqueId
-
+def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
     from gemmar_aot.runtime import window_bytes_for
 
-    vmm = 3 * window_bytes_for(world, m_max=M_MAX, n=N) + (256 << 20)
-    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
-        SCENARIOS[scenario](comm, rank, world, artifacts)
-        torch.cuda.synchronize()
-
-
-def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
-    from mori.cco import Communicator
-
-    uid = bytes(Communicator.get_unique_id())
-    run_ranks(_worker, (WORLD, uid, artifacts, scenario, str(tmp_path)), world=WORLD, out_dir=tmp_path, what=scenario,
-              timeout=TIMEOUT_S)
+    run_cco_scenario("test_gpu", scenario, (WORLD, artifacts), tmp_path, world=WORLD, timeout=TIMEOUT_S,
+                     vmm=3 * window_bytes_for(WORLD, m_max=M_MAX, n=N) + (256 << 20), env={"MORI_ENABLE_SDMA": os.environ.get("MORI_ENABLE_SDMA", "1")})
 
 
 def test_self_test_passes_on_real_gpus(gpu_artifacts, tmp_path):

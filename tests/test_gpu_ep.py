@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ranks import rank_outcome, run_ranks, skip_reason
+from gpu_ranks import run_cco_scenario, skip_reason
 
 WORLD = 8
 HIDDEN, TOPK, EXPERTS, MAX_TOKENS = 7168, 8, 256, 4096
@@ -167,24 +167,9 @@ def _scenario_graph(comm, rank):
 SCENARIOS = {"reference": _scenario_reference, "bitwise_vs_mori": _scenario_bitwise_vs_mori, "graph": _scenario_graph}
 
 
-def _worker(rank: int, world: int, uid: bytes, artifacts: str, scenario: str, out_dir: str) -> None:
-    os.environ["GEMMAR_AOT_ARTIFACTS"] = artifacts
-    import torch
-
-    torch.cuda.set_device(rank)
-    from mori.cco import Communicator, UniqueId
-
-    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=4 << 30) as comm:
-        SCENARIOS[scenario](comm, rank)
-        torch.cuda.synchronize()
-
-
 def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
-    from mori.cco import Communicator
-
-    uid = bytes(Communicator.get_unique_id())
-    run_ranks(_worker, (WORLD, uid, artifacts, scenario, str(tmp_path)), world=WORLD, out_dir=tmp_path, what=scenario,
-              timeout=TIMEOUT_S)
+    run_cco_scenario("test_gpu_ep", scenario, (), tmp_path, world=WORLD, timeout=TIMEOUT_S, vmm=4 << 30,
+                     env={"GEMMAR_AOT_ARTIFACTS": artifacts})
 
 
 def test_ep_round_trip_against_the_torch_reference(ep_artifacts, tmp_path):

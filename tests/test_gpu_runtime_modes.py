@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ranks import rank_outcome, run_ranks
+from gpu_ranks import run_cco_scenario
 
 from test_gpu import SKIP_REASON, _operands, _quantize, _reference, _rel_l2
 
@@ -29,15 +29,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(SKIP_REASON is not None, reason=f"GPU tier skipped: {SKIP_REASON}"),
 ]
-
-
-@pytest.fixture(scope="module")
-def gpu_artifacts(request):
-    env = os.environ.get("GEMMAR_AOT_GPU_ARTIFACTS")
-    if env:
-        return env
-    _summary, out = request.getfixturevalue("smoke_build")
-    return str(out)
 
 
 def _scenario_transports(comm, rank, world, artifacts):
@@ -105,27 +96,11 @@ def _scenario_standalone(comm, rank, world, artifacts):
 SCENARIOS = {"transports": _scenario_transports, "standalone": _scenario_standalone}
 
 
-def _worker(rank: int, world: int, uid: bytes, artifacts: str, scenario: str, out_dir: str) -> None:
-    os.environ.setdefault("MORI_ENABLE_SDMA", "1")
-    import torch
-
-    torch.cuda.set_device(rank)
-    from mori.cco import Communicator, UniqueId
-
+def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
     from gemmar_aot.runtime import window_bytes_for
 
-    vmm = 3 * window_bytes_for(world, m_max=M_MAX, n=N) + (256 << 20)
-    with rank_outcome(out_dir, rank), Communicator.init(world, rank, UniqueId.from_bytes(uid), per_rank_vmm=vmm) as comm:
-        SCENARIOS[scenario](comm, rank, world, artifacts)
-        torch.cuda.synchronize()
-
-
-def _run(scenario: str, artifacts: str, tmp_path: Path) -> None:
-    from mori.cco import Communicator
-
-    uid = bytes(Communicator.get_unique_id())
-    run_ranks(_worker, (WORLD, uid, artifacts, scenario, str(tmp_path)), world=WORLD, out_dir=tmp_path, what=scenario,
-              timeout=TIMEOUT_S)
+    run_cco_scenario("test_gpu_runtime_modes", scenario, (WORLD, artifacts), tmp_path, world=WORLD, timeout=TIMEOUT_S,
+                     vmm=3 * window_bytes_for(WORLD, m_max=M_MAX, n=N) + (256 << 20), env={"MORI_ENABLE_SDMA": os.environ.get("MORI_ENABLE_SDMA", "1")})
 
 
 def test_split_and_fused_lsa_transports_against_a_reference(gpu_artifacts, tmp_path):

@@ -258,22 +258,27 @@ def test_hipcc_code_objects_define_every_kernel_moris_python_asks_for(smoke_stor
 # ---------------------------------------------------------------- load: mori's own loader, no hipcc
 
 
-_POD = textwrap.dedent("""
-    import ctypes, json, os, shutil, sys, types, importlib, importlib.machinery
-    from pathlib import Path
-    # mori as a pod has it, its native extensions aside: the package bare, its pybind module a double
-    pkg = Path({pkg!r})
-    for name, d in (("mori", pkg), ("mori.ops", pkg / "ops")):
-        m = types.ModuleType(name)
-        s = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        s.submodule_search_locations = [str(d)]
-        m.__spec__, m.__path__ = s, [str(d)]
-        sys.modules[name] = m
-    inits = []
-    sys.modules["libmori_pybinds"] = types.SimpleNamespace(shmem_module_init=inits.append)  # test double
-    assert shutil.which("hipcc") is None and "ROCM_PATH" not in os.environ
-    from gemmar_aot.runtime import hipcc
-    hipcc.install(artifacts={store!r}, miss_report={report!r})
+#: A pod's process as mori's loader sees it, its native extensions aside: mori's package bare, its
+#: pybind module a test double (``shmem_module_init`` recorded), no hipcc, no ROCM_PATH; mori's
+#: JIT served from ``{store}``.
+_BARE_MORI_POD = """
+import ctypes, json, os, shutil, sys, types, importlib, importlib.machinery
+from pathlib import Path
+pkg = Path({pkg!r})
+for name, d in (("mori", pkg), ("mori.ops", pkg / "ops")):
+    m = types.ModuleType(name)
+    s = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    s.submodule_search_locations = [str(d)]
+    m.__spec__, m.__path__ = s, [str(d)]
+    sys.modules[name] = m
+inits = []
+sys.modules["libmori_pybinds"] = types.SimpleNamespace(shmem_module_init=inits.append)  # test double
+assert shutil.which("hipcc") is None and "ROCM_PATH" not in os.environ
+from gemmar_aot.runtime import hipcc
+hipcc.install(artifacts={store!r}, miss_report={report!r})
+"""
+
+_POD = _BARE_MORI_POD + textwrap.dedent("""
     from mori.ops import _jit_loader
     from mori.ops.local_expert_count import launch_local_expert_count
     import mori.jit.core
@@ -323,21 +328,7 @@ def test_moris_own_loader_loads_the_prebuilt_code_objects_with_no_hipcc(smoke_st
     del HipStub
 
 
-_EP_POD = textwrap.dedent("""
-    import json, os, shutil, sys, types, importlib.machinery
-    from pathlib import Path
-    pkg = Path({pkg!r})
-    for name, d in (("mori", pkg), ("mori.ops", pkg / "ops")):
-        m = types.ModuleType(name)
-        s = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        s.submodule_search_locations = [str(d)]
-        m.__spec__, m.__path__ = s, [str(d)]
-        sys.modules[name] = m
-    inits = []
-    sys.modules["libmori_pybinds"] = types.SimpleNamespace(shmem_module_init=inits.append)  # test double
-    assert shutil.which("hipcc") is None and "ROCM_PATH" not in os.environ
-    from gemmar_aot.runtime import hipcc
-    hipcc.install(artifacts={store!r})
+_EP_POD = _BARE_MORI_POD + textwrap.dedent("""
     from mori.ops import _jit_loader
     found, paths = {{}}, {{}}
     for src in {sources!r}:
@@ -386,7 +377,7 @@ def test_moris_ep_v1_kernels_load_through_moris_loader_with_no_hipcc(hipstub_lib
              if h.variant.arch == arch and h.variant.nic == "mlx5" and not h.variant.host_proxy}
     sources = sorted(s for s in items if s.startswith("ep_") and s != "ep_local_expert_count")
     names = sorted(n for n in names_mori_asks_for(_mori_pkg(), arch)["ep"] if "fp4" not in n)
-    code = _EP_POD.format(pkg=str(_mori_pkg()), store=str(store), sources=sources, names=names)
+    code = _EP_POD.format(pkg=str(_mori_pkg()), store=str(store), report=None, sources=sources, names=names)
     env = {k: v for k, v in os.environ.items() if k not in ("ROCM_PATH", "HIP_PATH", "MORI_GPU_ARCHS")}
     env.update(LD_LIBRARY_PATH=str(hipstub_lib.parent), HIPSTUB_ARCH=arch, MORI_DEVICE_NIC="mlx5",
                GEMMAR_AOT_HSACO_DIR=str(tmp_path / "hsaco"), PATH="/usr/bin:/bin",
