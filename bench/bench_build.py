@@ -48,8 +48,8 @@ def baseline_worker(manifest: str, limit: int | None) -> dict:
     """Runs inside a fresh process: FlyDSL defaults, mori's builders, one at a time."""
     import torch  # noqa: F401  (FlyDSL imports it anyway; keep it out of the timings)
 
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.toolchain import compile_env, import_mori_device, load_toolchain
 
     tc = load_toolchain()

@@ -75,7 +75,7 @@ def main() -> int:
     from bench_runtime import python_speed_ms
     from test_ep import mori_fields
 
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
 
     text = a.manifest.read_text()
     head, *entries = text.split("[[ep]]")

@@ -162,7 +162,7 @@ def main() -> int:
     from hipstub import build
     from parity.ep_scenario import EpScenario
 
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
     from gemmar_aot.model.ep import pick
 
     c = load_manifest(a.manifest).eps[a.entry].config

@@ -49,8 +49,8 @@ def _loadavg() -> list[float]:
 def plan_calls(manifest: str, rank: int) -> dict:
     """What the anchor process needs, computed with our (0.4.2) environment: the builder
     arguments per M for ``rank`` and the compile environment."""
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.toolchain import compile_env, load_toolchain
 
     tc = load_toolchain()

@@ -303,8 +303,8 @@ def main() -> None:
     import flydsl
     import flydsl.compiler.jit_function as jf
 
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
 
     plan = make_plan(load_manifest(args.manifest))
     spec = [s for s in plan.specs if s.kind == "gemm"][args.gemm]

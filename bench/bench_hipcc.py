@@ -17,7 +17,7 @@ Per arch and source, interleaved (the order alternates), one compile at a time:
 
 Then, with ``--nic-source``, that source's other NIC variants (gfx950) the same way; a lock of
 every code object built (``DIR/locks``, for ``GEMMAR_AOT_TEST_HIPCC_STORE``); a pod's time to
-ready -- ``gemmar_aot.runtime.hipcc``'s ``compile_genco`` handing mori each code object (checked,
+ready -- ``gemmar_aot.runtime.hipcc_server``'s ``compile_genco`` handing mori each code object (checked,
 written to its file: cold; then again with the file there: warm), per arch on the HIP double --
 beside mori's first-use compiles of the same sources; and the bytes: raw, stored (zstd) and in
 an artifact wheel of each arch's manifest. Beside them, the speed reference of ``bench_runtime.py``.
@@ -42,7 +42,7 @@ from _results import commit, emit  # noqa: E402
 _POD = """
 import json, sys, time
 import torch  # loaded in every pod before mori asks (mori imports it): not the server's cost
-from gemmar_aot.runtime.hipcc import HipccServer
+from gemmar_aot.runtime.hipcc_server import HipccServer
 from gemmar_aot.runtime.hip import HipDriver
 srv = HipccServer({store!r}, driver=HipDriver(), directory={out!r})
 t = {{}}

@@ -121,8 +121,8 @@ def new_scheme(commit: str) -> dict[str, str]:
 
 
 def reference_counts() -> dict[str, int]:
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
 
     counts: dict[str, int] = {}
     for s in make_plan(load_manifest(ROOT / "manifests" / "dsv4-pro-wo_b.toml")).specs:

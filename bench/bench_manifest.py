@@ -31,7 +31,7 @@ sys.path.insert(0, sys.argv[1])
 import gemmar_aot
 from gemmar_aot.util.errors import ManifestError
 if os.path.isdir(os.path.join(sys.argv[1], "gemmar_aot", "build")):
-    from gemmar_aot.build.manifest import load_manifest, parse_manifest
+    from gemmar_aot.builder.manifest import load_manifest, parse_manifest
 else:  # an OTHER_CHECKOUT from before the build side became a package (issue 21)
     from gemmar_aot.manifest import load_manifest, parse_manifest
 assert gemmar_aot.__file__.startswith(sys.argv[1]), gemmar_aot.__file__

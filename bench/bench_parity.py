@@ -38,7 +38,7 @@ from parity.scenario import Scenario  # noqa: E402
 
 
 def scenarios_for(manifest_path: Path, ranks: list[int] | None, only_m: set[int] | None) -> list[Scenario]:
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
 
     man = load_manifest(manifest_path)
     groups: dict[tuple, list] = {}
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
 
     name = load_manifest(args.manifest).name
     lock = Path(args.store) / "locks" / f"{name}.lock.json"

@@ -30,8 +30,8 @@ def measure(which: str, old_dir: str, manifest: str, n_gemms: int, n_groups: int
     c0 = time.process_time()
     sys.path.insert(0, old_dir)
     worker = importlib.import_module("old_worker" if which == "old" else "gemmar_aot.compiler.worker")
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot_kernels import recipe_module
 
     worker.init(None, False)

@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
 
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
 
     name = load_manifest(ROOT / args.manifest).name
     scratch = Path(tempfile.mkdtemp(prefix="gemmar-rederive-"))

@@ -52,7 +52,7 @@ def verify_step_ms(lock: Path, trusted: Path, n: int = 200) -> dict:
     """The check alone, as the runtime runs it: read the trusted keys and the envelope, hash the
     lock's bytes, verify the signature (medians of ``n``)."""
     from gemmar_aot.model.bundle import LockBundle
-    from gemmar_aot.trust.verify import load_trust
+    from gemmar_aot.trust.trust_set import load_trust
 
     ts = []
     for _ in range(n):
@@ -76,7 +76,7 @@ def main() -> int:
 
     from gemmar_aot.runtime import GemmAllReduceOp
     from gemmar_aot.trust.envelope import sign_lock_file
-    from gemmar_aot.trust.keys import generate_key, load_signing_key
+    from gemmar_aot.trust.signing_keys import generate_key, load_signing_key
     from gemmar_aot.model.bundle import LockBundle
 
     src = a.store / "locks" / f"{a.manifest}.lock.json"

@@ -102,7 +102,7 @@ def fresh_env(path: Path) -> tuple[Path, Path]:
 def bench_size(store: Path, work: Path) -> dict:
     from gemmar_aot.store import Store
     from gemmar_aot.model.lock import read_lock
-    from gemmar_aot.package.layout import lock_sizes
+    from gemmar_aot.package.wheel_layout import lock_sizes
     from gemmar_aot.package.wheel import wheel_from_lock
 
     lock_path = store / "locks" / LOCK_NAME

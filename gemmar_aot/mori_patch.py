@@ -8,7 +8,7 @@ backend) does::
 
 and sglang's and vLLM's mori EP path (``mori.ops.EpDispatchCombineOp``, EP v1), the collectives,
 shmem and IO kernels reach mori's hipcc JIT (``mori.jit.core.compile_genco``), which the hook
-serves from prebuilt code objects too (``gemmar_aot.runtime.hipcc``).
+serves from prebuilt code objects too (``gemmar_aot.runtime.hipcc_server``).
 
 With ``GEMMAR_AOT_PATCH_MORI=1`` in its environment and the hook installed
 (``gemmar-aot mori-patch install``: one ``.pth`` line in the environment's
@@ -106,8 +106,8 @@ LOADER_TARGET = "mori.ops._jit_loader"
 
 
 def _patched_compile_genco():
-    """gemmar-aot's ``compile_genco`` (``gemmar_aot.runtime.hipcc``), logging each code object it hands mori."""
-    from gemmar_aot.runtime import hipcc
+    """gemmar-aot's ``compile_genco`` (``gemmar_aot.runtime.hipcc_server``), logging each code object it hands mori."""
+    from gemmar_aot.runtime import hipcc_server as hipcc
 
     told: set = set()
 
@@ -124,7 +124,7 @@ def _patched_compile_genco():
 
 
 def _patched_ensure_compiled():
-    from gemmar_aot.runtime import hipcc
+    from gemmar_aot.runtime import hipcc_server as hipcc
 
     return hipcc.ensure_compiled
 

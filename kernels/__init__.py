@@ -7,7 +7,7 @@ A recipe module has up to two halves:
 * a pure half, used by the plan: ``specs(workload, layout, env) -> RankKernels``,
   which turns one validated tuple into the per-rank kernel specs in launch order.
   No FlyDSL, torch or mori import happens here, so ``gemmar-aot plan`` is instant.
-  Every mode (``gemmar_aot.build.workload.MODES``) has one.
+  Every mode (``gemmar_aot.builder.workload.MODES``) has one.
 * a build half, used by compile workers: ``build(spec) -> (jit_fn, args)``, which
   calls mori's own builder with exactly the spec's parameters and returns the
   untraced FlyDSL launcher plus placeholder arguments to trace it with, and

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 @pytest.fixture(scope="session")
 def smoke_build(tmp_path_factory):
     """(summary, store root) of a real compile of smoke.toml. Treat the store as read-only."""
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     out = tmp_path_factory.mktemp("smoke-store")
     summary = run_build(SMOKE, store=out, jobs=2, progress=False)
@@ -145,9 +145,9 @@ def warm_remote(smoke_store, nginx, tmp_path):
 
 
 def drop_closures(server) -> int:
-    """Take every closure entry (gemmar_aot.build.closure) off ``server``'s action cache, so a build goes
+    """Take every closure entry (gemmar_aot.builder.closure) off ``server``'s action cache, so a build goes
     the per-key way; returns how many there were."""
-    from gemmar_aot.build.closure import PACK_PATH
+    from gemmar_aot.builder.closure import PACK_PATH
     from gemmar_aot.store.remote import reapi
 
     n = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
+from gemmar_aot.model.lock_codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
 
 
 def decode_lock_doc(data: bytes) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.model.codec import encode_lock_doc
+from gemmar_aot.model.lock_codec import encode_lock_doc
 from gemmar_aot.model.lock import Lock, _Reader, read_lock, write_lock
 from gemmar_aot.model.schema import LOCK_SCHEMA, LockFileError
 from gemmar_aot.model.types import _TUPLE_ID_KINDS, Digest, TupleId
@@ -314,7 +314,7 @@ def test_a_zstd_compressed_lock_reads_back_and_a_flipped_byte_is_refused(lock, t
     """An artifact wheel's lock.json.zst goes through the one reader; damage is a clear error."""
     import zstandard
 
-    from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC
+    from gemmar_aot.model.lock_codec import LOCK_ZSTD_MAGIC
     from gemmar_aot.model.lock import compress_lock
 
     data = compress_lock(lock)

@@ -1,4 +1,4 @@
-"""Audit by reproduction (gemmar_aot.build.audit) against a poisoned entry on a real nginx.
+"""Audit by reproduction (gemmar_aot.builder.audit) against a poisoned entry on a real nginx.
 
 A rogue writer of the shared cache puts, under one kernel's action key, a valid code object of
 another kernel with a record claiming the key (its spec and ingredients, the other kernel's
@@ -22,12 +22,12 @@ from store_health import assert_verifies_clean
 from click.testing import CliRunner
 
 from test_remote_build import SMOKE, _a_cheap_kernel_with_its_own_blob, _build, _lock_bytes, _lock_entries
-from gemmar_aot.build.audit import FETCHES_FILE, sample
+from gemmar_aot.builder.audit import FETCHES_FILE, sample
 from gemmar_aot.cli import main
 from gemmar_aot.model.bundle import LockBundle
-from gemmar_aot.trust.keys import generate_key, load_signing_key
+from gemmar_aot.trust.signing_keys import generate_key, load_signing_key
 from gemmar_aot.store import Store
-from gemmar_aot.store.remote.backend import HttpBackend
+from gemmar_aot.store.remote.remote_backend import HttpBackend
 
 pytestmark = pytest.mark.compile
 

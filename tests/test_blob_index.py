@@ -18,7 +18,7 @@ from gemmar_aot.runtime import GemmAllReduceOp
 from gemmar_aot.store import Store
 from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError, build_blob_index, encode_blob_index, lock_rank_blob_groups
 from gemmar_aot.model.bundle import LockBundle
-from gemmar_aot.store.errors import BlobNotFoundError
+from gemmar_aot.store.store_errors import BlobNotFoundError
 
 N, WORLD = 1024, 2
 

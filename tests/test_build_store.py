@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.build.pipeline import run_build
+from gemmar_aot.builder.pipeline import run_build
 from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store import Store, inventory
 
@@ -140,7 +140,7 @@ def test_export_import_round_trip(smoke_build, tmp_path):
 
 
 def test_explain_names_the_changed_ingredient(smoke_build):
-    from gemmar_aot.build.explain import check_lock
+    from gemmar_aot.builder.explain import check_lock
     from gemmar_aot.toolchain import load_toolchain
 
     _, store = smoke_build

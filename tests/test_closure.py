@@ -1,4 +1,4 @@
-"""A manifest's closure in the remote cache (gemmar_aot.build.closure), against a real nginx.
+"""A manifest's closure in the remote cache (gemmar_aot.builder.closure), against a real nginx.
 
 The round trips are counted by a proxy in front of nginx that delays every request (the fault
 proxy, given a delay), not guessed. The oracle for every byte is the smoke store the session
@@ -16,7 +16,7 @@ from store_health import assert_verifies_clean
 from nginx_server import FaultProxy
 
 from test_remote_build import SMOKE, _build, _lock_bytes, _lock_entries
-from gemmar_aot.build.closure import PACK_PATH
+from gemmar_aot.builder.closure import PACK_PATH
 from gemmar_aot.store import Store
 from gemmar_aot.store.remote import reapi
 
@@ -121,7 +121,7 @@ def test_a_manifest_one_tuple_away_takes_the_latest_closure_and_looks_up_only_th
 
 def _full_closure_key(smoke_store: Path) -> str:
     from gemmar_aot.model.lock import read_lock
-    from gemmar_aot.build.closure import closure_key
+    from gemmar_aot.builder.closure import closure_key
     from gemmar_aot.compiler.keys import derive_code_digest
 
     lock = read_lock(smoke_store / "locks" / "smoke.lock.json")
@@ -136,9 +136,9 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     Every digest of the result is consistent."""
     from lock_docs import read_doc
 
-    from gemmar_aot.model.codec import encode_lock_doc
+    from gemmar_aot.model.lock_codec import encode_lock_doc
     from gemmar_aot.model.types import Digest
-    from gemmar_aot.build.closure import INDEX_PATH, LOCK_PATH
+    from gemmar_aot.builder.closure import INDEX_PATH, LOCK_PATH
     from gemmar_aot.store.pack_encode import pack_closure
     from gemmar_aot.model.bundle import LockBundle
 
@@ -227,10 +227,10 @@ def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, war
 
     from lock_docs import kernel_entry
 
-    from gemmar_aot.model.codec import encode_lock_doc
+    from gemmar_aot.model.lock_codec import encode_lock_doc
     from gemmar_aot.model.lock import Lock
     from gemmar_aot.store.record import record_digest
-    from gemmar_aot.build.audit import sample
+    from gemmar_aot.builder.audit import sample
     from gemmar_aot.store.record_index import encode_index, lock_rank_groups
     from test_remote_build import _a_cheap_kernel_with_its_own_blob
 

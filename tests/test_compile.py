@@ -18,8 +18,8 @@ import pytest
 
 from gemmar_aot.model.codeobject import parse_code_object
 from gemmar_aot.model.launch import PARAM_SIZES, LaunchRecord
-from gemmar_aot.build.manifest import load_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import load_manifest
+from gemmar_aot.builder.plan import make_plan
 from gemmar_aot.model.spec import KernelSpec
 
 pytestmark = pytest.mark.compile
@@ -40,7 +40,7 @@ def test_smoke_builds_every_spec(smoke_build):
 
 
 def test_unchanged_manifest_rebuilds_with_zero_compiles(smoke_build):
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     summary, out = smoke_build
     lock = (out / "locks" / "smoke.lock.json").read_bytes()

@@ -124,7 +124,7 @@ def test_a_store_every_command_filled_passes_verify(smoke_store, tmp_path):
 
 @pytest.mark.compile
 def test_a_build_compiles_a_record_its_blobs_contradict_instead_of_taking_it(forged, smoke_lock):
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     root, key = forged
     s = run_build(ROOT / "manifests" / "smoke.toml", store=root, jobs=1, progress=False)

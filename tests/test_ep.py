@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gemmar_aot.build.manifest import parse_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import parse_manifest
+from gemmar_aot.builder.plan import make_plan
 from gemmar_aot.util.errors import ManifestError
 from gemmar_aot.model.ep import EpConfig, arena_layout, config_problems, pick, resolved, variants
 from gemmar_aot_kernels import ep as recipe
@@ -188,7 +188,7 @@ def test_ep_model_and_recipe_equal_moris_constructor():
 @pytest.fixture(scope="module")
 def ep_build(tmp_path_factory):
     """The shipped EP manifest's first entry built by our build into a store of its own."""
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     tmp = tmp_path_factory.mktemp("ep")
     text = EP_MANIFEST.read_text()
@@ -239,7 +239,7 @@ def test_ep_bytes_equal_moris_own_path_under_the_nightly_profile(ep_build, tmp_p
     every kernel of rank 0 equals mori's own compile there too."""
     from test_profiles import _installed
 
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
     from gemmar_aot.compiler.keys import action_key, ingredients
     from gemmar_aot.store import Store
     from gemmar_aot.toolchain import load_toolchain
@@ -320,7 +320,7 @@ def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
         assert [e.key for e in lr.launches] == [action_key(ingredients(s, fp)) for s in pr.launches]
         assert [e.kind for e in lr.launches] == [s.kind for s in pr.launches] and lr.self_test == ()
     assert len(lock.kernels()) == 104 and [len(g) for g in lock_rank_groups(lock)] == [13] * 8
-    from gemmar_aot.package.layout import coverage
+    from gemmar_aot.package.wheel_layout import coverage
 
     assert coverage(lock) == [{"transport": "ep", **pe.entry.config.to_json(), "ranks": list(range(8))}]
     assert Lock.from_bytes(data).to_bytes() == data  # canonical: read back, written again, the same bytes
@@ -357,7 +357,7 @@ def test_ep_closure_serves_a_fresh_runner_the_same_lock_in_two_requests(ep_build
     from store_health import assert_verifies_clean
     from test_remote_build import _copy_store
 
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     summary, store, _plan = ep_build
     manifest = Path(summary["lock_file"]).parents[2] / "dsv4-pro-ep-first.toml"

@@ -142,7 +142,7 @@ def test_a_missing_blob_is_still_damage(smoke_store, tmp_path):
 
 
 def test_a_read_through_store_takes_the_launcher_with_the_entry(smoke_store, per_key_remote, tmp_path):
-    from gemmar_aot.store.remote.backend import HttpBackend
+    from gemmar_aot.store.remote.remote_backend import HttpBackend
 
     key = sorted(k for k, (kind, _h) in _lock_entries(smoke_store).items() if kind == "gemm")[0]
     st = Store(tmp_path / "rt", remote=HttpBackend(per_key_remote.url, writable=False))

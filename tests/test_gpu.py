@@ -163,7 +163,7 @@ def _scenario_pad_vs_mori(comm, rank, world, artifacts):
     import torch
     from mori.ops.gemm_ar import GemmAllReduceOp as MoriOp
 
-    from gemmar_aot.model.codec import encode_lock_doc
+    from gemmar_aot.model.lock_codec import encode_lock_doc
     from lock_docs import decode_lock_doc
     from gemmar_aot.model.lock import Lock
 

@@ -44,7 +44,7 @@ def ep_artifacts(tmp_path_factory):
     env = os.environ.get("GEMMAR_AOT_GPU_EP_ARTIFACTS")
     if env:
         return env
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     out = tmp_path_factory.mktemp("ep-store")
     summary = run_build(ROOT / "manifests" / "dsv4-pro-ep.toml", store=out, jobs=os.cpu_count() or 2, progress=False)

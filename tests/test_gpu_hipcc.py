@@ -2,7 +2,7 @@
 IntraNode) on 8 real MI300X or MI355X GPUs, its kernels served from prebuilt code objects.
 
 Skipped unless torch sees 8 GPUs of one arch, gfx942 or gfx950, and mori is installed. Each
-rank installs the hand-over (``gemmar_aot.runtime.hipcc.install``: mori's ``compile_genco`` and
+rank installs the hand-over (``gemmar_aot.runtime.hipcc_server.install``: mori's ``compile_genco`` and
 ``ensure_compiled`` served), initialises mori's shmem over a torch process group, builds mori's
 own v1 op and runs a dispatch -> identity experts -> combine round trip in bf16:
 
@@ -43,7 +43,7 @@ def hipcc_artifacts(tmp_path_factory):
         return env
     import torch
 
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
     manifest = "dsv4-pro-hipcc.toml" if arch == "gfx950" else "mi300x-hipcc.toml"
@@ -60,7 +60,7 @@ def _worker(rank: int, store: str, port: int, out_dir: str, jit_cache: str) -> N
         import torch
         import torch.distributed as dist
 
-        from gemmar_aot.runtime import hipcc
+        from gemmar_aot.runtime import hipcc_server as hipcc
 
         torch.cuda.set_device(rank)
         hipcc.install(artifacts=store)

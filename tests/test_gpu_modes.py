@@ -34,7 +34,7 @@ def modes_artifacts(tmp_path_factory) -> str:
     env = os.environ.get("GEMMAR_AOT_MODES_ARTIFACTS")
     if env:
         return env
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     out = tmp_path_factory.mktemp("modes-store")
     summary = run_build(bench_modes.MANIFEST, store=out, progress=False)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gemmar_aot.build.manifest import parse_manifest
+from gemmar_aot.builder.manifest import parse_manifest
 from gemmar_aot.model.hipcc import ARCHS, NICS, SOURCES, HipccVariant
 from gemmar_aot.model.lock import read_lock
 from gemmar_aot.util.errors import ManifestError
@@ -66,7 +66,7 @@ def test_hipcc_entries_expand_and_every_unknown_name_is_refused_with_moris_list(
 
 
 def test_hipcc_code_objects_count_in_the_manifest_bound(monkeypatch):
-    from gemmar_aot.build import manifest as mf
+    from gemmar_aot.builder import manifest as mf
 
     every = "".join(f'[[hipcc]]\nsources = "all"\narchs = ["gfx942", "gfx950"]\nnics = ["{n}"]\n'
                     f'host_proxy = {"true" if p else "false"}\n' for n in NICS for p in (False, True))
@@ -165,7 +165,7 @@ def test_hipcc_bytes_equal_moris_own_compile_genco_for_both_archs_and_every_nic(
 def test_hipcc_bytes_under_the_nightly_profile_equal_the_nightly_moris_own(tmp_path):
     """The nightly profile builds from the nightly mori's sources and JIT driver: a small source of
     it, byte for byte what that mori's own compile_genco makes."""
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     _mori_pkg("nightly")  # skips when the nightly profile is not installed
     m = tmp_path / "n.toml"
@@ -274,8 +274,8 @@ for name, d in (("mori", pkg), ("mori.ops", pkg / "ops")):
 inits = []
 sys.modules["libmori_pybinds"] = types.SimpleNamespace(shmem_module_init=inits.append)  # test double
 assert shutil.which("hipcc") is None and "ROCM_PATH" not in os.environ
-from gemmar_aot.runtime import hipcc
-hipcc.install(artifacts={store!r}, miss_report={report!r})
+from gemmar_aot.runtime import hipcc_server
+hipcc_server.install(artifacts={store!r}, miss_report={report!r})
 """
 
 _POD = _BARE_MORI_POD + textwrap.dedent("""
@@ -320,7 +320,7 @@ def test_moris_own_loader_loads_the_prebuilt_code_objects_with_no_hipcc(smoke_st
     for name in ("ep_local_expert_count", "shmem_kernels"):
         digest = items[HipccVariant(name, arch, "mlx5")].entry.blob.hash
         assert out["paths"][name] == str(tmp_path / "hsaco" / f"{digest}.hsaco")
-    assert out["inits"] == 1 and out["compile_genco"] == "gemmar_aot.runtime.hipcc"  # shmem_module_init, served
+    assert out["inits"] == 1 and out["compile_genco"] == "gemmar_aot.runtime.hipcc_server"  # shmem_module_init, served
     assert out["missing"][0] == "ArtifactMissingError" and f'sources = ["ep_intranode"]\narchs = ["{arch}"]' in \
         out["missing"][1]
     line = json.loads(report.read_text().splitlines()[0])
@@ -397,7 +397,7 @@ def test_a_lock_serving_a_variant_with_another_variants_record_is_refused(smoke_
 
     from gemmar_aot.model.lock import write_lock
     from gemmar_aot.runtime import ArtifactMismatchError
-    from gemmar_aot.runtime.hipcc import HipccServer
+    from gemmar_aot.runtime.hipcc_server import HipccServer
 
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)

@@ -22,7 +22,7 @@ import torch
 
 import hipstub as hs
 from gemmar_aot.runtime.driver import KernArgs
-from gemmar_aot.runtime.errors import HipError
+from gemmar_aot.runtime.artifact_errors import HipError
 from gemmar_aot.runtime.hip import HipDriver
 
 

@@ -89,7 +89,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_cli_command_modules_do_not_import_the_cli_package():
     graph = _module_graph()
-    for name in ("gemmar_aot.cli.build", "gemmar_aot.cli.store", "gemmar_aot.cli.runtime", "gemmar_aot.cli.wheel"):
+    for name in ("gemmar_aot.cli.build_commands", "gemmar_aot.cli.store_commands", "gemmar_aot.cli.runtime_commands", "gemmar_aot.cli.wheel_commands"):
         assert "gemmar_aot.cli" not in graph[name], name
     # The store never imports its maintenance (none of it is needed at serving time).
     for mod in ("gemmar_aot.store.inventory", "gemmar_aot.store.gc", "gemmar_aot.store.transfer",
@@ -110,7 +110,7 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 #: What the build side is, for the layer rules below: the modules that plan, compile, store and
 #: package kernels (the runtime's own import rule, ``tests/test_runtime.py``, checks what a pod loads).
-BUILD_SIDE = ("gemmar_aot.build", "gemmar_aot.compiler", "gemmar_aot_kernels", "gemmar_aot.store", "gemmar_aot.package",
+BUILD_SIDE = ("gemmar_aot.builder", "gemmar_aot.compiler", "gemmar_aot_kernels", "gemmar_aot.store", "gemmar_aot.package",
               "gemmar_aot.compiler.keys", "gemmar_aot.cli")
 
 
@@ -155,7 +155,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("store", ("gemmar_aot.store",)),
     ("toolchain", ("gemmar_aot.toolchain",)),
     ("compiler", ("gemmar_aot.compiler", "gemmar_aot_kernels")),
-    ("build", ("gemmar_aot.build",)),
+    ("build", ("gemmar_aot.builder",)),
     ("package", ("gemmar_aot.package",)),
     # A branch of its own above the store: see RUNTIME_MAY_REACH. mori_patch is the runtime's
     # import hook for servers that import mori's op.
@@ -196,7 +196,7 @@ def _layer_violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 def test_every_module_has_a_layer():
     graph = _module_graph()
     assert sorted(m for m in graph if _layer(m) is None) == []
-    assert _layer("gemmar_aot.build.pipeline") == "build" and _layer("gemmar_aot.compiler.keys") == "compiler"
+    assert _layer("gemmar_aot.builder.pipeline") == "build" and _layer("gemmar_aot.compiler.keys") == "compiler"
     assert _layer("gemmar_aot.package.wheel") == "package" and _layer("gemmar_aot.store.cas") == "store"
 
 
@@ -211,20 +211,20 @@ def test_the_layer_checker_sees_violations():
         "gemmar_aot.store.cas": {"gemmar_aot.model.spec"},
         "gemmar_aot.store.gc": {"gemmar_aot.store.cas", "gemmar_aot.compiler.keys"},  # store -> keys
         "gemmar_aot.compiler.worker": {"gemmar_aot.store.cas", "gemmar_aot.compiler.keys"},  # down, allowed
-        "gemmar_aot.compiler.keys": {"gemmar_aot.build.plan"},  # keys -> build
-        "gemmar_aot.build.plan": {"gemmar_aot.compiler.keys", "gemmar_aot.package.wheel"},  # build -> package
-        "gemmar_aot.package.wheel": {"gemmar_aot.build.plan"},
+        "gemmar_aot.compiler.keys": {"gemmar_aot.builder.plan"},  # keys -> build
+        "gemmar_aot.builder.plan": {"gemmar_aot.compiler.keys", "gemmar_aot.package.wheel"},  # build -> package
+        "gemmar_aot.package.wheel": {"gemmar_aot.builder.plan"},
         "gemmar_aot.runtime.op": {"gemmar_aot.store.gc"},  # runtime -> store's build half (-> keys)
-        "gemmar_aot.cli.build": {"gemmar_aot.runtime.op", "gemmar_aot.build.plan"},
+        "gemmar_aot.cli.build_commands": {"gemmar_aot.runtime.op", "gemmar_aot.builder.plan"},
     }
     assert _layer_violations(graph) == {
         ("gemmar_aot.model.types", "gemmar_aot.store.cas"),
         ("gemmar_aot.store.gc", "gemmar_aot.compiler.keys"),
-        ("gemmar_aot.compiler.keys", "gemmar_aot.build.plan"),
-        ("gemmar_aot.build.plan", "gemmar_aot.package.wheel"),
+        ("gemmar_aot.compiler.keys", "gemmar_aot.builder.plan"),
+        ("gemmar_aot.builder.plan", "gemmar_aot.package.wheel"),
         ("gemmar_aot.runtime.op", "gemmar_aot.store.gc"),
         ("gemmar_aot.runtime.op", "gemmar_aot.compiler.keys"),
-        ("gemmar_aot.runtime.op", "gemmar_aot.build.plan"),
+        ("gemmar_aot.runtime.op", "gemmar_aot.builder.plan"),
         ("gemmar_aot.runtime.op", "gemmar_aot.package.wheel"),
     }
 
@@ -275,24 +275,24 @@ def test_no_function_is_longer_than_a_reader_can_hold():
 #: not the EP op (only when asked for), nothing of the toolchain, compiler, build or package. A
 #: change here is a change of what every pod pays.
 POD_IMPORTS = {
-    "gemmar_aot", "gemmar_aot.model", "gemmar_aot.model.bundle", "gemmar_aot.model.codec", "gemmar_aot.model.codeobject",
+    "gemmar_aot", "gemmar_aot.model", "gemmar_aot.model.bundle", "gemmar_aot.model.lock_codec", "gemmar_aot.model.codeobject",
     "gemmar_aot.model.device_abi", "gemmar_aot.model.launch", "gemmar_aot.model.launch_sequence",
     "gemmar_aot.model.layout", "gemmar_aot.model.lock", "gemmar_aot.model.manifest_lines", "gemmar_aot.model.rules",
     "gemmar_aot.model.schema", "gemmar_aot.model.spec", "gemmar_aot.model.types", "gemmar_aot.model.validate",
-    "gemmar_aot.runtime", "gemmar_aot.runtime.artifacts", "gemmar_aot.runtime.driver", "gemmar_aot.runtime.errors",
+    "gemmar_aot.runtime", "gemmar_aot.runtime.artifacts", "gemmar_aot.runtime.driver", "gemmar_aot.runtime.artifact_errors",
     "gemmar_aot.runtime.gc_pause", "gemmar_aot.runtime.launches",
     "gemmar_aot.runtime.loading", "gemmar_aot.runtime.memory", "gemmar_aot.runtime.misses", "gemmar_aot.runtime.op",
     "gemmar_aot.runtime.operands", "gemmar_aot.runtime.padding", "gemmar_aot.runtime.provenance",
     "gemmar_aot.runtime.record_binding", "gemmar_aot.runtime.self_test", "gemmar_aot.runtime.support",
-    "gemmar_aot.runtime.verify",
+    "gemmar_aot.runtime.kernel_checks",
     "gemmar_aot.runtime.window", "gemmar_aot.store", "gemmar_aot.store._fs", "gemmar_aot.store.backend",
-    "gemmar_aot.store.blob_index", "gemmar_aot.store.blobfmt", "gemmar_aot.store.errors", "gemmar_aot.store.record",
+    "gemmar_aot.store.blob_index", "gemmar_aot.store.blobfmt", "gemmar_aot.store.store_errors", "gemmar_aot.store.record",
     "gemmar_aot.store.record_index", "gemmar_aot.util", "gemmar_aot.util.atomic_write",
     "gemmar_aot.util.canonical_json", "gemmar_aot.util.errors",
     "gemmar_aot.util.filedigest",
 }
 #: ``import gemmar_aot.runtime`` alone: the errors a caller catches, nothing else.
-RUNTIME_PACKAGE_IMPORTS = {"gemmar_aot", "gemmar_aot.runtime", "gemmar_aot.runtime.errors", "gemmar_aot.util",
+RUNTIME_PACKAGE_IMPORTS = {"gemmar_aot", "gemmar_aot.runtime", "gemmar_aot.runtime.artifact_errors", "gemmar_aot.util",
                            "gemmar_aot.util.errors"}
 
 
@@ -318,12 +318,12 @@ def test_a_pod_imports_exactly_the_modules_it_uses():
 
 
 #: The steps of getting kernels ready, and the runtime modules that call each: ``.loading`` (every
-#: op, through ``LoadedOp._load``) and ``.hipcc`` (mori's own kernels: the same provenance step,
+#: op, through ``LoadedOp._load``) and ``.hipcc_server`` (mori's own kernels: the same provenance step,
 #: then the whole-object check). Another caller is another way to load: fold it into the path.
-LOADING_STEPS = {"check_built": ["hipcc.py", "loading.py"], "check_provenance": ["loading.py"],
+LOADING_STEPS = {"check_built": ["hipcc_server.py", "loading.py"], "check_provenance": ["loading.py"],
                  "check_device": ["loading.py"], "verify_kernels": ["loading.py"], "verify_entries": ["loading.py"],
                  "check_installed_mori": ["loading.py"], "load_module": ["loading.py"],
-                 "verify_whole_object": ["hipcc.py"]}
+                 "verify_whole_object": ["hipcc_server.py"]}
 
 
 def test_every_op_gets_its_kernels_one_way():
@@ -342,5 +342,16 @@ def test_every_op_gets_its_kernels_one_way():
                     callers.setdefault(name, set()).add(p.name)
     assert {k: sorted(v) for k, v in callers.items()} == LOADING_STEPS
     ops = {p.name for p in (REPO / "gemmar_aot" / "runtime").glob("*.py") if "self._load(" in p.read_text()}
-    assert ops == {"op.py", "ep.py", "gemm.py"}, ops
+    assert ops == {"op.py", "ep_op.py", "gemm.py"}, ops
 
+
+def test_every_module_has_a_name_of_its_own():
+    """No two modules of the package share a file name (``__init__`` and ``__main__`` aside): a
+    name says what the module is wherever it is shown alone (a traceback, an editor tab, a
+    tool's file list), and a folder named ``build/`` is not one (tools skip it as output)."""
+    names: dict[str, list[str]] = {}
+    for p in _package_files():
+        if p.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(p.name, []).append(str(p.relative_to(REPO)))
+    assert {n: ps for n, ps in names.items() if len(ps) > 1} == {}
+    assert not [p for p in (REPO / "gemmar_aot").rglob("*") if p.is_dir() and p.name in ("build", "dist")]

@@ -1,4 +1,4 @@
-"""The runtime's code-object checks (runtime/verify.py, runtime/launches.py) against a real clang-built gfx950 code object.
+"""The runtime's code-object checks (runtime/kernel_checks.py, runtime/launches.py) against a real clang-built gfx950 code object.
 
 ``fill(global int*, int, long)`` is compiled with ``reqd_work_group_size(64,1,1)``
 (tests/hipstub/kernels.cl). A launch record that agrees with its metadata note is
@@ -15,9 +15,9 @@ import pytest
 import hipstub as hs
 from gemmar_aot.model.codeobject import parse_code_object
 from gemmar_aot.model.launch import LaunchRecord
-from gemmar_aot.runtime.errors import ArtifactMismatchError
+from gemmar_aot.runtime.artifact_errors import ArtifactMismatchError
 from gemmar_aot.runtime.launches import prepare_launch
-from gemmar_aot.runtime.verify import verify_code_object
+from gemmar_aot.runtime.kernel_checks import verify_code_object
 
 RECORD = LaunchRecord(kernel="fill", params=("ptr", "i32", "i64", "stream"), args=(),
                       kernel_args=("p0", "p1", "p2"), kernel_arg_types=("ptr", "i32", "i64"), program=(),

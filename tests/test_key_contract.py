@@ -32,8 +32,8 @@ MANIFESTS = ("manifests/dsv4-pro-wo_b.toml", "manifests/dsv4-pro-wo_b-modes.toml
 def current_keys() -> dict:
     """{"key_schema", "profile", "manifests": {path: {spec id: [spec label, action key]}}} for this tree."""
     from gemmar_aot.compiler.keys import KEY_SCHEMA, action_key, ingredients
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.toolchain import load_toolchain
 
     tc = load_toolchain(profile="default")

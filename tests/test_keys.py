@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gemmar_aot.compiler.keys import action_key, diff_ingredients, ingredients, toolchain_ingredients
-from gemmar_aot.build.manifest import load_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import load_manifest
+from gemmar_aot.builder.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -184,8 +184,8 @@ def test_a_kernels_key_names_the_compile_code_of_its_own_recipe_and_no_derive_co
 _KEYS = """
 import json, sys
 from gemmar_aot.compiler.keys import action_key, ingredients
-from gemmar_aot.build.manifest import load_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import load_manifest
+from gemmar_aot.builder.plan import make_plan
 fp = json.loads(sys.argv[1])
 plan = make_plan(load_manifest("manifests/smoke.toml"), env={})
 print(json.dumps(sorted(action_key(ingredients(s, fp)) for s in plan.specs)))

@@ -1,4 +1,4 @@
-"""gemmar_aot.build.manifest: parsing, validation, messages, shipped manifests, fuzzing."""
+"""gemmar_aot.builder.manifest: parsing, validation, messages, shipped manifests, fuzzing."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from gemmar_aot.model import rules
 from gemmar_aot.util.errors import ManifestError
-from gemmar_aot.build.manifest import (
+from gemmar_aot.builder.manifest import (
     MAX_GEMM_COMPILES,
     MAX_REPEAT_WARNINGS,
     MAX_WORKLOADS,
@@ -27,8 +27,8 @@ from gemmar_aot.build.manifest import (
     load_manifest,
     parse_manifest,
 )
-from gemmar_aot.build.manifest_check import MAX_M_VALUES
-from gemmar_aot.build.workload import MODES, Workload
+from gemmar_aot.builder.manifest_check import MAX_M_VALUES
+from gemmar_aot.builder.workload import MODES, Workload
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 

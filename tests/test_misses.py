@@ -1,4 +1,4 @@
-"""Miss reports (gemmar_aot.runtime.misses) and `gemmar-aot suggest` (gemmar_aot.build.suggest).
+"""Miss reports (gemmar_aot.runtime.misses) and `gemmar-aot suggest` (gemmar_aot.builder.suggest).
 
 A pod's misses become JSON lines; eight processes appending to one report at once lose and
 duplicate nothing; `suggest` turns reports into manifest lines, and a manifest with those lines,
@@ -102,7 +102,7 @@ def test_suggested_lines_built_serve_every_reported_m(tmp_path, tiny_manifest):
     text = tiny_manifest.read_text().replace("world = 2", "world = 2\nm_max = 512", 1)
     tiny_manifest.write_text("# the team's comment, kept\n" + text)
     store = tmp_path / "store"
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     s = run_build(tiny_manifest, store=store, jobs=2, progress=False)
     assert s["failed"] == 0
@@ -138,7 +138,7 @@ def test_suggested_lines_built_serve_every_reported_m(tmp_path, tiny_manifest):
 
 def test_suggest_refuses_to_write_an_invalid_manifest_and_skips_bad_lines(tmp_path):
     from gemmar_aot.util.errors import GemmarError
-    from gemmar_aot.build.suggest import write_into
+    from gemmar_aot.builder.suggest import write_into
 
     man = tmp_path / "m.toml"
     man.write_text('[manifest]\nname = "m"\n\n[[tuple]]\ntransport = "fused-sdma"\nm = 256\nn = 1024\nk = 256\n'
@@ -158,7 +158,7 @@ def test_suggest_refuses_to_write_an_invalid_manifest_and_skips_bad_lines(tmp_pa
 def _brute(hist, budget, step):
     import itertools
 
-    from gemmar_aot.build.suggest import padded_work
+    from gemmar_aot.builder.suggest import padded_work
 
     cands = sorted({-(-m // step) * step for m in hist})
     top = cands[-1]
@@ -173,7 +173,7 @@ def _brute(hist, budget, step):
 def test_the_planned_buckets_are_the_optimum_of_a_brute_force_on_small_cases():
     import random
 
-    from gemmar_aot.build.suggest import padded_work, plan_buckets
+    from gemmar_aot.builder.suggest import padded_work, plan_buckets
 
     rng = random.Random(20261203)
     for _ in range(150):
@@ -425,9 +425,9 @@ def test_the_collective_free_ops_report_their_misses_and_suggest_builds_them(smo
     missing tile's M and the missing bucket."""
     from lock_docs import keep_tuples
 
-    from gemmar_aot.build.manifest import parse_manifest
+    from gemmar_aot.builder.manifest import parse_manifest
     from gemmar_aot.runtime import Mxfp8GemmOp, Mxfp8GemvOp
-    from gemmar_aot.build.suggest import suggest
+    from gemmar_aot.builder.suggest import suggest
 
     report = tmp_path / "misses.jsonl"
     lock = smoke_lock.to_json()

@@ -64,7 +64,7 @@ class ParityRun:
 @pytest.fixture(scope="session")
 def parity(hipstub_lib, hip_stub, tmp_path_factory) -> ParityRun:
     """One oracle process for every scenario, side by side with one candidate build; once per session."""
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     scenarios = [*FUSED, negative_control(), *(sc for sc in STANDALONE if _served(sc)), *BENCH_MODES]
     keep = os.environ.get("GEMMAR_AOT_TEST_PARITY_DIR")

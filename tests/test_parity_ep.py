@@ -68,7 +68,7 @@ def _profile(name: str):
 
 def _run(profile: str, scenarios: list[EpScenario], hipstub_lib, hip_stub, tmp_path_factory) -> EpParityRun:
     """One oracle process beside one candidate build of the scenarios' manifest, under ``profile``."""
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     keep = os.environ.get("GEMMAR_AOT_TEST_PARITY_DIR")
     work = (Path(keep) / f"ep-{profile}") if keep else tmp_path_factory.mktemp(f"parity-ep-{profile}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 from gemmar_aot.model import rules
-from gemmar_aot.build.manifest import load_manifest, parse_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import load_manifest, parse_manifest
+from gemmar_aot.builder.plan import make_plan
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 

@@ -485,7 +485,7 @@ def test_without_the_opt_in_the_hook_changes_nothing(tmp_path, smoke_store):
 def two_profile_store(smoke_store, tmp_path_factory):
     """The smoke store plus the smoke manifest built with the nightly profile into it."""
     _installed("nightly")
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
 
     store = tmp_path_factory.mktemp("two-profiles") / "store"
     shutil.copytree(smoke_store, store)
@@ -511,7 +511,7 @@ def test_smoke_manifest_builds_with_both_profiles_into_one_store(two_profile_sto
 
 @pytest.mark.compile
 def test_profile_move_report_on_a_store_holding_both(two_profile_store):
-    from gemmar_aot.build.profile_move import format_report, profile_move
+    from gemmar_aot.builder.profile_move import format_report, profile_move
 
     summary, store = two_profile_store
     r = profile_move(ROOT / "manifests" / "smoke.toml", "nightly", frm="default", store=store)

@@ -49,8 +49,8 @@ def _manifest(tmp_path: Path, name: str, ms: str) -> Path:
 
 def _n_specs(manifest: Path) -> int:
     """How many distinct specs the plan has for ``manifest`` (the recipes decide, not us)."""
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
 
     return len(make_plan(load_manifest(manifest)).specs)
 
@@ -59,7 +59,7 @@ def _n_specs(manifest: Path) -> int:
 
 
 def test_base_install_local_build_and_runtime_never_import_ray():
-    code = ("import sys; import gemmar_aot.cli, gemmar_aot.build.pipeline, gemmar_aot.compiler.scheduler, "
+    code = ("import sys; import gemmar_aot.cli, gemmar_aot.builder.pipeline, gemmar_aot.compiler.scheduler, "
             "gemmar_aot.runtime, gemmar_aot.store; from gemmar_aot.cli import main; "
             "print('ray' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -158,7 +158,7 @@ def _odd_toolchain(tmp_path: Path) -> tuple[Path, int, int]:
 #: A build driven through the Python API with a short wait for CPUs (the CLI waits 120 s).
 _DRIVER = """
 import json, sys
-from gemmar_aot.build.pipeline import run_build
+from gemmar_aot.builder.pipeline import run_build
 from gemmar_aot.compiler.ray_executor import RayExecutor
 from gemmar_aot.util.errors import GemmarError
 
@@ -320,7 +320,7 @@ def _ray_build(cluster, manifest: Path, store: Path, *extra: str, timeout: float
 @pytest.mark.ray
 @pytest.mark.compile
 def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_path):
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
     from gemmar_aot.store import Store, inventory
     from gemmar_aot.model.lock import read_lock
 
@@ -353,8 +353,8 @@ def test_a_spec_that_fails_everywhere_is_reported_like_a_local_failure(cluster, 
     from gemmar_aot.compiler.scheduler import compile_all
     from gemmar_aot.compiler.ray_executor import RayExecutor
     from gemmar_aot.compiler.keys import action_key, ingredients
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.store import Store, inventory
     from gemmar_aot.toolchain import load_toolchain
 

@@ -19,7 +19,7 @@ import pytest
 from store_health import assert_verifies_clean
 from nginx_server import FaultProxy, Nginx
 
-from gemmar_aot.build.pipeline import run_build
+from gemmar_aot.builder.pipeline import run_build
 from gemmar_aot.store import Store
 from gemmar_aot.store.remote import reapi
 
@@ -70,7 +70,7 @@ def assert_remote_is_consistent(server: Nginx) -> int:
     """Every /ac/ entry is an ActionResult whose output files are in /cas/ with the right bytes: a
     kernel's (record, code object, launcher) or a manifest's closure (pack, lock, record index).
     Returns how many kernel entries there are."""
-    from gemmar_aot.build.closure import INDEX_PATH, LOCK_PATH, PACK_PATH
+    from gemmar_aot.builder.closure import INDEX_PATH, LOCK_PATH, PACK_PATH
 
     cas = server.files("cas")
     kernels = 0

@@ -114,7 +114,7 @@ def test_backend_stores_an_action_result_bazel_can_read_and_reads_it_back(nginx)
     from test_reapi import ActionResultPB
 
     from gemmar_aot.store.remote import reapi
-    from gemmar_aot.store.remote.backend import HttpBackend, record_bytes
+    from gemmar_aot.store.remote.remote_backend import HttpBackend, record_bytes
 
     b = HttpBackend(nginx.url)
     key, code = "1" * 64, b"\x7fELF code object" * 100
@@ -141,8 +141,8 @@ def reapi_digest(code):
 
 def test_backend_refuses_wrong_bytes_and_treats_a_missing_record_blob_as_a_miss(nginx):
     from gemmar_aot.store.backend import BadRecord
-    from gemmar_aot.store.errors import CorruptArtifactError
-    from gemmar_aot.store.remote.backend import HttpBackend, record_bytes
+    from gemmar_aot.store.store_errors import CorruptArtifactError
+    from gemmar_aot.store.remote.remote_backend import HttpBackend, record_bytes
 
     b = HttpBackend(nginx.url)
     seen = []
@@ -205,7 +205,7 @@ def test_a_remote_record_of_schema_1_is_read_as_a_stale_record_of_schema_2(nginx
     cleared, so the build derives it again from the verified blobs and uploads it in schema 2."""
     from gemmar_aot.compiler.derive import is_current
     from gemmar_aot.store.remote import reapi
-    from gemmar_aot.store.remote.backend import HttpBackend
+    from gemmar_aot.store.remote.remote_backend import HttpBackend
 
     b = HttpBackend(nginx.url)
     key, code = "8" * 64, b"\x7fELF an old entry" * 50

@@ -107,7 +107,7 @@ def kernel_json(doc, key) -> dict:
 # ---------------------------------------------------------------------------
 
 FORBIDDEN = ("flydsl", "mlir", "_mlir_libs", "mori.ops", "gemmar_aot.compiler", "gemmar_aot.toolchain",
-             "gemmar_aot_kernels", "gemmar_aot.compiler.keys", "gemmar_aot.build")
+             "gemmar_aot_kernels", "gemmar_aot.compiler.keys", "gemmar_aot.builder")
 
 
 def _fresh_modules(code: str) -> set[str]:
@@ -124,7 +124,7 @@ def _forbidden(mods: set[str]) -> list[str]:
 
 def test_import_rule_fresh_interpreter():
     mods = _fresh_modules("import gemmar_aot.runtime, gemmar_aot.runtime.coverage, gemmar_aot.runtime.hip, "
-                          "gemmar_aot.runtime.verify, gemmar_aot.runtime.launches, gemmar_aot.runtime.loading, "
+                          "gemmar_aot.runtime.kernel_checks, gemmar_aot.runtime.launches, gemmar_aot.runtime.loading, "
                           "gemmar_aot.runtime.memory, gemmar_aot.runtime.operands")
     assert _forbidden(mods) == []
     assert "torch" not in mods, "torch must be imported lazily"
@@ -589,8 +589,8 @@ def _without_m(lock, m):
 
 
 def test_strict_miss_names_m_nearest_and_manifest_lines(smoke_store, smoke_lock):
-    from gemmar_aot.build.manifest import parse_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import parse_manifest
+    from gemmar_aot.builder.plan import make_plan
 
     lock = _without_m(smoke_lock, 256)
     op, _c, drv = make_op(None, smoke_lock, artifacts=(lock, smoke_store))
@@ -772,7 +772,7 @@ def test_coverage_all_built(smoke_store):
 
 
 def test_coverage_lists_missing_and_lines(smoke_store):
-    from gemmar_aot.build.manifest import parse_manifest
+    from gemmar_aot.builder.manifest import parse_manifest
 
     lock = smoke_store / "locks" / "smoke.lock.json"
     res = _cli(["coverage", str(lock), "--min-tokens", "1", "--max-tokens", "512", "--world", "2", "--n", "1024",

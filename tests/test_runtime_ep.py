@@ -64,7 +64,7 @@ def test_a_pod_constructs_the_ep_op_from_the_lock_and_imports_no_compiler(smoke_
         op.combine(torch.zeros(128, 1024, dtype=torch.bfloat16), routing=handle)
         op.close()
         bad = sorted(m for m in sys.modules if m.split(".")[0] in ("flydsl", "mlir", "_mlir")
-                     or m.startswith(("mori.ops", "gemmar_aot.compiler", "gemmar_aot.build", "gemmar_aot_kernels",
+                     or m.startswith(("mori.ops", "gemmar_aot.compiler", "gemmar_aot.builder", "gemmar_aot_kernels",
                                       "gemmar_aot.toolchain")))
         print(bad)
     """)
@@ -211,7 +211,7 @@ def test_reset_zeroes_the_window_and_the_counters_then_waits_for_every_rank(smok
 def test_suggest_turns_an_ep_miss_into_the_entry_that_serves_it(tmp_path):
     """A pod configured for 256 tokens a rank finds only a 128-token build: its miss, `suggest
     --write`, a real build of the edited manifest, and the same pod constructs with no miss."""
-    from gemmar_aot.build.pipeline import run_build
+    from gemmar_aot.builder.pipeline import run_build
     from gemmar_aot.cli import main
     from gemmar_aot.model.lock import read_lock
 
@@ -320,7 +320,7 @@ def test_a_server_importing_moris_ep_op_gets_ours_when_opted_in(tmp_path, smoke_
                          env={**env, "GEMMAR_AOT_PATCH_MORI": "1"}, timeout=180)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.splitlines()[-1])
-    assert res["module"] == "mori.ops.dispatch_combine_v2" and "gemmar_aot.runtime.ep" in res["cls"]
+    assert res["module"] == "mori.ops.dispatch_combine_v2" and "gemmar_aot.runtime.ep_op" in res["cls"]
     assert res["config"] == "mori.ops.dispatch_combine_v2" and res["jit_modules"] == []
     bound = [ln for ln in out.stderr.splitlines() if "gemmar-aot serves mori.ops.dispatch_combine_v2" in ln]
     assert len(bound) == 1 and "13 kernels" in bound[0] and "smoke.lock.json" in bound[0], out.stderr

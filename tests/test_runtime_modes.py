@@ -18,7 +18,7 @@ import torch
 from fakes import FakeCommunicator, FakeHipDriver
 from lock_docs import keep_tuples
 from gemmar_aot.model import rules
-from gemmar_aot.build.manifest import parse_manifest
+from gemmar_aot.builder.manifest import parse_manifest
 from gemmar_aot.runtime import ArtifactMissingError, GemmAllReduceOp, Mxfp8GemmOp, Mxfp8GemvOp, supports
 from gemmar_aot.runtime.operands import MXFP8_BLOCK
 

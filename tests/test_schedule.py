@@ -10,8 +10,8 @@ import pytest
 
 from gemmar_aot.compiler.scheduler import CostModel, LocalExecutor, Task, cost_class
 from gemmar_aot.compiler.worker import CompileResult
-from gemmar_aot.build.manifest import load_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import load_manifest
+from gemmar_aot.builder.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"

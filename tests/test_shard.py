@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gemmar_aot.compiler.scheduler import expected_cost
-from gemmar_aot.build.manifest import load_manifest
-from gemmar_aot.build.plan import make_plan
-from gemmar_aot.build.shard import ShardError, parse_shard, partition, select
+from gemmar_aot.builder.manifest import load_manifest
+from gemmar_aot.builder.plan import make_plan
+from gemmar_aot.builder.shard import ShardError, parse_shard, partition, select
 from gemmar_aot_kernels import recipe_module
 
 ROOT = Path(__file__).resolve().parent.parent

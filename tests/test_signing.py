@@ -34,8 +34,8 @@ from gemmar_aot.cli import main
 from gemmar_aot.runtime import ArtifactSignatureError, GemmAllReduceOp, load_artifacts
 from gemmar_aot.trust.envelope import PAYLOAD_TYPE, sign_lock_file
 from gemmar_aot.model.bundle import LockBundle
-from gemmar_aot.trust.keys import SIGN_KEY_ENV, SignatureError, TRUSTED_KEYS_ENV, generate_key, load_signing_key
-from gemmar_aot.trust.verify import load_trust
+from gemmar_aot.trust.signing_keys import SIGN_KEY_ENV, SignatureError, TRUSTED_KEYS_ENV, generate_key, load_signing_key
+from gemmar_aot.trust.trust_set import load_trust
 from gemmar_aot.store import Store
 from gemmar_aot.store.record_index import build_index_from_store, write_index
 
@@ -295,7 +295,7 @@ def test_a_lock_given_as_data_or_preloaded_cannot_pass_for_authenticated(signed_
 
 def test_signing_keys_come_from_the_option_or_the_environment_and_never_leak(keys, tmp_path, monkeypatch):
     pem = keys["ci"]["key"].read_text()
-    from gemmar_aot.trust.keys import signing_keys
+    from gemmar_aot.trust.signing_keys import signing_keys
 
     monkeypatch.setenv(SIGN_KEY_ENV, pem)  # the key itself, as a CI secret
     (k,) = signing_keys()
@@ -400,7 +400,7 @@ def test_a_signed_wheel_carries_its_envelope_inspect_shows_the_signer_and_the_po
 
     from gemmar_aot.trust.envelope import lock_statement, sign_statement
     from gemmar_aot.package.inspect import inspect_wheel
-    from gemmar_aot.package.layout import ENVELOPE_ARCNAME
+    from gemmar_aot.package.wheel_layout import ENVELOPE_ARCNAME
     from gemmar_aot.package.wheel import wheel_from_lock
 
     root = tmp_path / "store"

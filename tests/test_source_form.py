@@ -201,8 +201,8 @@ def test_a_hipcc_compile_imports_only_its_own_compile_code(tmp_path):
     """mori's hipcc kernels compile without a FlyDSL worker: in their own process, what of ours is
     imported is the recipe's compile code (keys.RECIPE_CODE["hipcc"]) or a package's docstring, and
     only the recipe's code runs -- nothing of COMPILE_CODE, whose changes must not move their keys."""
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.toolchain import load_toolchain
 
     spec = next(s for s in make_plan(load_manifest(ROOT / "manifests" / "smoke.toml")).specs if s.recipe == "hipcc")
@@ -224,8 +224,8 @@ def test_a_compile_worker_imports_only_the_compile_code_its_recipe_lists():
     code object exists is in COMPILE_CODE or the recipe's RECIPE_CODE -- else a change to it
     could change bytes without moving a key -- or in IMPORTED_ONLY, and then none of its
     functions ran."""
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
 
     one = {}
     for m in ("smoke.toml", "dsv4-pro-ep.toml"):

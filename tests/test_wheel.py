@@ -45,7 +45,7 @@ from gemmar_aot.store import CorruptArtifactError, Store
 from gemmar_aot.store.pack import PackBackend
 from gemmar_aot.package.archive import zip_date_time
 from gemmar_aot.package.inspect import inspect_wheel
-from gemmar_aot.package.layout import WheelError, check_version, default_version, names, requires_dist
+from gemmar_aot.package.wheel_layout import WheelError, check_version, default_version, names, requires_dist
 from gemmar_aot.package.wheel import wheel_from_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -565,14 +565,14 @@ def test_a_wheel_per_toolchain_profile(tmp_path, tiny_manifest, monkeypatch):
 
 
 def test_failed_build_writes_no_wheel(tmp_path, monkeypatch):
-    import gemmar_aot.build.pipeline
+    import gemmar_aot.builder.pipeline
 
     summary = {"manifest": "smoke", "store": str(tmp_path), "lock_file": None, "jobs": 1, "kernel_instances": 1,
                "distinct_specs": 1, "hits": 0, "misses": 1, "compiled": 0, "failed": 1, "wall_seconds": 1.0,
                "by_kind": {}, "failures": [{"spec_id": "ab" * 32, "key": "cd" * 32, "label": "gemm r0",
                                             "error": "boom"}]}
-    monkeypatch.setattr(gemmar_aot.build.pipeline, "build",
-                        lambda *a, **kw: gemmar_aot.build.pipeline.Built(summary, None, None, None, None, {}))
+    monkeypatch.setattr(gemmar_aot.builder.pipeline, "build",
+                        lambda *a, **kw: gemmar_aot.builder.pipeline.Built(summary, None, None, None, None, {}))
     res = _run("wheel", SMOKE, "--store", tmp_path / "s", "--out", tmp_path / "dist")
     assert res.exit_code == 1 and "FAILED gemm r0" in res.output and "no wheel was written" in res.output
     assert not (tmp_path / "dist").exists()
@@ -961,7 +961,7 @@ def test_an_installed_wheel_without_its_record_index_is_refused_never_served_unc
     be found. Removed, and the lock edited where only the record check looks (two pointer
     arguments of rank 0's first GEMM swapped: same kinds and sizes, the code object's note
     agrees): the op is refused, naming the record the lock names and the fix."""
-    from gemmar_aot.model.codec import encode_lock_doc
+    from gemmar_aot.model.lock_codec import encode_lock_doc
     from lock_docs import decode_lock_doc
     from gemmar_aot.model.lock import Lock, compress_lock
 

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KEYS_SCRIPT = """
 import json, sys
 from gemmar_aot.compiler.keys import action_key, ingredients
-from gemmar_aot.build.manifest import load_manifest
-from gemmar_aot.build.plan import make_plan
+from gemmar_aot.builder.manifest import load_manifest
+from gemmar_aot.builder.plan import make_plan
 from gemmar_aot.toolchain import load_toolchain
 import gemmar_aot, gemmar_aot_kernels
 fp = load_toolchain().fingerprint

@@ -3,14 +3,14 @@
 One module per command group, each a list of plain click commands (``COMMANDS``) that this
 package registers on :data:`main`; no command module imports this package back:
 
-- :mod:`.build`: ``doctor``, ``plan``, ``build``;
-- :mod:`.store`: ``ls``, ``show``, ``cat``, ``stats``, ``verify``, ``gc``, ``export``,
+- :mod:`.build_commands`: ``doctor``, ``plan``, ``build``;
+- :mod:`.store_commands`: ``ls``, ``show``, ``cat``, ``stats``, ``verify``, ``gc``, ``export``,
   ``import``, ``explain``;
-- :mod:`.runtime`: ``coverage``;
-- :mod:`.wheel`: ``wheel``, ``inspect``;
-- :mod:`.trust`: ``keygen``, ``sign``, ``audit``;
-- :mod:`.profiles`: ``profile-move``;
-- :mod:`.mori_patch`: ``mori-patch install``, ``mori-patch remove``.
+- :mod:`.runtime_commands`: ``coverage``;
+- :mod:`.wheel_commands`: ``wheel``, ``inspect``;
+- :mod:`.trust_commands`: ``keygen``, ``sign``, ``audit``;
+- :mod:`.profile_commands`: ``profile-move``;
+- :mod:`.mori_patch_commands`: ``mori-patch install``, ``mori-patch remove``.
 
 Each command imports what it runs lazily, so ``gemmar-aot --help`` stays fast.
 """
@@ -23,7 +23,8 @@ import click
 
 from gemmar_aot.util.errors import GemmarError
 
-from . import build, mori_patch, profiles, runtime, store, trust, wheel
+from . import (build_commands, mori_patch_commands, profile_commands, runtime_commands, store_commands,
+               trust_commands, wheel_commands)
 
 __all__ = ["main"]
 
@@ -45,6 +46,7 @@ def main() -> None:
     """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
 
 
-for _module in (build, store, runtime, wheel, trust, profiles, mori_patch):
+for _module in (build_commands, store_commands, runtime_commands, wheel_commands, trust_commands, profile_commands,
+                mori_patch_commands):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -137,7 +137,7 @@ def rederive(store, key: str, rec: Mapping[str, Any], *, writer=None) -> dict | 
     when it cannot be (no launcher: the kernel must be compiled again). Raises DeriveError when
     the stored blobs do not derive (never stored)."""
     from gemmar_aot.store.backend import record_blob, record_launcher
-    from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
+    from gemmar_aot.store.store_errors import BlobNotFoundError, CorruptArtifactError
 
     whole = whole_object_arch(rec) is not None
     if "launcher" not in rec and not whole:

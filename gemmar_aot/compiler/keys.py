@@ -104,7 +104,7 @@ MODULES = ModuleNames({
     "spec": "gemmar_aot.model.spec",
     "store": "gemmar_aot.store",
     "store.backend": "gemmar_aot.store.backend",
-    "store.errors": "gemmar_aot.store.errors",
+    "store.errors": "gemmar_aot.store.store_errors",
     "toolchain": "gemmar_aot.toolchain",
     "toolchain.diagnose": "gemmar_aot.toolchain.diagnose",
     "toolchain.fingerprint": "gemmar_aot.toolchain.fingerprint",

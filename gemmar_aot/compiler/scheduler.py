@@ -400,7 +400,7 @@ def compile_all(
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
 
     Tasks of a recipe no FlyDSL worker compiles (``keys.OWN_COMPILE``: mori's hipcc kernels) run
-    first, a clang process each (:class:`~gemmar_aot.compiler.hipcc.HipccExecutor`, as many at a
+    first, a clang process each (:class:`~gemmar_aot.compiler.hipcc_executor.HipccExecutor`, as many at a
     time as the executor has workers, with ``toolchain``: the build's, else the one of
     ``toolchain_root`` and ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``); the rest on ``executor``.
 
@@ -418,7 +418,7 @@ def compile_all(
     whole = [t for t in tasks if t.spec.recipe in OWN_COMPILE]
     results: list[tuple[KernelSpec, CompileResult]] = []
     if whole:
-        from gemmar_aot.compiler.hipcc import HipccExecutor
+        from gemmar_aot.compiler.hipcc_executor import HipccExecutor
 
         if toolchain is None:
             from gemmar_aot.toolchain import load_toolchain

@@ -43,7 +43,7 @@ the same bytes in one zstd frame (``lock.json.zst``, :func:`compress_lock`);
 
 
 Modules, each one job, none importing the store, the build, the compiler or the package
-(``tests/test_imports.py``): :mod:`.layout`, :mod:`.types`, :mod:`.schema`, :mod:`.codec`,
+(``tests/test_imports.py``): :mod:`.layout`, :mod:`.types`, :mod:`.schema`, :mod:`.lock_codec`,
 :mod:`.validate`, :mod:`.lock`. The record digest a lock names each record by is the
 store's (:mod:`gemmar_aot.store.record`).
 """

@@ -92,7 +92,7 @@ class LockBundle:
         with the bytes the lock is then parsed from, before they are parsed; without one, (lock,
         None). Raises the lock reader's errors (``LockFileError``), what ``verify`` raises, and
         OSError for an envelope that is there but cannot be read."""
-        from gemmar_aot.model.codec import plain_lock_bytes
+        from gemmar_aot.model.lock_codec import plain_lock_bytes
         from gemmar_aot.model.lock import Lock, read_lock
 
         if verify is None:

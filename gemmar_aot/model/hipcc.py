@@ -5,7 +5,7 @@ mori (1.2.4 and its nightly) compiles one ``.hip`` source of ``mori/_jit-sources
 object with ``hipcc --genco`` the first time a family is used (``mori.jit.core.compile_genco``),
 keyed by arch and NIC. The build makes those code objects ahead of time
 (``gemmar_aot_kernels.hipcc``); a pod hands them to mori where it asks for them
-(``gemmar_aot.runtime.hipcc``). Both sides read the tables here; neither imports mori for them.
+(``gemmar_aot.runtime.hipcc_server``). Both sides read the tables here; neither imports mori for them.
 
 Standard library only.
 """

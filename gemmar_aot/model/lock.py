@@ -13,7 +13,7 @@ from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.model.types import Digest, LaunchEntry, LockEp, LockTuple, ManifestRef, ToolchainInfo
 from gemmar_aot.model.schema import LOCK_SCHEMA, READ_SCHEMAS, LockFileError, LockSchemaError, _REBUILD, top_keys
-from gemmar_aot.model.codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
+from gemmar_aot.model.lock_codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
 from gemmar_aot.model.validate import DocReader, show_value, type_name
 
 if TYPE_CHECKING:  # a pod whose lock has no hipcc item never imports it

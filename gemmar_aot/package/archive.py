@@ -16,7 +16,7 @@ import time
 import zipfile
 from collections.abc import Mapping
 
-from .layout import WheelError
+from .wheel_layout import WheelError
 
 #: 1980-01-01 00:00:00, the earliest time a zip entry can hold.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -5,7 +5,7 @@ whether every byte is the one it was built with.
 the package and its BUILD_INFO.json, the lock and the manifest text against what BUILD_INFO.json
 records, every blob the lock names against the pack (:class:`PackTally`), the record index
 against the lock, and the signature. A wheel that is no artifact wheel at all is a
-:class:`~gemmar_aot.package.layout.WheelError`; anything else that does not match is a finding in
+:class:`~gemmar_aot.package.wheel_layout.WheelError`; anything else that does not match is a finding in
 the report's ``problems``.
 """
 
@@ -24,13 +24,13 @@ from typing import Any
 from gemmar_aot.util.errors import GemmarError
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.schema import LockSchemaError
-from gemmar_aot.store.errors import BlobNotFoundError, StoreError
+from gemmar_aot.store.store_errors import BlobNotFoundError, StoreError
 from gemmar_aot.store.pack import PREFIX_HEX, PackBackend
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
 from gemmar_aot.model.bundle import LockBundle
 
 from .archive import parse_record, record_hash
-from .layout import (ENVELOPE_ARCNAME, OLD_LOCK_ARCNAME, PACK_ARCPATH, READ_WHEEL_FORMATS, WheelError,
+from .wheel_layout import (ENVELOPE_ARCNAME, OLD_LOCK_ARCNAME, PACK_ARCPATH, READ_WHEEL_FORMATS, WheelError,
                            build_info_digest, coverage, lock_sizes)
 from gemmar_aot.util.filedigest import sha256_hex
 
@@ -39,7 +39,7 @@ def inspect_wheel(path: str | os.PathLike, trusted_keys: Any = None) -> dict:
     """What an artifact wheel holds, and whether it is intact.
 
     ``signature``: who signed the lock and the provenance they signed (None: unsigned); with
-    ``trusted_keys`` (:func:`gemmar_aot.trust.verify.load_trust`) also whether it verifies against them,
+    ``trusted_keys`` (:func:`gemmar_aot.trust.trust_set.load_trust`) also whether it verifies against them,
     ``verified``, a failure being a problem like any other.
 
     Checks every file against RECORD (sha256 and size; files missing from either side),
@@ -157,7 +157,7 @@ def _read_lock(contents: Mapping[str, bytes], pkg: str, info: Mapping[str, Any],
     if lock_file is None:
         problems.append(f"{lock_name} is missing")
         return lock_name, None, None
-    from gemmar_aot.model.codec import plain_lock_bytes
+    from gemmar_aot.model.lock_codec import plain_lock_bytes
 
     lock = other_schema = None
     try:
@@ -261,8 +261,8 @@ def _signature(contents: Mapping[str, bytes], pkg: str, lock_read: bool, lock_na
     """The wheel's envelope, read (and verified against ``trusted_keys`` when given) over the lock's
     bytes when they could be read (``lock_read``: a lock of another schema too); a finding goes to
     ``problems``."""
-    from gemmar_aot.model.codec import plain_lock_bytes
-    from gemmar_aot.trust.verify import describe_signature, trust_from
+    from gemmar_aot.model.lock_codec import plain_lock_bytes
+    from gemmar_aot.trust.trust_set import describe_signature, trust_from
 
     if not lock_read:
         return None

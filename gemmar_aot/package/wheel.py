@@ -1,9 +1,9 @@
 """Writing an artifact wheel: one manifest's kernels as a pip-installable, reproducible wheel.
 
-``gemmar-aot wheel MANIFEST --out DIR`` builds the manifest (:func:`gemmar_aot.build.pipeline.run_build`,
+``gemmar-aot wheel MANIFEST --out DIR`` builds the manifest (:func:`gemmar_aot.builder.pipeline.run_build`,
 which compiles only what the store misses) and writes ONE wheel holding its lock file and
 exactly the code objects the lock names, as a store directory inside an import package
-(:mod:`.layout` says what is where). Serving pods ``pip install`` it; the runtime finds it
+(:mod:`.wheel_layout` says what is where). Serving pods ``pip install`` it; the runtime finds it
 through the entry-point group ``gemmar_aot.artifacts`` (see :mod:`gemmar_aot.runtime.artifacts`),
 no path or env var needed.
 
@@ -46,7 +46,7 @@ from gemmar_aot.store.record_index import RecordIndexError, RecordMissingError, 
 from gemmar_aot.toolchain.profiles import DEFAULT_PROFILE
 
 from .archive import record_file, zip_bytes
-from .layout import (ENVELOPE_ARCNAME, INDEX_ARCNAME, LOCK_ARCNAME, PACK_ARCPATH, TAG, WHEEL_FORMAT, WheelError,
+from .wheel_layout import (ENVELOPE_ARCNAME, INDEX_ARCNAME, LOCK_ARCNAME, PACK_ARCPATH, TAG, WHEEL_FORMAT, WheelError,
                      check_version, coverage, default_version, lock_sizes, names, requires_dist, wheel_filename)
 from gemmar_aot.util.filedigest import sha256_hex
 
@@ -82,7 +82,7 @@ def wheel_from_lock(lock: Lock | Mapping[str, Any] | str | os.PathLike, store_ro
 
 
 def wheel_from_build(built: Any, out_dir: str | os.PathLike, *, version: str | None = None) -> dict:
-    """Write the wheel of a build that just ran (``gemmar_aot.build.pipeline.Built``), from what it
+    """Write the wheel of a build that just ran (``gemmar_aot.builder.pipeline.Built``), from what it
     holds in memory: the manifest it read, its lock (serialised once), the record index it wrote
     beside the lock, the code objects it verified for the lock's blob index. Nothing is read again.
     The same lock gives the same bytes as :func:`wheel_from_lock`."""
@@ -190,7 +190,7 @@ def _manifest_description(text: bytes) -> str:
 
 @dataclass(frozen=True)
 class WheelName:
-    """The wheel's distribution name, import package and version (:mod:`.layout`)."""
+    """The wheel's distribution name, import package and version (:mod:`.wheel_layout`)."""
 
     dist: str
     pkg: str
@@ -443,8 +443,8 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
 
     Raises :class:`WheelBuildFailed` (carrying the build summary) when a kernel fails to compile.
     """
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.pipeline import build
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.pipeline import build
 
     built = build(load_manifest(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                   progress=progress, toolchain_root=toolchain_root, remote=remote,

@@ -14,11 +14,11 @@ compiling it.
 
 Import rule: this package imports neither FlyDSL, MLIR, mori's kernel builders
 (``mori.ops``), nor gemmar-aot's build side (``gemmar_aot.compiler``,
-``.toolchain``, ``.keys``, ``.build``, ``gemmar_aot_kernels``). torch is imported
+``.toolchain``, ``.builder``, ``gemmar_aot_kernels``). torch is imported
 lazily, when an op is built or called; ``mori.cco`` only for a mori communicator.
 """
 
-from .errors import (
+from .artifact_errors import (
     ArtifactConflictError,
     ArtifactError,
     ArtifactMismatchError,
@@ -69,7 +69,7 @@ _LAZY = {
     "Driver": ".driver", "KernArgs": ".driver", "arch_base": ".driver",
     "HipDriver": ".hip", "Mxfp8GemmOp": ".gemm", "Mxfp8GemvOp": ".gemm", "GemmAllReduceOp": ".op",
     "padded_m": ".support", "supports": ".support", "window_bytes_for": ".window",
-    "EpDispatchCombineOp": ".ep", "EpDispatchCombineConfig": ".ep_config", "EpDispatchRoutingHandle": ".ep_config",
+    "EpDispatchCombineOp": ".ep_op", "EpDispatchCombineConfig": ".ep_config", "EpDispatchRoutingHandle": ".ep_config",
 }
 
 

@@ -20,7 +20,7 @@ Where the runtime looks, first match wins:
 **Authenticity.** With trusted public keys (``trusted_keys=`` or ``$GEMMAR_AOT_TRUSTED_KEYS``;
 :mod:`gemmar_aot.trust`) every lock must carry a signature envelope beside it
 (``locks/M.intoto.jsonl``, a wheel's ``lock.intoto.jsonl``) by a trusted, unrevoked key, over
-exactly its bytes and not expired; else :class:`~.errors.ArtifactSignatureError`, before anything
+exactly its bytes and not expired; else :class:`~.artifact_errors.ArtifactSignatureError`, before anything
 of the lock is parsed. The lock names every record, code object and part by digest, and each is
 checked against it, so the signature covers everything served. Without trusted keys locks load as
 before, and the runtime says once, at INFO, that nothing was authenticated.
@@ -55,13 +55,13 @@ from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, RankLaunches,
 from gemmar_aot.store.record_index import RecordIndex, RecordIndexError
 from gemmar_aot.store.blob_index import BlobIndex, BlobIndexError
 
-from .errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
+from .artifact_errors import (ArtifactConflictError, ArtifactError, ArtifactMismatchError, ArtifactNotFoundError,
                      ArtifactSignatureError)
 from .provenance import MoriIdentity, select_profile
 
 if TYPE_CHECKING:  # a pod imports the store's code and the trust package only when it uses them
     from gemmar_aot.store import Store
-    from gemmar_aot.trust.verify import TrustSet, Verified
+    from gemmar_aot.trust.trust_set import TrustSet, Verified
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "Artifacts", "EpRankEntry", "LockInfo", "RankEntry", "Source",
            "TupleKey", "load_artifacts"]
@@ -141,7 +141,7 @@ class RankEntry:
 @dataclass
 class EpRankEntry:
     """The kernels of one rank of one built ``[[ep]]`` entry (mori's EP dispatch/combine v2): what
-    :class:`~gemmar_aot.runtime.ep.EpDispatchCombineOp` loads and launches."""
+    :class:`~gemmar_aot.runtime.ep_op.EpDispatchCombineOp` loads and launches."""
 
     rank: int
     ep: LockEp
@@ -406,7 +406,7 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
 
 def _vouched(trust: TrustSet, src: Source, envelope: bytes | None, plain: bytes):
     """Who vouches for the lock's ``plain`` bytes by ``envelope``, among the trusted keys."""
-    from gemmar_aot.trust.keys import SignatureError
+    from gemmar_aot.trust.signing_keys import SignatureError
 
     try:
         return trust.verify(envelope, plain, str(src), str(LockBundle(src.lock_path).envelope))
@@ -461,7 +461,7 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
                     f"dict, an Artifacts object or a list of these; got {type(spec).__name__}")
 
 
-#: The pod's trusted public keys (``gemmar_aot.trust.keys.TRUSTED_KEYS_ENV``), read here so that a
+#: The pod's trusted public keys (``gemmar_aot.trust.signing_keys.TRUSTED_KEYS_ENV``), read here so that a
 #: pod that sets none never imports the trust package.
 TRUSTED_KEYS_ENV = "GEMMAR_AOT_TRUSTED_KEYS"
 
@@ -471,8 +471,8 @@ def _trust(trusted_keys: Any) -> TrustSet | None:
     names any; raises ArtifactSignatureError on keys that cannot be used."""
     if trusted_keys is None and not os.environ.get(TRUSTED_KEYS_ENV, "").strip():
         return None
-    from gemmar_aot.trust.keys import SignatureError
-    from gemmar_aot.trust.verify import trust_from
+    from gemmar_aot.trust.signing_keys import SignatureError
+    from gemmar_aot.trust.trust_set import trust_from
 
     try:
         return trust_from(trusted_keys)
@@ -521,7 +521,7 @@ def load_artifacts(artifacts: Any = None, *, trusted_keys: Any = None) -> Artifa
     """The merged artifacts: ``artifacts`` if given, else ``$GEMMAR_AOT_ARTIFACTS``, else packages.
 
     ``trusted_keys`` (else ``$GEMMAR_AOT_TRUSTED_KEYS``): the public keys every lock must be signed
-    by (:func:`gemmar_aot.trust.verify.load_trust`); none: locks are not authenticated.
+    by (:func:`gemmar_aot.trust.trust_set.load_trust`); none: locks are not authenticated.
 
     Raises ArtifactNotFoundError when none of the three yields a lock file,
     ArtifactConflictError when two sources disagree about one (tuple, M, rank), and

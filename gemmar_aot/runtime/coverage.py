@@ -18,7 +18,7 @@ from gemmar_aot.model import rules
 from gemmar_aot.model.types import FUSED_SDMA, TupleKey
 
 from .artifacts import Artifacts, load_artifacts
-from .errors import ArtifactError
+from .artifact_errors import ArtifactError
 from gemmar_aot.model.manifest_lines import manifest_snippet
 
 

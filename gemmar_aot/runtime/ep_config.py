@@ -1,6 +1,6 @@
 """mori's EP configuration and routing handle, as the served op reads and returns them.
 
-A pod constructs :class:`~gemmar_aot.runtime.ep.EpDispatchCombineOp` with the same config
+A pod constructs :class:`~gemmar_aot.runtime.ep_op.EpDispatchCombineOp` with the same config
 object it would hand mori's op: mori's own ``EpDispatchCombineConfig`` (duck-typed: this
 module never imports ``mori.ops``) or, in a pod without mori's Python package, the mirror
 here with the same field names. :func:`read_config` turns either into what the artifacts are

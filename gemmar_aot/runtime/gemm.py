@@ -9,7 +9,7 @@ GPU the operands live on; default: torch's current one).
 * **Mxfp8GemmOp** owns two kernels per (N, K): the wide tile (BLOCK_N 256) and
   the narrow one (BLOCK_N 128) that a small grid switches to. M is a runtime
   argument (any multiple of 64), so the op serves every M whose tile was built;
-  an M whose tile is missing raises :class:`~.errors.ArtifactMissingError` with
+  an M whose tile is missing raises :class:`~.artifact_errors.ArtifactMissingError` with
   the manifest lines that build it.
 * **Mxfp8GemvOp** owns one kernel per M bucket (1, 2, 4, 8, 16, 32): M up to 32
   is a runtime argument within its bucket. A bucket that was not built is a miss.
@@ -40,13 +40,13 @@ from gemmar_aot.model.launch import LaunchRecord
 from . import misses
 from .artifacts import load_artifacts
 from .driver import Driver
-from .errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
+from .artifact_errors import ArtifactConflictError, ArtifactMismatchError, ArtifactMissingError
 from .launches import Launch, prepare_launch
 from .loading import Kernels, LoadedOp
 from gemmar_aot.model.manifest_lines import manifest_snippet
 from .memory import resolve_device
 from .operands import FNUZ_REASON, check_operands
-from .verify import EntryPosition
+from .kernel_checks import EntryPosition
 
 log = logging.getLogger("gemmar_aot.runtime")
 

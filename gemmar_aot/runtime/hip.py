@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .driver import KernArgs
-from .errors import HipError
+from .artifact_errors import HipError
 
 #: ``extra`` markers of hipModuleLaunchKernel (hip_runtime_api.h).
 HIP_LAUNCH_PARAM_BUFFER_POINTER = 0x01

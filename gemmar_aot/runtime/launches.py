@@ -30,9 +30,9 @@ from gemmar_aot.model.codeobject import KernelMetadata
 from gemmar_aot.model.launch import LaunchRecord, LaunchRecordError
 
 from .driver import KernArgs
-from .errors import ArtifactMismatchError
+from .artifact_errors import ArtifactMismatchError
 from .record_binding import record_key
-from .verify import block_mismatch, explicit_args
+from .kernel_checks import block_mismatch, explicit_args
 
 #: struct codes per host-parameter type: pointers unsigned, lengths and i32 signed.
 _CODES = {"ptr": "Q", "len32": "i", "i32": "i", "i64": "q"}

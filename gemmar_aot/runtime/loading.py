@@ -9,7 +9,7 @@ order, cheapest checks first and nothing acquired until every kernel is verified
 2. :func:`check_device` -- the driver (the HIP runtime's unless given) says the device is the
    arch every lock was built for.
 3. :func:`verify_kernels` -- every lock entry, record, blob and code object
-   (:func:`.verify.verify_entries`). A bad artifact is refused here.
+   (:func:`.kernel_checks.verify_entries`). A bad artifact is refused here.
 4. On the device: the communicator's profile counted, then :meth:`Kernels.load` -- each code
    object loaded once (``hipModuleLoadData``) and its kernel looked up -- then the op's own
    ``acquire``. Every module loaded is in :attr:`Kernels.modules` the moment it is loaded, so a
@@ -17,8 +17,8 @@ order, cheapest checks first and nothing acquired until every kernel is verified
    :meth:`LoadedOp._release_loaded`), and the first error is the one raised.
 
 mori's hipcc-JIT kernels take steps 1 and 3 the same way (:func:`check_built`,
-:func:`.verify.verify_whole_object`); the arch is the device's by construction (the variant is
-chosen by it), and mori itself loads them from the file they are written to (:mod:`.hipcc`).
+:func:`.kernel_checks.verify_whole_object`); the arch is the device's by construction (the variant is
+chosen by it), and mori itself loads them from the file they are written to (:mod:`.hipcc_server`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any, Callable, Sequence
 from gemmar_aot.model.codeobject import KernelMetadata
 
 from .driver import Driver, arch_base, unload_modules
-from .errors import ArtifactMismatchError
+from .artifact_errors import ArtifactMismatchError
 from .provenance import COMMUNICATORS, MoriIdentity, check_installed_mori, one_profile
-from .verify import EntryPosition, EpPosition, verify_entries
+from .kernel_checks import EntryPosition, EpPosition, verify_entries
 
 
 log = logging.getLogger("gemmar_aot.runtime")
@@ -95,7 +95,7 @@ def verify_kernels(artifacts: Any, entries: Sequence[Any], *, launches: Callable
                    position: Callable[[Any, Any], EntryPosition | EpPosition],
                    sequences: Callable[[Sequence[Any]], None] | None = None) -> Kernels:
     """Step 3 for ``entries``: every launch entry ``le`` of ``launches(e)`` checked at ``position(e, le)``
-    after ``sequences(entries)`` (:func:`.verify.verify_entries`). Acquires nothing; raises
+    after ``sequences(entries)`` (:func:`.kernel_checks.verify_entries`). Acquires nothing; raises
     ArtifactMismatchError (or the store's errors) on the first problem."""
     extra = {} if sequences is None else {"sequences": sequences}
     return Kernels(verify_entries(artifacts, entries, launches=launches, position=position, **extra))

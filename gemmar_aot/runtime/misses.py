@@ -10,7 +10,7 @@ built for -- is appended once per process to PATH as one JSON line::
      "count": 1, "rank": 0, "profile": "default", "locks": ["<sha256 of each lock file>"],
      "time": "2026-12-03T16:00:00Z", "host": "...", "pid": 1234}
 
-An :class:`~gemmar_aot.runtime.ep.EpDispatchCombineOp` writes ``"ep": {world, hidden, max_tokens,
+An :class:`~gemmar_aot.runtime.ep_op.EpDispatchCombineOp` writes ``"ep": {world, hidden, max_tokens,
 experts, topk, dispatch_dtype, combine_dtype, quant_type, combine_mode, scale_dim, scale_type_size,
 max_total_recv_tokens, std_moe}`` (the ``[[ep]]`` fields) and ``"tuple": null``; its ``m`` is the
 token count of a dispatch above the capacity (None: no entry for the config at all).

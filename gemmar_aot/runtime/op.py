@@ -37,7 +37,7 @@ What differs from mori on purpose:
 
 * **Nothing compiles.** Every M the op serves is loaded, verified and resolved at
   construction. A call at an M the artifacts lack raises
-  :class:`~.errors.ArtifactMissingError` naming the M, the nearest built M values
+  :class:`~.artifact_errors.ArtifactMissingError` naming the M, the nearest built M values
   and the manifest lines that would add it.
 * **Counter slots are deterministic** (``rules.counter_slot``: band count - 1),
   as compiled into the kernels, not first-seen; so any call order works and every
@@ -64,7 +64,7 @@ from gemmar_aot.model.types import LaunchEntry
 from . import misses, self_test as tests
 from .artifacts import Artifacts, RankEntry, TupleKey, load_artifacts
 from .driver import Driver
-from .errors import ArtifactMismatchError, ArtifactMissingError
+from .artifact_errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
 from .loading import Kernels, LoadedOp
@@ -72,7 +72,7 @@ from gemmar_aot.model.manifest_lines import manifest_snippet, nearest
 from .memory import communicator_device, dev_comm_requirements, tensor_at
 from .operands import check_operands
 from .padding import PadBuffers
-from .verify import EntryPosition
+from .kernel_checks import EntryPosition
 from .support import TRANSPORT, checked_arguments, supports
 from .window import check_layouts, window_bytes_for
 

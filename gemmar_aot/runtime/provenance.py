@@ -7,7 +7,7 @@ Two rules, both checked when an op is constructed, before anything is acquired:
    host library creates. When ``mori`` is importable here, its distribution version
    and its device-ABI digest (:mod:`gemmar_aot.model.device_abi`, computed from its files,
    without importing it) must equal what the lock recorded at build time
-   (``toolchain.mori``). Otherwise :class:`~.errors.ArtifactMismatchError` names both
+   (``toolchain.mori``). Otherwise :class:`~.artifact_errors.ArtifactMismatchError` names both
    and the fix. No mori installed (a communicator from elsewhere, tests) skips the rule.
 2. **One profile per communicator.** Toolchain profiles differ in the SDMA doorbell
    protocol (mori nightly gives the top bit of a queue's committed write pointer a new
@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping
 
 from gemmar_aot.model.device_abi import DeviceAbiUnknown, device_abi_digest
 
-from .errors import ArtifactMismatchError, ArtifactNotFoundError
+from .artifact_errors import ArtifactMismatchError, ArtifactNotFoundError
 
 log = logging.getLogger("gemmar_aot.runtime")
 

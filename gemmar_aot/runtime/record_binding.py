@@ -2,7 +2,7 @@
 launches where the entry sits: :class:`RecordBinding`, reading each record once (from the lock's
 record index, else the store), and the identities it compares launch records by.
 
-:mod:`.verify` runs it for every op, between the launch-sequence check and the code objects.
+:mod:`.kernel_checks` runs it for every op, between the launch-sequence check and the code objects.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gemmar_aot.store.backend import RECORD_SCHEMA, BadRecord, check_record, rec
 from gemmar_aot.store.record import record_digest
 from gemmar_aot.store.record_index import RecordIndexError, parse_lines
 
-from .errors import ArtifactMismatchError
+from .artifact_errors import ArtifactMismatchError
 
 
 class RecordBinding:

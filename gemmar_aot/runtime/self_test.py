@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .errors import SelfTestError
+from .artifact_errors import SelfTestError
 from .launches import Launch
 
 

@@ -12,7 +12,7 @@ from gemmar_aot.model.types import FUSED_SDMA
 
 from . import misses
 from .artifacts import TupleKey, load_artifacts
-from .errors import ArtifactError
+from .artifact_errors import ArtifactError
 
 #: The mode a GemmAllReduceOp serves unless told otherwise (mori's own op).
 TRANSPORT = FUSED_SDMA

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from gemmar_aot.model.layout import window_layout
 from gemmar_aot.model import rules
 
-from .errors import ArtifactMismatchError
+from .artifact_errors import ArtifactMismatchError
 
 
 def window_bytes_for(world_size: int, *, m_max: int, n: int, block_m: int = 128, gather_dtype: str = "bf16",

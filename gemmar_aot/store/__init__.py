@@ -14,7 +14,7 @@ Layout under the store root::
     dictionary.json                   the zstd dictionary new blobs use (optional; itself a blob)
     record-dictionary.json            the zstd dictionary new records use (optional)
 
-Modules: ``backend`` (the seam: CacheBackend, Digest, the record envelope), ``codec`` (the
+Modules: ``backend`` (the seam: CacheBackend, Digest, the record envelope), ``blob_codec`` (the
 one decode-and-verify path), ``local`` (the directory backend), ``pack`` (a wheel's
 one-file blob pack), ``cas`` (Store: backends layered, claims), ``record`` (the record
 digest a lock names each record by), ``remote/`` (the remote cache's backend). Maintenance, on
@@ -35,8 +35,8 @@ _EXPORTS = {
     "CacheBackend": "backend", "Digest": "backend",
     "DEFAULT_LEVEL": "cas", "RECORD_SCHEMA": "cas", "STORE_FORMAT": "cas", "Claim": "cas", "Store": "cas",
     "read_store_format": "cas",
-    "BlobNotFoundError": "errors", "CorruptArtifactError": "errors", "LockFileError": "errors",
-    "StoreError": "errors", "StoreFormatError": "errors",
+    "BlobNotFoundError": "store_errors", "CorruptArtifactError": "store_errors", "LockFileError": "store_errors",
+    "StoreError": "store_errors", "StoreFormatError": "store_errors",
     "ENV_VAR": "root", "default_store_root": "root",
 }
 __all__ = sorted(_EXPORTS)

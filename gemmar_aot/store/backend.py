@@ -18,9 +18,9 @@ Subclass :class:`CacheBackend` and implement the five abstract methods; the batc
 expensive (HTTP: ``HEAD`` in parallel). The contract every backend keeps:
 
 1. ``get_blob`` returns only bytes that hash to the digest (check them with
-   :func:`gemmar_aot.store.codec.check_content`, or decode through
-   :class:`~gemmar_aot.store.codec.BlobCodec`); a bad blob raises
-   :class:`~gemmar_aot.store.errors.CorruptArtifactError`, an absent one returns None.
+   :func:`gemmar_aot.store.blob_codec.check_content`, or decode through
+   :class:`~gemmar_aot.store.blob_codec.BlobCodec`); a bad blob raises
+   :class:`~gemmar_aot.store.store_errors.CorruptArtifactError`, an absent one returns None.
 2. ``get_record`` returns only records that :func:`read_record` takes for that key, else
    None. It does not promise the blob exists: the caller (:class:`~gemmar_aot.store.Store`)
    treats a record whose blob is missing as a miss, never as an error.

@@ -40,7 +40,7 @@ from gemmar_aot.model.spec import canonical_json
 
 from .blobfmt import FrameError, checked_frame
 from ._fs import read_if_present
-from .errors import StoreError
+from .store_errors import StoreError
 from .record_index import lock_rank_groups
 from gemmar_aot.util.filedigest import sha256_hex
 

@@ -4,7 +4,7 @@
   compile; the record names the output blob by (digest, size) and carries the kernel's
   metadata, launch record and the ``ingredients`` that explain the key, all opaque here.
 - **Blobs**: sha256(raw bytes) -> bytes. Identical outputs are stored once. Every load
-  decodes and checks size and sha256 (:mod:`.codec`); bad bytes raise
+  decodes and checks size and sha256 (:mod:`.blob_codec`); bad bytes raise
   :class:`CorruptArtifactError`, are quarantined and never returned, and a record whose
   blob is missing is a miss, so the next build recompiles.
 
@@ -34,8 +34,8 @@ from typing import Any
 from gemmar_aot.util.canonical_json import canonical_json_bytes as canonical_json
 
 from .backend import RECORD_SCHEMA, RESERVED_FIELDS, CacheBackend, Digest, record_blob, record_launcher
-from .codec import BadBlob, SizeMismatch, check_content
-from .errors import BlobNotFoundError, CorruptArtifactError, StoreError
+from .blob_codec import BadBlob, SizeMismatch, check_content
+from .store_errors import BlobNotFoundError, CorruptArtifactError, StoreError
 from .local import (
     DEFAULT_LEVEL,
     FORMAT_FILE,

@@ -11,7 +11,7 @@ import zstandard
 
 from . import blobfmt
 from .cas import Store
-from .errors import StoreError
+from .store_errors import StoreError
 from .inventory import dictionary_digests, scan_blobs
 
 #: Fewer code objects than this: no dictionary (zstd's trainer needs samples, and the gain is small).

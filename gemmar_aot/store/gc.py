@@ -19,7 +19,7 @@ from gemmar_aot.util.filedigest import is_hex64
 from ._fs import iter_fanned, remove_stale_temps
 from .backend import BadRecord, record_blob, record_blobs
 from .cas import Store
-from .codec import BadBlob
+from .blob_codec import BadBlob
 from .inventory import record_dict_refs, scan_blobs
 from .local import CLAIM_SUFFIX, DICT_POINTERS
 

@@ -20,8 +20,8 @@ from . import blobfmt
 from ._fs import iter_stray
 from .backend import BadRecord, record_blob, record_launcher
 from .cas import Store
-from .codec import BadBlob
-from .errors import StoreError
+from .blob_codec import BadBlob
+from .store_errors import StoreError
 from .local import BLOB_SUFFIX, DICT_POINTERS, RECORD_SUFFIX
 
 
@@ -269,7 +269,7 @@ def _verify_records(store: Store, blobs: Mapping[str, BlobInfo],
 
 def _verified_blob(store: Store, d) -> bytes | None:
     """Blob ``d``'s verified bytes, or None when it is missing or damaged (reported on its own)."""
-    from .errors import BlobNotFoundError, CorruptArtifactError
+    from .store_errors import BlobNotFoundError, CorruptArtifactError
 
     try:
         return store.load_blob(d.hash, d.size)

@@ -16,7 +16,7 @@ Layout under the root (``STORE_FORMAT`` 4)::
     stats/last-build.json              the last build's numbers
 
 Every file is published atomically (``_fs.atomic_write_bytes``). Decoding goes through
-:class:`~gemmar_aot.store.codec.BlobCodec`, the one decode-and-verify path.
+:class:`~gemmar_aot.store.blob_codec.BlobCodec`, the one decode-and-verify path.
 
 Runtime-safe: standard library + ``zstandard``.
 """
@@ -41,8 +41,8 @@ from gemmar_aot.util.filedigest import is_hex64, sha256_hex
 
 from ._fs import check_hex64, fanout, iter_fanned
 from .backend import BadRecord, CacheBackend, Digest, check_record, read_record
-from .codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
-from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
+from .blob_codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
+from .store_errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
 from .local_dictionaries import DICT_POINTERS, RECORD_LEVEL, DictionaryFiles
 
 #: Version of the on-disk layout. Bump on any change an older reader would misread.

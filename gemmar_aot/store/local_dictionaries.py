@@ -17,8 +17,8 @@ from gemmar_aot.util.filedigest import is_hex64
 
 from . import blobfmt
 from .backend import BadRecord
-from .codec import BadBlob, DictionaryUnavailable
-from .errors import StoreError
+from .blob_codec import BadBlob, DictionaryUnavailable
+from .store_errors import StoreError
 
 #: zstd level for new records without a dictionary yet (cheap: a put is on the build's path).
 RECORD_LEVEL = 3

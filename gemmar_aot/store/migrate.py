@@ -17,8 +17,8 @@ from gemmar_aot.util.canonical_json import canonical_json_bytes
 from gemmar_aot.util.filedigest import is_hex64
 
 from .backend import BadRecord, read_record
-from .codec import BadBlob
-from .errors import StoreFormatError
+from .blob_codec import BadBlob
+from .store_errors import StoreFormatError
 
 
 def migrate(backend: Any, fmt: int, *, to: int, format_file: str, dictionary_pointers: Mapping[str, str]) -> None:

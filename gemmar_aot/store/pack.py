@@ -13,7 +13,7 @@ decodes the entry and checks the full sha256 (and size) the caller names, so a p
 names a blob no better than a hint, and two blobs sharing a prefix are simply both tried.
 A prefix may appear more than once (e.g. a dictionary stored twice, as a spare), and a
 reader takes the first copy that verifies, so one flipped byte in a doubled entry costs
-nothing. The artifact wheel stores each blob once (see :func:`gemmar_aot.package.wheel.pack_blobs`). Decoding goes through :class:`~gemmar_aot.store.codec.BlobCodec`, exactly as in
+nothing. The artifact wheel stores each blob once (see :func:`gemmar_aot.package.wheel.pack_blobs`). Decoding goes through :class:`~gemmar_aot.store.blob_codec.BlobCodec`, exactly as in
 a store directory. Deterministic: the same blobs give the same bytes.
 
 A store root holding :data:`PACK_FILE` opens (read-only) as a :class:`PackBackend`.
@@ -31,8 +31,8 @@ from typing import Any
 
 from ._fs import check_hex64
 from .backend import CacheBackend, Digest
-from .codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
-from .errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
+from .blob_codec import BadBlob, BlobCodec, DictionaryUnavailable, SizeMismatch
+from .store_errors import BlobNotFoundError, CorruptArtifactError, StoreError, StoreFormatError
 
 PACK_FILE = "blobs.pack"
 MAGIC = b"GAPACK01"

@@ -1,6 +1,6 @@
 """Encoding blobs into a pack (:mod:`.pack`) with a dictionary trained on them: what an artifact
 wheel ships (``gemmar_aot.package``) and a manifest's closure in the remote cache
-(``gemmar_aot.build.closure``). Build side: it trains dictionaries (:mod:`.dictionaries`), which the pack
+(``gemmar_aot.builder.closure``). Build side: it trains dictionaries (:mod:`.dictionaries`), which the pack
 reader never needs."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def encode_blobs(raws: Mapping[str, bytes], level: int) -> tuple[dict[str, bytes
 
 def pack_closure(raws: Mapping[str, bytes], extra: Mapping[str, bytes], level: int = 19, *,
                  launchers: Mapping[str, bytes] | None = None) -> bytes:
-    """A closure's pack (``gemmar_aot.build.closure``): the code objects ``raws`` (digest -> raw) with a
+    """A closure's pack (``gemmar_aot.builder.closure``): the code objects ``raws`` (digest -> raw) with a
     dictionary trained on them, the ``launchers`` (digest -> raw) with one of their own (MLIR text
     shares little with ELF), and ``extra`` (digest -> raw: the lock, its record index) without
     one; each read back and checked before the pack is returned."""

@@ -63,7 +63,7 @@ from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.model.spec import canonical_json
 
 from ._fs import read_if_present
-from .errors import StoreError
+from .store_errors import StoreError
 from gemmar_aot.util.filedigest import sha256_hex
 
 INDEX_SCHEMA = 5

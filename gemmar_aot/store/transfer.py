@@ -16,8 +16,8 @@ from . import blobfmt
 from ._fs import iter_stray
 from .backend import BadRecord, record_blob, record_launcher
 from .cas import Store
-from .codec import BadBlob
-from .errors import CorruptArtifactError, StoreError, StoreFormatError
+from .blob_codec import BadBlob
+from .store_errors import CorruptArtifactError, StoreError, StoreFormatError
 from .inventory import dictionary_digests
 from .local import BLOB_SUFFIX, FORMAT_FILE, RECORD_SUFFIX
 

@@ -2,7 +2,7 @@
 
 The lock commits to every record, code object, launcher and rank part it serves by digest,
 and the runtime checks every one of those digests; so a signature over the lock's bytes is a
-signature over everything a pod runs. This package writes and checks that signature: :mod:`.keys` (who signs, who is trusted), :mod:`.envelope` (what is signed, DSSE + in-toto + SLSA) and :mod:`.verify` (the pod's check).
+signature over everything a pod runs. This package writes and checks that signature: :mod:`.signing_keys` (who signs, who is trusted), :mod:`.envelope` (what is signed, DSSE + in-toto + SLSA) and :mod:`.trust_set` (the pod's check).
 
 The format is standard, so tools other than ours can read it:
 

@@ -17,13 +17,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from gemmar_aot.model.codec import plain_lock_bytes
+from gemmar_aot.model.lock_codec import plain_lock_bytes
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.util.canonical_json import canonical_json_line
 
-from .keys import SIGN_KEY_ENV, SignatureError, Signer
+from .signing_keys import SIGN_KEY_ENV, SignatureError, Signer
 from gemmar_aot.util.filedigest import sha256_hex
 
 

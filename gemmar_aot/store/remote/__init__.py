@@ -1,6 +1,6 @@
 """The shared remote cache: a store backend over Bazel's HTTP remote-cache protocol.
 
-- ``backend``: :class:`~gemmar_aot.store.remote.backend.HttpBackend`, the remote cache as a
+- ``backend``: :class:`~gemmar_aot.store.remote.remote_backend.HttpBackend`, the remote cache as a
   :class:`~gemmar_aot.store.backend.CacheBackend` (``/ac/<key>`` and ``/cas/<sha256>``, what
   each holds, and the checks every read makes), and ``remote_url`` (``--remote`` or
   ``$GEMMAR_AOT_REMOTE``).

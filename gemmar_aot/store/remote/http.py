@@ -2,7 +2,7 @@
 
 Any server that speaks it can host the cache: bazel-remote, nginx with WebDAV ``PUT``,
 an object store behind a proxy. This module moves bytes and nothing else (what the
-bytes mean, and checking them, is :mod:`.backend`'s job):
+bytes mean, and checking them, is :mod:`.remote_backend`'s job):
 
 - **Connections** are kept alive and reused, one per thread (``http.client``; https
   with the system's CA store, or ``$GEMMAR_AOT_REMOTE_CA`` for a private CA).
@@ -38,7 +38,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from ..errors import StoreError
+from ..store_errors import StoreError
 
 ENV_URL = "GEMMAR_AOT_REMOTE"
 ENV_TOKEN = "GEMMAR_AOT_REMOTE_TOKEN"

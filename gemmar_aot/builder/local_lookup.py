@@ -16,7 +16,7 @@ from typing import Any, Callable
 from gemmar_aot.compiler.derive import DeriveError, is_current, rederive
 from gemmar_aot.compiler.derive_check import RecordCheck
 from gemmar_aot.store.backend import record_blob
-from gemmar_aot.store.errors import BlobNotFoundError, CorruptArtifactError
+from gemmar_aot.store.store_errors import BlobNotFoundError, CorruptArtifactError
 
 
 class LocalLookup:
@@ -52,7 +52,7 @@ class LocalLookup:
         if is_current(rec):
             return self._unless_contradicted(key, rec)
         if self._rewriter is None:
-            from gemmar_aot.build.remote_session import FETCH_LEVEL
+            from gemmar_aot.builder.remote_session import FETCH_LEVEL
             from gemmar_aot.store import Store
 
             # Written as the remote's entries are (remote_session.py): zstd level 3, no fsync. A

@@ -1,5 +1,5 @@
 """Trust commands: ``gemmar-aot keygen`` and ``sign`` (:mod:`gemmar_aot.trust`), ``audit``
-(:mod:`gemmar_aot.build.audit`), and the ``--sign-key`` options that ``build`` and ``wheel`` share."""
+(:mod:`gemmar_aot.builder.audit`), and the ``--sign-key`` options that ``build`` and ``wheel`` share."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def sign_options(fn):
 def resolve_signing(sign_keys: tuple[str, ...], sign_expires: str | None):
     """(signers, seconds to expiry): loaded before anything runs, so a bad key costs no compile."""
     from gemmar_aot.trust.envelope import parse_duration
-    from gemmar_aot.trust.keys import signing_keys
+    from gemmar_aot.trust.signing_keys import signing_keys
 
     signers = signing_keys(sign_keys)
     if sign_expires is not None and not signers:
@@ -63,7 +63,7 @@ def signature_lines(sig: dict | None) -> list[str]:
 def keygen(out: Path, name: str, algorithm: str, as_json: bool) -> None:
     """Make a signing key pair: NAME.key (private, mode 0600: put it in CI's secret store) and
     NAME.pub.pem (public: give it to the pods, in $GEMMAR_AOT_TRUSTED_KEYS)."""
-    from gemmar_aot.trust.keys import generate_key
+    from gemmar_aot.trust.signing_keys import generate_key
 
     priv, pub, keyid = generate_key(out, name, algorithm)
     if as_json:
@@ -84,7 +84,7 @@ def sign_cmd(lock: Path, sign_keys: tuple[str, ...], sign_expires: str | None, a
     from datetime import datetime, timedelta, timezone
 
     from gemmar_aot.trust.envelope import sign_lock_file
-    from gemmar_aot.trust.keys import SignatureError
+    from gemmar_aot.trust.signing_keys import SignatureError
 
     signers, expires_s = resolve_signing(sign_keys, sign_expires)
     if not signers:
@@ -116,7 +116,7 @@ def audit_cmd(lock: Path, n: int | None, all_: bool, seed: int | None, store: Pa
     """Recompile the kernels LOCK names (or a sample) in a scratch store and compare their bytes and
     records with the store's: a cache entry that is not what its key compiles to is reported as
     poisoned (key, both digests, where it came from) and quarantined. Exit code 1 on a finding."""
-    from gemmar_aot.build.audit import audit_lock
+    from gemmar_aot.builder.audit import audit_lock
 
     if n is not None and all_:
         raise click.UsageError("--sample N and --all exclude each other")
@@ -127,7 +127,7 @@ def audit_cmd(lock: Path, n: int | None, all_: bool, seed: int | None, store: Pa
         click.echo(f"audited {r['audited']} of {r['kernels']} kernels of {r['lock']} (sample seed {r['seed']}) "
                    f"in {r['seconds']:.1f}s")
         for f in r["findings"]:
-            from gemmar_aot.build.audit import Finding
+            from gemmar_aot.builder.audit import Finding
 
             click.echo(Finding(**f).describe())
         click.echo("every audited entry is what its key compiles to" if r["ok"] else

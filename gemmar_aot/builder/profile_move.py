@@ -40,8 +40,8 @@ def mori_file_changes(a_dir: Path, b_dir: Path) -> dict[str, list[str]]:
 
 def profile_move(manifest_path: Path, to: str, *, frm: str | None = None, store: Path | None = None,
                  toolchain_root: str | None = None) -> dict:
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan, plan_order
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan, plan_order
     from gemmar_aot.store import Store, default_store_root
     from gemmar_aot.toolchain import load_toolchain
 

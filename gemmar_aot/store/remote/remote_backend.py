@@ -41,8 +41,8 @@ from gemmar_aot.util.canonical_json import canonical_json_bytes
 
 from . import reapi
 from ..backend import BadRecord, CacheBackend, check_record, read_record, record_blob, record_launcher
-from ..codec import BadBlob, SizeMismatch, check_content
-from ..errors import CorruptArtifactError
+from ..blob_codec import BadBlob, SizeMismatch, check_content
+from ..store_errors import CorruptArtifactError
 from .http import ENV_URL, HttpCache
 
 #: Parallel requests for batched lookups (HEAD) and prefetches.

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gemmar_aot.build.manifest_check import Checker, open_entry, type_name
+from gemmar_aot.builder.manifest_check import Checker, open_entry, type_name
 from gemmar_aot.model.hipcc import ARCH_GPUS, ARCHS, NICS, SOURCES, HipccVariant
 
 #: Every key an entry may have: (required, an example).

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .envelope import Envelope, PAYLOAD_TYPE, _rfc3339, pae, read_envelope
-from .keys import KEY_FILE_SUFFIXES, REVOKED_FILE, SignatureError, TRUSTED_KEYS_ENV, TrustedKey, _public_keys_in, _revoked_ids
+from .signing_keys import KEY_FILE_SUFFIXES, REVOKED_FILE, SignatureError, TRUSTED_KEYS_ENV, TrustedKey, _public_keys_in, _revoked_ids
 from gemmar_aot.util.filedigest import sha256_hex
 
 _FIX_TRUST = (f"sign the lock with a trusted key (gemmar-aot build/wheel --sign-key KEY), or add the "

@@ -20,9 +20,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gemmar_aot.build.local_lookup import LocalLookup
-from gemmar_aot.build.lock_make import make_lock
-from gemmar_aot.build.manifest import Manifest, load_manifest
+from gemmar_aot.builder.local_lookup import LocalLookup
+from gemmar_aot.builder.lock_make import make_lock
+from gemmar_aot.builder.manifest import Manifest, load_manifest
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.bundle import LockBundle
 from gemmar_aot.store.backend import record_blob
@@ -104,7 +104,7 @@ def build(manifest: "Path | Manifest", *, store: Path | None = None, jobs: int |
               trace_path: str | os.PathLike | None = None, executor=None,
               toolchain_profile: str | None = None, signers: Sequence[Any] = (),
               sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None) -> Built:
-    """Build ``manifest`` (a path, or the :class:`~gemmar_aot.build.manifest.Manifest` read from one:
+    """Build ``manifest`` (a path, or the :class:`~gemmar_aot.builder.manifest.Manifest` read from one:
     each input is read once) into the store; returns what it made (:class:`Built`), the summary
     among it (:func:`run_build` returns that alone).
 
@@ -113,13 +113,13 @@ def build(manifest: "Path | Manifest", *, store: Path | None = None, jobs: int |
     expires (None: never). Load the keys before calling: a bad key is refused before any compile.
 
     ``audit_remote``: recompile this many of the remote hits (a sample seeded by ``audit_seed``,
-    else a fresh seed, reported) in a scratch store before trusting the rest (:mod:`gemmar_aot.build.audit`).
+    else a fresh seed, reported) in a scratch store before trusting the rest (:mod:`gemmar_aot.builder.audit`).
     An entry that is not what its key compiles to is reported and quarantined, and then no remote
     hit of this build is trusted: all of them are compiled here (and uploaded, replacing the
     poisoned entry).
 
     ``remote``: a Bazel HTTP cache URL layered behind the local store (read-through and,
-    unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.build.remote_session`).
+    unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.builder.remote_session`).
     ``remote_required``: a failing remote is an error rather than one warning.
 
     ``executor``: where compiles run (``compiler.scheduler.Executor``); default: local worker
@@ -220,7 +220,7 @@ class _BuildRun:
     def prepare(self) -> None:
         from gemmar_aot.compiler.scheduler import COSTS_FILE, CostModel, LocalExecutor
         from gemmar_aot.compiler.trace import BuildTrace
-        from gemmar_aot.build.plan import make_plan
+        from gemmar_aot.builder.plan import make_plan
         from gemmar_aot.store import Store, default_store_root
         from gemmar_aot.toolchain import load_toolchain
         from gemmar_aot.toolchain.profiles import get_profile
@@ -240,9 +240,9 @@ class _BuildRun:
         self.st = Store(self.root)
         self.found = LocalLookup(self.st, self.root)
         if o.remote:
-            from gemmar_aot.build.remote_session import RemoteSession
-            from gemmar_aot.store.errors import StoreError
-            from gemmar_aot.store.remote.backend import HttpBackend
+            from gemmar_aot.builder.remote_session import RemoteSession
+            from gemmar_aot.store.store_errors import StoreError
+            from gemmar_aot.store.remote.remote_backend import HttpBackend
 
             try:
                 backend = HttpBackend(o.remote, writable=not o.remote_read_only)
@@ -276,7 +276,7 @@ class _BuildRun:
                 self.keys[ids[s]] = action_key(self.ingr[ids[s]])
         selected = [s for s in specs if not self.o.only or s.kind in self.o.only]
         if self.o.shard is not None:
-            from gemmar_aot.build.shard import select
+            from gemmar_aot.builder.shard import select
 
             selected = select(selected, *self.o.shard)
         self.selected = selected
@@ -298,14 +298,14 @@ class _BuildRun:
     def look_up_remote(self) -> None:
         """What the local store lacked, from the remote: the manifest's closure first (a whole
         build), then key by key; the audit of what came; the backfill of what the remote lacks."""
-        from gemmar_aot.build.audit import note_fetches
+        from gemmar_aot.builder.audit import note_fetches
 
         ids, keys, session, selected = self.ids, self.keys, self.session, self.selected
         missing = [keys[ids[s]] for s in selected if ids[s] not in self.records]
         if self.o.whole:  # a build of the whole manifest: it has a closure
             all_keys = set(keys.values())
             sha = self.manifest.sha256
-            from gemmar_aot.build.closure import closure_keys, closure_lookup
+            from gemmar_aot.builder.closure import closure_keys, closure_lookup
 
             self.closure_keys = closure_keys(self.manifest, sha, self.tc.profile.name, self.fp["digest"], all_keys)
             with self.phase("remote closure"):
@@ -338,7 +338,7 @@ class _BuildRun:
     def audit(self, found: dict) -> None:
         """Recompile a sample of the remote hits ``found``; one finding distrusts them all (each
         is dropped from ``found`` and the records, to be compiled here)."""
-        from gemmar_aot.build.audit import audit_remote_hits
+        from gemmar_aot.builder.audit import audit_remote_hits
 
         o, ids, keys = self.o, self.ids, self.keys
         report = self.audit_report = audit_remote_hits(
@@ -443,7 +443,7 @@ class _BuildRun:
             closure.pop("records")
             closure["uploaded"] = False
             if self.lock_file is not None and not closure["present"]:
-                from gemmar_aot.build.closure import upload_closure
+                from gemmar_aot.builder.closure import upload_closure
 
                 with self.phase("closure upload"):
                     up = upload_closure(self.session, self.st, self.lock, self.index, self.records.values(),

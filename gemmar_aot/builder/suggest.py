@@ -146,7 +146,7 @@ def _hipcc_suggestions(lines: Sequence[dict], manifest: Any) -> dict:
 def write_into(manifest_path: str | os.PathLike, snippet: str, sources: Iterable[str]) -> Path:
     """Append ``snippet`` to the manifest at ``manifest_path`` after a comment naming ``sources``;
     the result must parse as a manifest (else GemmarError, nothing written)."""
-    from gemmar_aot.build.manifest import parse_manifest
+    from gemmar_aot.builder.manifest import parse_manifest
 
     path = Path(manifest_path)
     text = path.read_text(encoding="utf-8")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .trust import resolve_signing, sign_options, signature_lines
+from .trust_commands import resolve_signing, sign_options, signature_lines
 
 
 def _mib(n: int) -> str:
@@ -66,7 +66,7 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     With --sign-key the lock is signed and the wheel carries its envelope (lock.intoto.jsonl);
     without, it carries the envelope beside the store's lock when that one vouches for it.
     """
-    from .build import format_summary
+    from .build_commands import format_summary
     from gemmar_aot.package.wheel import WheelBuildFailed, build_wheel
 
     signers, expires = resolve_signing(sign_keys, sign_expires)

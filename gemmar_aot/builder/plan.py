@@ -18,13 +18,13 @@ from typing import Mapping
 
 from gemmar_aot.model.layout import window_layout
 from gemmar_aot.model import rules
-from gemmar_aot.build.manifest import Manifest
-from gemmar_aot.build.manifest_ep import EpEntry
-from gemmar_aot.build.workload import Workload, dedup_workloads
+from gemmar_aot.builder.manifest import Manifest
+from gemmar_aot.builder.manifest_ep import EpEntry
+from gemmar_aot.builder.workload import Workload, dedup_workloads
 from gemmar_aot.model.ep import Arena, arena_layout, factory_kwargs, variants
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.spec import KernelSpec
-from gemmar_aot.build.manifest_hipcc import HipccEntry
+from gemmar_aot.builder.manifest_hipcc import HipccEntry
 from gemmar_aot_kernels import ep as ep_recipe, hipcc as hipcc_recipe, recipe_module
 from gemmar_aot_kernels._common import RankKernels
 

@@ -59,7 +59,7 @@ def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, ga
     from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.runtime.artifacts import load_artifacts
     from gemmar_aot.runtime.coverage import coverage as run_coverage
-    from gemmar_aot.runtime.errors import ArtifactNotFoundError
+    from gemmar_aot.runtime.artifact_errors import ArtifactNotFoundError
 
     lo, hi = _token_range(tokens, min_tokens, max_tokens)
     if lock is not None and store is not None:

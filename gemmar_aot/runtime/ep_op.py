@@ -16,7 +16,7 @@ mori's backend makes them (``flydsl_backend.py``), and each call's variant chose
 * **Nothing compiles.** Every kernel of the rank -- each (block, warp) variant of the
   schedule, the replay variants mori makes lazily on a first replay call, the local expert
   count, the converts -- is loaded, verified and resolved at construction. A config the
-  artifacts do not hold raises :class:`~.errors.ArtifactMissingError` with the ``[[ep]]``
+  artifacts do not hold raises :class:`~.artifact_errors.ArtifactMissingError` with the ``[[ep]]``
   block that builds it (and is reported to the miss report for ``gemmar-aot suggest``).
 * **The variants never depend on the pod's sysfs.** They are the manifest's device table;
   mori's config, which resolves its geometry from the pod's device, must agree with them or
@@ -48,12 +48,12 @@ from . import misses
 from .artifacts import Artifacts, EpRankEntry, load_artifacts
 from .driver import Driver
 from .ep_config import BACKENDS, EpDispatchRoutingHandle, Requested, read_config, torch_dtype
-from .errors import ArtifactMismatchError, ArtifactMissingError
+from .artifact_errors import ArtifactMismatchError, ArtifactMissingError
 from .gc_pause import gc_paused
 from .launches import Launch, prepare_launch
 from .loading import Kernels, LoadedOp
 from .memory import communicator_device, tensor_at
-from .verify import EpPosition
+from .kernel_checks import EpPosition
 
 log = logging.getLogger("gemmar_aot.runtime")
 

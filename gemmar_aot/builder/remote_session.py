@@ -39,7 +39,7 @@ from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.compiler.derive import DeriveError, is_current, whole_object_arch, with_derived
 from gemmar_aot.compiler.derive_check import derivation_problems
 from gemmar_aot.store.backend import record_blob, record_launcher
-from gemmar_aot.store.errors import CorruptArtifactError, StoreError
+from gemmar_aot.store.store_errors import CorruptArtifactError, StoreError
 
 #: Parallel requests for lookups and uploads (the server, not our CPU, is the limit).
 REMOTE_JOBS = 8

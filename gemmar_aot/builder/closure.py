@@ -133,7 +133,7 @@ def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: D
     from pathlib import Path
 
     from gemmar_aot.model.schema import LockSchemaError
-    from gemmar_aot.store.codec import BadBlob, SizeMismatch, check_content
+    from gemmar_aot.store.blob_codec import BadBlob, SizeMismatch, check_content
     from gemmar_aot.store.pack import PackBackend
     from gemmar_aot.store.record_index import RecordIndex, RecordIndexSchemaError
 
@@ -164,7 +164,7 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
     quarantined), and the caller looks up per key what is still missing."""
     import time
 
-    from gemmar_aot.store.errors import StoreError
+    from gemmar_aot.store.store_errors import StoreError
     from gemmar_aot.store.record_index import RecordIndexError
 
     t0 = time.perf_counter()
@@ -218,7 +218,7 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
     """Every entry of the closure that ``need`` names, verified, into the local store."""
     from gemmar_aot.compiler.derive import is_current
     from gemmar_aot.store.backend import record_launcher
-    from gemmar_aot.store.errors import StoreError
+    from gemmar_aot.store.store_errors import StoreError
 
     kernels = lock.kernels()
     if lock.toolchain.digest != toolchain_digest:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .trust import resolve_signing, sign_options
+from .trust_commands import resolve_signing, sign_options
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -39,8 +39,8 @@ def doctor(as_json: bool) -> None:
                    "$GEMMAR_AOT_TOOLCHAIN_PROFILE, else 'default'].")
 def plan(manifest: Path, as_json: bool, verbose: bool, toolchain: str | None) -> None:
     """Show what MANIFEST expands to, without compiling."""
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.plan import make_plan
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.toolchain.profiles import get_profile
 
     p = make_plan(load_manifest(manifest), mori_version=get_profile(toolchain).mori.version)
@@ -139,9 +139,9 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     With --executor ray, the kernels compile on the Ray cluster's nodes and this
     process alone writes the store.
     """
-    from gemmar_aot.build.pipeline import run_build
-    from gemmar_aot.build.manifest import load_manifest
-    from gemmar_aot.build.shard import parse_shard
+    from gemmar_aot.builder.pipeline import run_build
+    from gemmar_aot.builder.manifest import load_manifest
+    from gemmar_aot.builder.shard import parse_shard
 
     if ray_address and executor != "ray":
         raise click.UsageError("--ray-address needs --executor ray")
@@ -227,7 +227,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"audit: {a['audited']} of {a['of']} remote hits recompiled and compared (seed {a['seed']}), "
                      f"{len(a['findings'])} poisoned" + (f"; every remote hit distrusted and compiled here "
                                                          f"({a['distrusted']})" if a["distrusted"] else ""))
-        from gemmar_aot.build.audit import Finding
+        from gemmar_aot.builder.audit import Finding
 
         for f in a["findings"]:
             lines.append("  " + Finding(**f).describe())
@@ -264,9 +264,9 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
     """Turn miss reports ($GEMMAR_AOT_MISS_REPORT files or directories) into the manifest lines that
     would have served every reported M; or, with --tokens and --budget, pick the M buckets that
     pad a token-count histogram least."""
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
     from gemmar_aot.runtime.misses import read_reports
-    from gemmar_aot.build.suggest import suggest, write_into
+    from gemmar_aot.builder.suggest import suggest, write_into
 
     if tokens is not None:
         if reports or write:
@@ -303,9 +303,9 @@ def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | No
 
 def _plan_cmd(tokens: Path, budget: int, world: int, block_m: int, m_max: int | None, manifest: Path | None,
               as_json: bool) -> None:
-    from gemmar_aot.build.manifest import load_manifest
+    from gemmar_aot.builder.manifest import load_manifest
     from gemmar_aot.model.manifest_lines import m_field
-    from gemmar_aot.build.suggest import manifest_ms, padded_work, plan_buckets, read_histogram
+    from gemmar_aot.builder.suggest import manifest_ms, padded_work, plan_buckets, read_histogram
 
     hist = read_histogram(tokens)
     buckets = plan_buckets(hist, budget, world * block_m, m_max)

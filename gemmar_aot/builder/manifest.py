@@ -21,11 +21,11 @@ with one or more M values. Example::
 Top level
     Only ``[manifest]``, ``[[tuple]]`` and ``[[ep]]`` are allowed, and there must be at
     least one ``[[tuple]]`` or ``[[ep]]``. An ``[[ep]]`` entry is one configuration of
-    mori's EP dispatch/combine v2 (:mod:`gemmar_aot.build.manifest_ep` says what it holds);
+    mori's EP dispatch/combine v2 (:mod:`gemmar_aot.builder.manifest_ep` says what it holds);
     each counts as one workload, and its kernels (every rank's) as compiles.
 
 Required tuple keys
-    ``transport``  one of :data:`gemmar_aot.build.workload.MODES`, the five ways mori's
+    ``transport``  one of :data:`gemmar_aot.builder.workload.MODES`, the five ways mori's
                    PR measures DSV4-Pro's wo_b plus the skinny GEMM:
                    ``fused-sdma`` (``GemmAllReduceOp``: the GEMM pushes its
                    output from its epilogue, then drain -> reduce -> gather),
@@ -41,7 +41,7 @@ Required tuple keys
                    (``m = 4096``), a non-empty array (``m = [256, 512]``), or
                    a range table ``{ start, stop, step }`` whose ``stop`` is
                    inclusive when it falls on the grid. At most
-                   :data:`~gemmar_aot.build.manifest_check.MAX_M_VALUES` values per tuple.
+                   :data:`~gemmar_aot.builder.manifest_check.MAX_M_VALUES` values per tuple.
     ``n``, ``k``   the GEMM's N (output columns, the all-reduced row length)
                    and K (the reduction dimension).
     ``world``      ranks in the all-reduce: 2, 4 or 8. For ``gemm-only`` and
@@ -72,13 +72,13 @@ M padding
     bands per destination), exactly like ``GemmAllReduceOp.padded_m``;
     ``gemm-only`` pads to a multiple of 64 (the packed A-scale group), ``gemv``
     to its M bucket. A
-    :class:`~gemmar_aot.build.workload.Workload` keeps both the padded ``m`` and the
+    :class:`~gemmar_aot.builder.workload.Workload` keeps both the padded ``m`` and the
     ``m_requested``. Two M values that pad to the same workload are built once
     and reported in :attr:`Manifest.warnings`, not as errors; ``m_max`` is
     padded the same way.
 
 Limits
-    Besides :data:`~gemmar_aot.build.manifest_check.MAX_M_VALUES` per tuple,
+    Besides :data:`~gemmar_aot.builder.manifest_check.MAX_M_VALUES` per tuple,
     the whole manifest is bounded: at most :data:`MAX_WORKLOADS` distinct
     workloads and :data:`MAX_GEMM_COMPILES` GEMM compiles (the expensive
     kernels), counted before anything is planned; past either the manifest is
@@ -100,7 +100,7 @@ Errors
     The parser raises nothing but ManifestError, whatever the input.
 
 The ``[manifest]`` table and each ``[[tuple]]`` are checked by
-:mod:`gemmar_aot.build.manifest_check`; this module parses the TOML, expands the checked
+:mod:`gemmar_aot.builder.manifest_check`; this module parses the TOML, expands the checked
 tuples into workloads and bounds the whole manifest.
 """
 
@@ -117,7 +117,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from gemmar_aot.model import rules
-from gemmar_aot.build.manifest_check import (
+from gemmar_aot.builder.manifest_check import (
     FLYDSL_ARCH,
     COMMON,
     Checker,
@@ -129,9 +129,9 @@ from gemmar_aot.build.manifest_check import (
     type_name,
     unknown_key,
 )
-from gemmar_aot.build.manifest_ep import EpEntry, check_ep, entry_lines
-from gemmar_aot.build.manifest_hipcc import HipccEntry, check_hipcc
-from gemmar_aot.build.workload import Workload
+from gemmar_aot.builder.manifest_ep import EpEntry, check_ep, entry_lines
+from gemmar_aot.builder.manifest_hipcc import HipccEntry, check_hipcc
+from gemmar_aot.builder.workload import Workload
 from gemmar_aot.util.errors import ManifestError
 from gemmar_aot.util.filedigest import sha256_hex
 
@@ -302,7 +302,7 @@ def _check_hipccs(ck: Checker, entries: Any, arch: str) -> list[HipccEntry]:
     repeat warned about), bounded by :data:`MAX_HIPCC_COMPILES`."""
     from dataclasses import replace
 
-    from gemmar_aot.build.manifest_hipcc import entry_lines as hipcc_lines
+    from gemmar_aot.builder.manifest_hipcc import entry_lines as hipcc_lines
 
     if not isinstance(entries, list):
         ck.problem("top level", f"hipcc = {render(entries)}: hipcc entries must be [[hipcc]] sections (an array of "

@@ -31,7 +31,7 @@ from gemmar_aot.model.codeobject import CodeObject, CodeObjectError, KernelMetad
 from gemmar_aot.model.launch import PARAM_SIZES, LaunchRecord
 from gemmar_aot.model.launch_sequence import sequence_problems
 
-from .errors import ArtifactMismatchError
+from .artifact_errors import ArtifactMismatchError
 from .record_binding import RecordBinding, record_key
 
 #: The metadata note's value kind for each host-parameter type.
@@ -332,7 +332,7 @@ def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position
 
 def verify_whole_object(artifacts: Any, info: Any, item: Any) -> bytes:
     """What the pod checks of a code object mori loads whole (an ``[[hipcc]]`` item of the lock
-    ``info``; :mod:`.hipcc`) before it hands it over: the record the lock names, from the lock's
+    ``info``; :mod:`.hipcc_server`) before it hands it over: the record the lock names, from the lock's
     record index or else the store, bound to the item's variant (a record that compiled another
     source, arch, NIC or proxy is refused); the blob read and verified by digest; the object's own
     metadata note: the variant's arch, defining every kernel the lock lists. Returns the verified

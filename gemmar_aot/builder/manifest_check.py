@@ -1,6 +1,6 @@
 """A manifest's fields checked: the ``[manifest]`` table and each ``[[tuple]]`` on its own,
 every problem collected with the file, entry, line, field, value, rule and fix
-(:mod:`gemmar_aot.build.manifest` says what the fields mean, expands the checked tuples into
+(:mod:`gemmar_aot.builder.manifest` says what the fields mean, expands the checked tuples into
 workloads and bounds the whole manifest).
 
 A checked tuple is a :class:`Draft`: its typed fields, every rule of its mode
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from gemmar_aot.model import rules
-from gemmar_aot.build.workload import MODES
+from gemmar_aot.builder.workload import MODES
 
 #: Targets a manifest may name: the FlyDSL ops' (its [[tuple]] and [[ep]] entries), and MI300X's,
 #: whose manifest holds [[hipcc]] entries only (mori's hipcc-JIT kernels).
@@ -531,7 +531,7 @@ def check_tuple(ck: Checker, i: int, raw: Any, line: int | None) -> Draft | None
     return Draft(f, common, m_max_pad, f"{ck.path}:{entry}")
 
 
-#: The workload fields a tuple's M values share, in :meth:`~gemmar_aot.build.workload.Workload.identity`'s
+#: The workload fields a tuple's M values share, in :meth:`~gemmar_aot.builder.workload.Workload.identity`'s
 #: order around M.
 COMMON = ("transport", "n", "k", "world", "quant", "gather_dtype", "gather_transport", "block_m", "block_n",
           "sdma_queues")

@@ -31,7 +31,7 @@ def _open(store: Path | None, *, must_exist: bool = True):
 def _read_only_remote(remote: str):
     """The remote cache a ``--remote [URL]`` option names (the URL, or ``$GEMMAR_AOT_REMOTE`` when
     given alone), opened read-only."""
-    from gemmar_aot.store.remote.backend import HttpBackend, remote_url
+    from gemmar_aot.store.remote.remote_backend import HttpBackend, remote_url
 
     url = remote_url(remote or None)
     if url is None:
@@ -202,7 +202,7 @@ def stats(store, as_json, remote):
     data = inventory.stats(st)
     data["last_build"] = st.last_build_stats()
     if remote is not None:
-        from gemmar_aot.build.remote_session import remote_stats
+        from gemmar_aot.builder.remote_session import remote_stats
 
         backend = _read_only_remote(remote)
         data["remote"] = remote_stats(st, backend)
@@ -257,7 +257,7 @@ def verify(store, as_json, trusted_keys, strict, remote):
     Two kinds of finding: damage (corrupt, mismatched, foreign or missing code; exit 1) and
     degraded (entries served as they are that cannot be derived again without the network;
     printed with their cost and fix, exit 0 unless --strict)."""
-    from .trust import signature_lines
+    from .trust_commands import signature_lines
 
     from gemmar_aot.compiler.derive_check import RecordCheck
 
@@ -312,10 +312,10 @@ def _fetch_launchers(st, health, remote: str) -> dict:
 
 
 def _lock_signatures(root: Path, trusted_keys: str | None) -> list[dict]:
-    """Every lock of the store with its signature (:func:`gemmar_aot.trust.verify.describe_signature`)."""
-    from gemmar_aot.model.codec import plain_lock_bytes
+    """Every lock of the store with its signature (:func:`gemmar_aot.trust.trust_set.describe_signature`)."""
+    from gemmar_aot.model.lock_codec import plain_lock_bytes
     from gemmar_aot.model.bundle import LOCK_SUFFIX, LockBundle
-    from gemmar_aot.trust.verify import describe_signature, trust_from
+    from gemmar_aot.trust.trust_set import describe_signature, trust_from
 
     trust = trust_from(trusted_keys) if trusted_keys is not None else None
     out = []
@@ -409,7 +409,7 @@ def explain(what, store, as_json):
                              stale and which ingredient moved them
     explain LOCK_A LOCK_B    two builds: which toolchain ingredients and launches changed
     """
-    from gemmar_aot.build import explain as ex
+    from gemmar_aot.builder import explain as ex
     from gemmar_aot.util.errors import GemmarError
     from gemmar_aot.model.lock import read_lock
 

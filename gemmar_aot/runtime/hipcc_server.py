@@ -23,7 +23,7 @@ lspci, libraries); CCQE from mori's own ionic probe; the host proxy from
   (``$GEMMAR_AOT_HSACO_DIR``, else ``~/.cache/gemmar-aot/hsaco``; a file found there is taken
   only when its bytes hash to the digest).
 
-A variant the artifacts lack raises :class:`~.errors.ArtifactMissingError` with the
+A variant the artifacts lack raises :class:`~.artifact_errors.ArtifactMissingError` with the
 ``[[hipcc]]`` lines that build it (also to the miss report, for ``gemmar-aot suggest``), loudly:
 mori's ``ensure_compiled`` would turn a compile failure into a warning, ours does not. Never a
 silent JIT. A ``MORI_DEBUG_INFO`` or ``ENABLE_PROFILER`` build is refused the same way: neither
@@ -45,7 +45,7 @@ from typing import Any
 from gemmar_aot.model.hipcc import ARCHS, SOURCES, HipccVariant, nic_variant
 
 from . import misses
-from .errors import ArtifactMismatchError, ArtifactMissingError
+from .artifact_errors import ArtifactMismatchError, ArtifactMissingError
 
 log = logging.getLogger("gemmar_aot.runtime")
 
@@ -136,7 +136,7 @@ class HipccServer:
         """Steps 1 and 3 of every op's loading path (:mod:`.loading`) for this code object, then
         the file mori's loader reads."""
         from .loading import check_built
-        from .verify import verify_whole_object
+        from .kernel_checks import verify_whole_object
 
         arts = self.artifacts()
         found = arts.hipcc_index.get(v)

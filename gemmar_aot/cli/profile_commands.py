@@ -18,7 +18,7 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every spec's two keys).")
 def profile_move_cmd(manifest: Path, to: str, frm: str | None, store: Path | None, as_json: bool) -> None:
     """What moving MANIFEST to another toolchain profile would recompile, and why."""
-    from gemmar_aot.build.profile_move import format_report, profile_move
+    from gemmar_aot.builder.profile_move import format_report, profile_move
 
     report = profile_move(manifest, to, frm=frm, store=store)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else format_report(report))

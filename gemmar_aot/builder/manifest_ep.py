@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gemmar_aot.build.manifest_check import Checker, open_entry
+from gemmar_aot.builder.manifest_check import Checker, open_entry
 from gemmar_aot.model.ep import (
     COMBINE_MODES,
     DEVICE_ALIASES,
