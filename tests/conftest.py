@@ -20,6 +20,8 @@ def smoke_build(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("smoke-store")
     summary = run_build(SMOKE, store=out, jobs=2, progress=False)
+    # every test of the smoke store stands on this build: a failure says so here, not as a missing lock
+    assert not summary["failed"] and (out / "locks" / "smoke.lock.json").is_file(), summary["failures"]
     return summary, out
 
 

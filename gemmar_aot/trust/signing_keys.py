@@ -100,7 +100,8 @@ def load_signing_key(spec: str | os.PathLike, where: str = "--sign-key") -> Sign
             data = path.read_bytes()
         except (OSError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-            raise SignatureError(f"cannot read the signing key ({shown}, {where}): {why}; give a PEM private "
+            named = shown if where in shown else f"{shown}, {where}"
+            raise SignatureError(f"cannot read the signing key ({named}): {why}; give a PEM private "
                                  f"key, or the path of one (gemmar-aot keygen makes one)") from None
         src = f"{shown} ({where})" if shown != str(path) else f"{path} ({where})"
     password = os.environ.get(SIGN_KEY_PASSWORD_ENV)

@@ -117,10 +117,12 @@ def describe_signature(envelope: bytes | None, lock_bytes: bytes, lock_where: st
     return out, None
 
 
-def load_trust(spec: Any) -> TrustSet:
+def load_trust(spec: Any, where: str | None = None) -> TrustSet:
     """The trust set ``spec`` names: a PEM file of public keys (its revocation list ``F.revoked``
     beside it), a directory of ``*.pem``/``*.pub`` files (revocation list ``revoked.txt``), PEM
-    bytes, a list of any of these, or a TrustSet."""
+    bytes, a list of any of these, or a TrustSet. Errors name ``where`` (the option or variable
+    it came from; default: the pod's ``$GEMMAR_AOT_TRUSTED_KEYS`` or ``trusted_keys=``)."""
+    where = where or f"${TRUSTED_KEYS_ENV} or trusted_keys="
     if isinstance(spec, TrustSet):
         return spec
     keys: list[TrustedKey] = []
@@ -149,14 +151,14 @@ def load_trust(spec: Any) -> TrustSet:
                 keys += _public_keys_in(path.read_bytes(), str(path))
                 revoked |= _revoked_ids(path.with_name(path.name + ".revoked"))
             else:
-                raise SignatureError(f"the trusted keys {path} do not exist: point ${TRUSTED_KEYS_ENV} or "
-                                     f"trusted_keys= at a PEM file of public keys or a directory of them")
+                raise SignatureError(f"the trusted keys {path} do not exist: point {where} at a PEM file of "
+                                     f"public keys or a directory of them")
             sources.append(str(path))
         else:
             raise TypeError(f"trusted_keys= must be a path, PEM bytes, a TrustSet or a list of these; got "
                             f"{type(item).__name__}")
     if not keys:
-        raise SignatureError("the trusted keys are empty: name at least one public key")
+        raise SignatureError(f"the trusted keys ({where}) are empty: name at least one public key")
     return TrustSet(tuple(keys), frozenset(revoked), ", ".join(sources))
 
 
