@@ -324,12 +324,21 @@ def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_p
     from gemmar_aot.store import Store, inventory
     from gemmar_aot.model.lock import read_lock
 
+    from gemmar_aot.builder.compile_vouch import VouchCheck
+    from gemmar_aot.trust.signing_keys import generate_key
+    from gemmar_aot.trust.trust_set import load_trust
+
     m = _manifest(tmp_path, "ray-same", "256")
-    rc, out, err = _ray_build(cluster, m, tmp_path / "ray")
+    key, pub, keyid = generate_key(tmp_path / "keys", "builder")
+    rc, out, err = _ray_build(cluster, m, tmp_path / "ray", "--compile-key", str(key))
     assert rc == 0, err[-4000:]
     s = json.loads(out)
     n = _n_specs(m)
     assert s["failed"] == 0 and s["compiled"] == s["distinct_specs"] == n
+    # the driver signs what the cluster compiled, as a local build does (builder.compile_vouch)
+    assert s["compile_keys"]["signer"] == keyid and s["compile_keys"]["signed"] == n
+    check, ray_store = VouchCheck(load_trust(pub)), Store(tmp_path / "ray")
+    assert all(check(k, ray_store.get_record(k)) == keyid for k, _p in ray_store.local.iter_record_files())
     assert s["executor"]["name"] == "ray" and s["jobs"] == 2
     assert sum(s["executor"]["specs_by_node"].values()) == n
     spent = s["executor"]["driver_seconds"]

@@ -107,20 +107,29 @@ def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, p
 
 
 def test_sharded_builds_and_a_final_job_give_the_single_build_lock(smoke_store, nginx, tmp_path):
+    """The CI recipe: shards sign what they compile with a compile key; the final job takes only
+    what that key signed, compiles nothing and writes the single build's lock; so does a fresh runner."""
+    from gemmar_aot.trust.signing_keys import generate_key, load_signing_key
+    from gemmar_aot.trust.trust_set import load_trust
+
+    key, pub, keyid = generate_key(tmp_path / "keys", "shards")
+    signer, trust = load_signing_key(key), load_trust(pub)
     compiled = 0
     for i in range(1, 5):
-        s = _build(tmp_path / f"shard{i}", nginx.url, shard=(i, 4))
+        s = _build(tmp_path / f"shard{i}", nginx.url, shard=(i, 4), compile_key=signer)
         assert s["failed"] == 0 and s["lock_file"] is None and s["shard"] == f"{i}/4"
-        assert s["uploads"] == s["compiled"]
+        assert s["uploads"] == s["compiled"] == s["compile_keys"]["signed"]
         compiled += s["compiled"]
     n = len(_lock_entries(smoke_store))
     assert compiled == n  # the shares are disjoint and cover the plan
-    final = _build(tmp_path / "final", nginx.url)
+    final = _build(tmp_path / "final", nginx.url, trusted_compile_keys=trust)
     assert (final["compiled"], final["remote_hits"]) == (0, n)
+    assert final["compile_keys"]["vouched_by"] == {keyid: n} and final["compile_keys"]["refused"] == {}
     assert _lock_bytes(tmp_path / "final") == _lock_bytes(smoke_store)
     assert final["closure"]["status"] == "miss" and final["closure"]["uploaded"]  # shards upload none
-    fresh = _build(tmp_path / "fresh", nginx.url)
+    fresh = _build(tmp_path / "fresh", nginx.url, trusted_compile_keys=trust)
     assert fresh["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)
+    assert fresh["compile_keys"]["vouched_by"] == {keyid: n}  # the closure carried the shards' signatures
     for i in range(1, 5):
         assert_verifies_clean(tmp_path / f"shard{i}")
     assert_verifies_clean(tmp_path / "final")

@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from gemmar_aot.builder.compile_vouch import FIELD, vouches
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.schema import LOCK_SCHEMA
 from gemmar_aot.model.types import Digest
@@ -58,6 +59,9 @@ CLOSURE_SCHEMA = 2
 PACK_PATH = "gemmar-aot/closure.pack"
 LOCK_PATH = "gemmar-aot/closure/lock.json"
 INDEX_PATH = "gemmar-aot/closure/records.zst"
+#: Who vouched for each record (``builder.compile_vouch``): canonical JSON, action key -> the
+#: signatures its producer's record carried. Optional: a closure of unsigned records has none.
+VOUCHES_PATH = "gemmar-aot/closure/vouched.json"
 
 
 def closure_key(*, manifest: Mapping[str, str], profile: str, toolchain_digest: str, keys: Iterable[str],
@@ -110,7 +114,7 @@ class ClosureOfAnotherSchema(ClosureRefused):
     this one's to read; a plain miss, never quarantined."""
 
 
-def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest]:
+def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest, Digest | None]:
     from gemmar_aot.store.remote import reapi
 
     try:
@@ -123,7 +127,8 @@ def _decode_entry(data: bytes, key: str) -> tuple[Digest, Digest, Digest]:
         if f is None:
             raise ClosureRefused(f"/ac/{key} has no output file {path}: not a gemmar-aot closure")
         out.append(f.digest)
-    return out[0], out[1], out[2]
+    vouched = ar.file(VOUCHES_PATH)
+    return out[0], out[1], out[2], None if vouched is None else vouched.digest
 
 
 def open_closure(pack: bytes, want: Digest, lock_digest: Digest, index_digest: Digest, where: str):
@@ -186,7 +191,7 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
             continue
         where = f"{backend.name}/cas/<closure pack of /ac/{key[:16]}>"
         try:
-            pack_d, lock_d, index_d = _decode_entry(data, key)
+            pack_d, lock_d, index_d, vouches_d = _decode_entry(data, key)
             where = f"{backend.name}/cas/{pack_d.hash}"
             try:
                 pack = backend.client.get("cas", pack_d.hash)
@@ -197,8 +202,9 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
                 continue  # evicted: try the next, then per key
             try:
                 lock, index, reader = open_closure(pack, pack_d, lock_d, index_d, where)
+                vouched = _vouches(reader, vouches_d, where)
                 got = _take(lock, index, reader, session, all_keys, need, source, manifest_sha256,
-                            toolchain_digest, where)
+                            toolchain_digest, where, vouched)
             except ClosureOfAnotherSchema:
                 continue  # intact, another gemmar-aot's: try the next, then per key
             except (ClosureRefused, StoreError, RecordIndexError, ValueError) as e:  # a lazily read part, a bad record
@@ -213,9 +219,22 @@ def fetch_closure(session: Any, *, exact: str, latest: str, all_keys: set[str], 
     return ClosureFetch("miss", seconds=time.perf_counter() - t0)
 
 
+def _vouches(reader: Any, digest: Digest | None, where: str) -> dict[str, list]:
+    """The closure's record signatures (action key -> list), from its pack; {} when it has none."""
+    import json
+
+    if digest is None:
+        return {}
+    got = json.loads(reader.load_blob(digest.hash, digest.size))
+    if not isinstance(got, dict) or not all(isinstance(v, list) for v in got.values()):
+        raise ClosureRefused(f"{where}: its {VOUCHES_PATH} is not a map of action keys to signatures")
+    return got
+
+
 def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str], need: set[str], source: str,
-          manifest_sha256: str, toolchain_digest: str, where: str) -> dict[str, dict]:
-    """Every entry of the closure that ``need`` names, verified, into the local store."""
+          manifest_sha256: str, toolchain_digest: str, where: str, vouched: Mapping[str, list]) -> dict[str, dict]:
+    """Every entry of the closure that ``need`` names, verified, into the local store (only those a
+    trusted builder vouched for when the session checks: the rest are looked up key by key)."""
     from gemmar_aot.compiler.derive import is_current
     from gemmar_aot.store.backend import record_launcher
     from gemmar_aot.store.store_errors import StoreError
@@ -237,6 +256,13 @@ def _take(lock: Lock, index: Any, reader: Any, session: Any, all_keys: set[str],
     if bad or len(recs) != len(take):
         raise ClosureRefused(f"{where}: its record index does not hold the records its lock names (first: "
                              f"{(bad or sorted(set(take) - set(recs)))[0][:16]})")
+    recs = {k: ({**r, FIELD: vouched[k]} if vouched.get(k) else r) for k, r in recs.items()}
+    check = session.vouch_check
+    if check is not None:  # a record no trusted builder signed is not taken from here
+        recs = {k: r for k, r in recs.items() if check(k, r, take[k].record) is not None}  # digests verified above
+        take = {k: e for k, e in take.items() if k in recs}
+        if not take:
+            return {}
     local = session.writer.local
     out: dict[str, dict] = {}
     try:
@@ -295,24 +321,33 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, record
         return {"uploaded": False}
     try:
         lock_bytes = lock.to_bytes()
+        records = list(records)
+        signed = {r["key"]: vouches(r) for r in records if vouches(r)}
+        vouched = canonical_json(signed).encode() if signed else None
         raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
         lns = {ln.hash: ln.size for ln in map(record_launcher, records) if ln is not None}
         launchers = {d: st.load_blob(d, size) for d, size in lns.items() if st.has_blob(d)}
         lock_d, index_d = Digest.of(lock_bytes), Digest.of(index_bytes)
-        pack = pack_closure(raws, {lock_d.hash: lock_bytes, index_d.hash: index_bytes}, launchers=launchers)
+        extra = {lock_d.hash: lock_bytes, index_d.hash: index_bytes}
+        outputs = [(LOCK_PATH, lock_d, lock_bytes), (INDEX_PATH, index_d, index_bytes)]
+        if vouched is not None:
+            vouched_d = Digest.of(vouched)
+            extra[vouched_d.hash] = vouched
+            outputs.append((VOUCHES_PATH, vouched_d, vouched))
+        pack = pack_closure(raws, extra, launchers=launchers)
         pack_d = Digest.of(pack)
-        for d, data in ((pack_d, pack), (lock_d, lock_bytes), (index_d, index_bytes)):
+        outputs.insert(0, (PACK_PATH, pack_d, pack))
+        for _path, d, data in outputs:
             backend.client.put("cas", d.hash, data)  # outputs before the entry that names them
-        ar = reapi.encode_action_result(reapi.ActionResult(tuple(
-            reapi.OutputFile(path, d)
-            for path, d in ((PACK_PATH, pack_d), (LOCK_PATH, lock_d), (INDEX_PATH, index_d)))))
+        ar = reapi.encode_action_result(reapi.ActionResult(tuple(reapi.OutputFile(path, d)
+                                                                 for path, d, _data in outputs)))
         backend.client.put("ac", exact, ar)
         backend.client.put("ac", latest, ar)
     except Exception as e:  # noqa: BLE001 - a failed upload costs the next runner a per-key build
         session.problem("closure upload", e)
         return {"uploaded": False, "problem": str(e)}
     return {"uploaded": True, "pack_bytes": len(pack), "pack": pack_d.hash, "launchers": len(launchers),
-            "launchers_missing": len(lns) - len(launchers)}
+            "launchers_missing": len(lns) - len(launchers), "vouched": len(signed)}
 
 
 def closure_keys(manifest, sha: str, profile: str, toolchain_digest: str, all_keys: set[str]) -> tuple[str, str]:
@@ -335,4 +370,7 @@ def closure_lookup(session, closure_keys: tuple[str, str], manifest_sha: str, to
     got = fetch_closure(session, exact=exact, latest=latest, all_keys=all_keys, need=set(missing),
                         manifest_sha256=manifest_sha,
                         toolchain_digest=toolchain_digest)
-    return {"key": exact, **got.summary(), "present": got.status == "hit", "records": got.records}
+    # present: the remote's closure serves this build whole (one that held entries no trusted builder
+    # signed is not: this build uploads its own over it)
+    present = got.status == "hit" and len(got.records) == len(missing)
+    return {"key": exact, **got.summary(), "present": present, "records": got.records}

@@ -103,7 +103,8 @@ def build(manifest: "Path | Manifest", *, store: Path | None = None, jobs: int |
               progress: bool = True, toolchain_root: str | None = None,
               trace_path: str | os.PathLike | None = None, executor=None,
               toolchain_profile: str | None = None, signers: Sequence[Any] = (),
-              sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None) -> Built:
+              sign_expires: float | None = None, audit_remote: int = 0, audit_seed: int | None = None,
+              compile_key: Any = None, trusted_compile_keys: Any = None) -> Built:
     """Build ``manifest`` (a path, or the :class:`~gemmar_aot.builder.manifest.Manifest` read from one:
     each input is read once) into the store; returns what it made (:class:`Built`), the summary
     among it (:func:`run_build` returns that alone).
@@ -122,6 +123,10 @@ def build(manifest: "Path | Manifest", *, store: Path | None = None, jobs: int |
     unless ``remote_read_only``, write-through; see :mod:`gemmar_aot.builder.remote_session`).
     ``remote_required``: a failing remote is an error rather than one warning.
 
+    ``compile_key`` (a Signer, :mod:`gemmar_aot.builder.compile_vouch`): sign each entry this build
+    compiles (in the local store and as uploaded). ``trusted_compile_keys`` (a TrustSet): take a
+    remote entry only when a trusted, unrevoked compile key signed it; the rest is compiled here.
+
     ``executor``: where compiles run (``compiler.scheduler.Executor``); default: local worker
     processes, started as soon as the first store miss is seen so their start-up overlaps
     the rest of the key look-ups. ``trace_path``: write a Chrome-trace/Perfetto JSON timeline.
@@ -131,7 +136,8 @@ def build(manifest: "Path | Manifest", *, store: Path | None = None, jobs: int |
         remote_read_only=remote_read_only, remote_required=remote_required, progress=progress,
         toolchain_root=toolchain_root, trace_path=trace_path, executor=executor,
         toolchain_profile=toolchain_profile, signers=tuple(signers), sign_expires=sign_expires,
-        audit_remote=audit_remote, audit_seed=audit_seed))
+        audit_remote=audit_remote, audit_seed=audit_seed, compile_key=compile_key,
+        trusted_compile_keys=trusted_compile_keys))
     summary = run.run()
     return Built(summary, run.lock if run.lock_file else None, run.index if run.lock_file else None, run.st,
                  run.manifest, run.found.blobs)
@@ -165,6 +171,8 @@ class _BuildOptions:
     sign_expires: float | None
     audit_remote: int
     audit_seed: int | None
+    compile_key: Any = None
+    trusted_compile_keys: Any = None
 
     @property
     def whole(self) -> bool:
@@ -189,6 +197,7 @@ class _BuildRun:
         self.lock = self.index = self.lock_file = None
         self.records: dict[str, dict] = {}
         self.remote_hits = 0
+        self.signed: dict[str, dict] = {}  # spec id -> the record this build compiled and signed
         self.results: list = []
         self.todo: list = []
         self.compile_wall = 0.0
@@ -248,7 +257,13 @@ class _BuildRun:
                 backend = HttpBackend(o.remote, writable=not o.remote_read_only)
             except ValueError as e:  # a malformed URL, credentials in it, a bad timeout or netrc
                 raise StoreError(f"--remote / $GEMMAR_AOT_REMOTE: {e}") from None
-            self.session = RemoteSession(self.st, backend, required=o.remote_required)
+            check = None
+            if o.trusted_compile_keys is not None:
+                from gemmar_aot.builder.compile_vouch import VouchCheck
+
+                check = VouchCheck(o.trusted_compile_keys)
+            self.session = RemoteSession(self.st, backend, required=o.remote_required, vouch_check=check,
+                                         signer=o.compile_key)
             if not o.whole:  # else the closure look-up is the first request (_closure_lookup)
                 with self.phase("remote probe"):
                     self.session.probe()
@@ -363,15 +378,23 @@ class _BuildRun:
             self.local.start()
         self.hits = len(self.records)
 
-        def uploaded(spec, res) -> None:
-            if res.ok and session is not None:
-                session.upload(keys[spec.spec_id], res.record)
+        def finished(spec, res) -> None:
+            if not res.ok:
+                return
+            rec = res.record
+            if self.o.compile_key is not None and not res.hit:  # compiled here: this build vouches for it
+                from gemmar_aot.builder.compile_vouch import vouch
+
+                rec = self.signed[spec.spec_id] = vouch(keys[spec.spec_id], rec, self.o.compile_key)
+                self.st.put_record(keys[spec.spec_id], rec)
+            if session is not None:
+                session.upload(keys[spec.spec_id], rec)
 
         t0 = time.perf_counter()
         self.early = _EarlyOptimize(self.st, self.trace)
         with self.phase("compile (waiting on workers)", kernels=len(todo)):
             self.results = compile_all(todo, str(self.root), executor=self.o.executor or self.local,
-                                       costs=self.costs, progress=self.o.progress, on_result=uploaded,
+                                       costs=self.costs, progress=self.o.progress, on_result=finished,
                                        on_tail=self.early.start, toolchain=self.tc) if todo else []
         self.compile_wall = time.perf_counter() - t0
 
@@ -382,7 +405,7 @@ class _BuildRun:
         self.waited = 0
         for spec, res in self.results:
             if res.ok:
-                self.records[spec.spec_id] = res.record
+                self.records[spec.spec_id] = self.signed.get(spec.spec_id, res.record)
                 if res.hit:
                     self.waited += 1
                     continue
@@ -465,12 +488,25 @@ class _BuildRun:
             expires = None if o.sign_expires is None else now + timedelta(seconds=o.sign_expires)
             audit = {"remote": self.remote_summary is not None, "remote_hits": self.remote_hits,
                      "audited": report["audited"] if report else 0}
+            keys = self._compile_keys()
+            if keys is not None:  # which compile keys vouched for the remote hits
+                audit["compile_keys"] = keys
             if report:
                 audit.update(seed=report["seed"], findings=len(report["findings"]))
             env_path = sign_lock_file(self.lock_file, o.signers, audit=audit, started=self.started,
                                       expires=expires, lock=self.lock)
             self.signature = {"envelope": str(env_path), "keyids": [s.keyid for s in o.signers],
                               "expires": None if expires is None else expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def _compile_keys(self) -> dict | None:
+        """Who signed what this build compiled, and who vouched for what it took from the remote
+        (None: neither a compile key nor trusted compile keys)."""
+        check = self.session.vouch_check if self.session is not None else None
+        key = self.o.compile_key
+        if key is None and check is None:
+            return None
+        return {"signer": None if key is None else key.keyid, "signed": len(self.signed),
+                **({} if check is None else check.summary())}
 
     def summary(self) -> dict:
         o, remote, results = self.o, self.remote_summary, self.results
@@ -496,6 +532,7 @@ class _BuildRun:
             "uploads": remote["uploads"] if remote else 0,
             "remote": remote,
             "closure": self.closure,
+            "compile_keys": self._compile_keys(),
             "audit": None if self.audit_report is None else {
                 k: v for k, v in self.audit_report.items() if k not in ("specs", "distrusted_keys")},
             "misses": len(self.todo),

@@ -38,6 +38,7 @@ from pathlib import Path
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.compiler.derive import DeriveError, is_current, whole_object_arch, with_derived
 from gemmar_aot.compiler.derive_check import derivation_problems
+from gemmar_aot.builder.compile_vouch import vouch, without_vouches
 from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.store_errors import CorruptArtifactError, StoreError
 
@@ -55,7 +56,8 @@ class RemoteSession:
     """One build's traffic between the local ``store`` and ``backend`` (an
     :class:`~gemmar_aot.store.remote.HttpBackend`)."""
 
-    def __init__(self, store, backend, *, required: bool = False, jobs: int = REMOTE_JOBS, stream=None):
+    def __init__(self, store, backend, *, required: bool = False, jobs: int = REMOTE_JOBS, stream=None,
+                 vouch_check=None, signer=None):
         from gemmar_aot.store import Store
 
         self.store = store
@@ -74,6 +76,10 @@ class RemoteSession:
         #: launcher digest -> [done, bytes or None, exception]: one fetch per launcher (_launcher).
         self._launchers: dict[str, list] = {}
         self.backend.on_corrupt = self._quarantine
+        #: Who must have vouched for a remote entry (``compile_vouch.VouchCheck``; None: anyone).
+        self.vouch_check = vouch_check
+        #: This build's compile key (``compile_vouch``): signs what it derives again for the remote.
+        self.signer = signer
 
     # ---- reporting ----
 
@@ -143,6 +149,8 @@ class RemoteSession:
                 got = self.backend.get_record_json(key)
                 if got is None:
                     return key, None
+                if self.vouch_check is not None and self.vouch_check(key, got[0]) is None:
+                    return key, None  # no trusted builder signed it: a miss, compiled here (counted by the check)
                 code = self.backend.get_blob(record_blob(got[0]))  # verified, or raises
                 if code is None:
                     with self._lock:
@@ -176,15 +184,20 @@ class RemoteSession:
             # Derived by other derive code: never trusted as is, never a miss. Derived again
             # here from its verified blobs.
             try:
-                rec = with_derived(got[0], code, launcher)
+                rec = without_vouches(with_derived(got[0], code, launcher))  # its signatures were over the old record
             except DeriveError as e:
                 self.problem(f"re-deriving {key}", e)  # this derive code refuses it: compile it
                 return key, None
+            if self.signer is not None and self.vouch_check is not None:
+                rec = vouch(key, rec, self.signer)  # derived here from blobs a trusted builder vouched for
             local.put_blob(code)
             local.put_record(key, rec)
             with self._lock:
                 self.counts["rederived"] += 1
-            self.upload(key, rec)  # the entry, derived by this code, for the next builder
+            if self.vouch_check is None or self.signer is not None:
+                self.upload(key, rec)  # the entry, derived by this code, for the next builder
+            # (else the remote's signed entry stays: replacing it with an unsigned one would cost
+            # every builder that checks signatures its hit)
             return key, rec
 
         found: dict[str, dict] = {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .trust_commands import resolve_signing, sign_options
+from .trust_commands import compile_key_options, resolve_compile_keys, resolve_signing, sign_options
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -126,11 +126,13 @@ def plan(manifest: Path, as_json: bool, verbose: bool, toolchain: str | None) ->
                    "rest; a poisoned entry distrusts every remote hit of the build (all compiled here).")
 @click.option("--audit-seed", "audit_seed", type=int, default=None, help="Seed of --audit-remote's sample.")
 @sign_options
+@compile_key_options
 def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations: bool,
           only: tuple[str, ...], shard: str | None, executor: str, ray_address: str | None,
           remote: str | None, remote_read_only: bool, remote_required: bool,
           as_json: bool, quiet: bool, trace_path: Path | None, toolchain: str | None,
-          audit_remote: int, audit_seed: int | None, sign_keys: tuple[str, ...], sign_expires: str | None) -> None:
+          audit_remote: int, audit_seed: int | None, sign_keys: tuple[str, ...], sign_expires: str | None,
+          compile_key: str | None, trusted_compile_keys: str | None) -> None:
     """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
 
     Kernels already in the store (same action key, blob verified) are not
@@ -151,6 +153,7 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     if audit_remote and not (remote or "").strip():
         raise click.UsageError("--audit-remote N audits remote hits: give --remote URL (or $GEMMAR_AOT_REMOTE)")
     signers, expires = resolve_signing(sign_keys, sign_expires)
+    vouch_key, vouch_trust = resolve_compile_keys(compile_key, trusted_compile_keys)
     if signers and (shard_ix is not None or only):
         raise click.UsageError("--sign-key signs the lock, and a --shard or --only build writes none: sign the "
                                "final build of the whole manifest")
@@ -167,7 +170,8 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
                             remote_read_only=remote_read_only, remote_required=remote_required,
                             progress=not quiet, trace_path=trace_path, executor=ex,
                             toolchain_profile=toolchain, signers=signers, sign_expires=expires,
-                            audit_remote=audit_remote, audit_seed=audit_seed)
+                            audit_remote=audit_remote, audit_seed=audit_seed, compile_key=vouch_key,
+                            trusted_compile_keys=vouch_trust)
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every kernel that finished is in the store (each write is "
                    "atomic); run the same command again to compile the rest", err=True)
@@ -222,6 +226,14 @@ def format_summary(s: dict) -> str:
                      + (f"; {c['problem']}" if c.get("problem") and c["status"] == "refused" else ""))
     elif c and c.get("uploaded"):
         lines.append("closure: uploaded the manifest's closure")
+    ck = s.get("compile_keys")
+    if ck and ck.get("signer"):
+        lines.append(f"compile key {ck['signer'][:16]}: signed the {ck['signed']} kernels compiled here")
+    if ck and "trusted_keys" in ck:
+        refused = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in ck["refused"].items()) or "none"
+        by = ", ".join(f"{k[:16]} {n}" for k, n in ck["vouched_by"].items()) or "none"
+        lines.append(f"trusted compile keys ({len(ck['trusted_keys'])}): {ck['vouched']} remote entries vouched for "
+                     f"({by}); refused, compiled here: {refused}")
     a = s.get("audit")
     if a:
         lines.append(f"audit: {a['audited']} of {a['of']} remote hits recompiled and compared (seed {a['seed']}), "

@@ -22,6 +22,43 @@ def sign_options(fn):
     return fn
 
 
+def compile_key_options(fn):
+    """``--compile-key`` and ``--trusted-compile-keys``: who signs what a build compiles for the shared
+    cache, and whose signatures a build takes a remote entry on (``builder.compile_vouch``)."""
+    fn = click.option("--trusted-compile-keys", "trusted_compile_keys", default=None, metavar="PATH",
+                      help="Take a remote entry only when a compile key here signed it (a PEM file of public "
+                           "keys, or a directory of them with revoked.txt; several joined by ':'); anything "
+                           "else is compiled here. Default: $GEMMAR_AOT_TRUSTED_COMPILE_KEYS, else every "
+                           "verified entry is taken.")(fn)
+    fn = click.option("--compile-key", "compile_key", default=None, metavar="FILE",
+                      help="Sign each kernel this build compiles, for the shared cache, with this PEM private "
+                           "key (gemmar-aot keygen; not the release key). Default: $GEMMAR_AOT_COMPILE_KEY (the "
+                           "key itself or its path), else unsigned.")(fn)
+    return fn
+
+
+def resolve_compile_keys(compile_key: str | None, trusted: str | None):
+    """(the compile key's Signer or None, the trusted compile keys' TrustSet or None), loaded
+    before anything runs: a bad key costs no compile."""
+    import os
+
+    from gemmar_aot.builder.compile_vouch import COMPILE_KEY_ENV, TRUSTED_COMPILE_KEYS_ENV
+    from gemmar_aot.trust.signing_keys import load_signing_key
+    from gemmar_aot.trust.trust_set import load_trust
+
+    signer = None
+    env_key = os.environ.get(COMPILE_KEY_ENV, "").strip()
+    if compile_key:
+        signer = load_signing_key(compile_key, "--compile-key")
+    elif env_key:
+        signer = load_signing_key(env_key, f"${COMPILE_KEY_ENV}")
+    where = "--trusted-compile-keys"
+    if trusted is None:
+        trusted, where = os.environ.get(TRUSTED_COMPILE_KEYS_ENV, "").strip() or None, f"${TRUSTED_COMPILE_KEYS_ENV}"
+    trust = load_trust([p for p in trusted.split(os.pathsep) if p.strip()], where) if trusted else None
+    return signer, trust
+
+
 def resolve_signing(sign_keys: tuple[str, ...], sign_expires: str | None):
     """(signers, seconds to expiry): loaded before anything runs, so a bad key costs no compile."""
     from gemmar_aot.trust.envelope import parse_duration

@@ -9,9 +9,10 @@ from gemmar_aot.model.spec import canonical_json
 from gemmar_aot.model.types import Digest
 from gemmar_aot.util.filedigest import sha256_hex
 
-#: Record fields that differ between two compiles of one key (timings): a record's digest leaves
-#: them out, so the same manifest and toolchain give the same lock in any store.
-RECORD_VOLATILE_FIELDS = ("compile_seconds",)
+#: Record fields that differ between two compiles of one key (timings) or between the builders
+#: that share one (who vouched for it: ``builder.compile_vouch``): a record's digest leaves them
+#: out, so the same manifest and toolchain give the same lock in any store.
+RECORD_VOLATILE_FIELDS = ("compile_seconds", "vouched")
 
 
 #: The members of an action-cache record the runtime reads when it binds a lock entry to its
