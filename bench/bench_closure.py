@@ -27,9 +27,7 @@ pack encoded without the launchers, for the bytes they add.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -40,25 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "tests")]
+from _fresh_runner import arg_parser, build  # noqa: E402
 from _results import commit, emit  # noqa: E402
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
-
-
-def build(manifest: Path, store: Path, remote: str | None, read_only: bool = False) -> dict:
-    cmd = [sys.executable, "-m", "gemmar_aot", "build", str(manifest), "--store", str(store), "--json", "-q"]
-    if remote:
-        cmd += ["--remote", remote] + (["--remote-read-only"] if read_only else [])
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "GEMMAR_AOT_REMOTE": ""})
-    wall = time.perf_counter() - t
-    if p.returncode != 0:
-        raise SystemExit(f"build failed: {p.stderr[-2000:]}")
-    s = json.loads(p.stdout)
-    if s["compiled"]:
-        raise SystemExit(f"the build compiled {s['compiled']} kernels: --store must be warm for the manifest")
-    r = s.get("remote") or {}
-    return {"wall_s": wall, "build_wall_s": s["wall_seconds"], "requests": r.get("requests", 0),
-            "bytes_down": r.get("bytes_down", 0), "closure": s.get("closure")}
 
 
 def verify(store: Path) -> dict:
@@ -96,13 +78,7 @@ def pack_without_launchers(store: Path, name: str) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", type=Path, default=ROOT / "artifacts")
-    ap.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "dsv4-pro-wo_b.toml")
-    ap.add_argument("--delay", type=float, default=0.05)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json-out", type=Path)
-    a = ap.parse_args()
+    a = arg_parser(__doc__).parse_args()
 
     from bench_runtime import python_speed_ms
     from nginx_server import FaultProxy, Nginx
@@ -125,11 +101,11 @@ def main() -> int:
                     copy = tmp / f"warm{i}"
                     shutil.copytree(warm, copy)
                     runs["warm_local"].append(build(a.manifest, copy, None))
-                    runs["closure"].append(build(a.manifest, tmp / f"closure{i}", px.url, read_only=True))
+                    runs["closure"].append(build(a.manifest, tmp / f"closure{i}", px.url, "--remote-read-only"))
                     for p in closure_files:
                         p.unlink()
                     try:
-                        runs["per_key"].append(build(a.manifest, tmp / f"perkey{i}", px.url, read_only=True))
+                        runs["per_key"].append(build(a.manifest, tmp / f"perkey{i}", px.url, "--remote-read-only"))
                     finally:
                         for p, data in closure_files.items():
                             p.write_bytes(data)
