@@ -94,6 +94,13 @@ def test_entries_a_trusted_builder_signed_serve_a_fresh_runner_with_no_compile(n
     predicate = read_envelope(env.encode(), "envelope").predicate
     assert json.dumps(predicate).count(keys["ci"][2]) >= 1  # the provenance names who vouched
     assert _lock(tmp_path / "per-key") == _lock(tmp_path / "local")
+    # the packaging job: `gemmar-aot wheel` with the trusted compile keys from the environment
+    r = CliRunner().invoke(main, ["wheel", str(tiny_manifest), "--store", str(tmp_path / "release"), "--remote",
+                                  nginx.url, "--out", str(tmp_path / "dist"), "-q"],
+                           env={"GEMMAR_AOT_TRUSTED_COMPILE_KEYS": str(keys["trusted_dir"])})
+    assert r.exit_code == 0, r.output
+    assert f"trusted compile keys (1): {n} remote entries vouched for ({keys['ci'][2][:16]} {n})" in r.output
+    assert " 0 compiled" in r.output and list((tmp_path / "dist").glob("*.whl"))
 
 
 @pytest.mark.parametrize("writer", ["other", None])

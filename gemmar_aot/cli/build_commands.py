@@ -192,6 +192,20 @@ def _echo_warnings(warnings) -> None:
         click.echo(f"warning: {w}", err=True)
 
 
+def compile_key_lines(s: dict) -> list[str]:
+    """What a build summary ``s`` says about compile keys: who signed what it compiled, who vouched
+    for what it took from the remote and what it refused (none without compile keys)."""
+    ck, lines = s.get("compile_keys"), []
+    if ck and ck.get("signer"):
+        lines.append(f"compile key {ck['signer'][:16]}: signed the {ck['signed']} kernels compiled here")
+    if ck and "trusted_keys" in ck:
+        refused = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in ck["refused"].items()) or "none"
+        by = ", ".join(f"{k[:16]} {n}" for k, n in ck["vouched_by"].items()) or "none"
+        lines.append(f"trusted compile keys ({len(ck['trusted_keys'])}): {ck['vouched']} remote entries vouched for "
+                     f"({by}); refused, compiled here: {refused}")
+    return lines
+
+
 def format_summary(s: dict) -> str:
     share = (f" (shard {s['shard']}: {s['selected_specs']} of them)" if s.get("shard") else "")
     ex = s.get("executor") or {}
@@ -226,14 +240,7 @@ def format_summary(s: dict) -> str:
                      + (f"; {c['problem']}" if c.get("problem") and c["status"] == "refused" else ""))
     elif c and c.get("uploaded"):
         lines.append("closure: uploaded the manifest's closure")
-    ck = s.get("compile_keys")
-    if ck and ck.get("signer"):
-        lines.append(f"compile key {ck['signer'][:16]}: signed the {ck['signed']} kernels compiled here")
-    if ck and "trusted_keys" in ck:
-        refused = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in ck["refused"].items()) or "none"
-        by = ", ".join(f"{k[:16]} {n}" for k, n in ck["vouched_by"].items()) or "none"
-        lines.append(f"trusted compile keys ({len(ck['trusted_keys'])}): {ck['vouched']} remote entries vouched for "
-                     f"({by}); refused, compiled here: {refused}")
+    lines += compile_key_lines(s)
     a = s.get("audit")
     if a:
         lines.append(f"audit: {a['audited']} of {a['of']} remote hits recompiled and compared (seed {a['seed']}), "

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from .trust_commands import resolve_signing, sign_options, signature_lines
+from .trust_commands import (compile_key_options, resolve_compile_keys, resolve_signing, sign_options,
+                             signature_lines)
 
 
 def _mib(n: int) -> str:
@@ -55,9 +56,11 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @sign_options
+@compile_key_options
 def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, version: str | None,
               remote: str | None, remote_read_only: bool, remote_required: bool, toolchain: str | None,
-              as_json: bool, quiet: bool, sign_keys: tuple[str, ...], sign_expires: str | None) -> None:
+              as_json: bool, quiet: bool, sign_keys: tuple[str, ...], sign_expires: str | None,
+              compile_key: str | None, trusted_compile_keys: str | None) -> None:
     """Build MANIFEST (compiling only what the store misses) and write ONE installable wheel.
 
     The wheel holds the lock file and exactly the code objects it names, as a read-only
@@ -66,15 +69,17 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     With --sign-key the lock is signed and the wheel carries its envelope (lock.intoto.jsonl);
     without, it carries the envelope beside the store's lock when that one vouches for it.
     """
-    from .build_commands import format_summary
+    from .build_commands import compile_key_lines, format_summary
     from gemmar_aot.package.wheel import WheelBuildFailed, build_wheel
 
     signers, expires = resolve_signing(sign_keys, sign_expires)
+    vouch_key, vouch_trust = resolve_compile_keys(compile_key, trusted_compile_keys)
     try:
         s = build_wheel(manifest, out, store=store, jobs=jobs, version=version,
                         progress=not (quiet or as_json), remote=(remote or "").strip() or None,
                         remote_read_only=remote_read_only, remote_required=remote_required,
-                        toolchain_profile=toolchain, signers=signers, sign_expires=expires)
+                        toolchain_profile=toolchain, signers=signers, sign_expires=expires,
+                        compile_key=vouch_key, trusted_compile_keys=vouch_trust)
     except WheelBuildFailed as exc:
         if as_json:
             click.echo(json.dumps({"wheel": None, "error": str(exc), "build": exc.summary}, indent=2,
@@ -89,6 +94,8 @@ def wheel_cmd(manifest: Path, out: Path, store: Path | None, jobs: int | None, v
     b = s["build"]
     click.echo(f"built {b['manifest']}: {b['distinct_specs']} distinct specs, {b['hits']} in the store, "
                f"{b['compiled']} compiled ({b['wall_seconds']:.1f}s) -> {b['store']}")
+    for line in compile_key_lines(b):
+        click.echo(f"  {line}")
     click.echo(f"wheel: {s['wheel']}")
     click.echo(f"  {s['distribution']} {s['version']} (import {s['package']}), {s['arch']}, "
                f"toolchain {s['toolchain_profile']} {str(s['toolchain'])[:12]}")

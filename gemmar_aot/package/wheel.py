@@ -433,9 +433,12 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
                 jobs: int | None = None, version: str | None = None, progress: bool = True,
                 toolchain_root: str | None = None, remote: str | None = None,
                 remote_read_only: bool = False, remote_required: bool = False,
-                toolchain_profile: str | None = None, signers=(), sign_expires: float | None = None) -> dict:
+                toolchain_profile: str | None = None, signers=(), sign_expires: float | None = None,
+                compile_key=None, trusted_compile_keys=None) -> dict:
     """Build ``manifest`` into the store (compiling only misses), then write its wheel into ``out_dir``.
     ``signers``/``sign_expires``: as for ``run_build``; the wheel carries the lock's envelope.
+    ``compile_key``/``trusted_compile_keys``: as for ``run_build`` (a release wheel takes only the
+    remote entries a trusted builder signed).
 
     ``remote*``: the shared remote cache, as for ``run_build`` (a CI packaging job after
     sharded builds finds every kernel there). ``toolchain_profile``: as for ``run_build``; the
@@ -449,7 +452,8 @@ def build_wheel(manifest: str | os.PathLike, out_dir: str | os.PathLike, *, stor
     built = build(load_manifest(manifest), store=Path(store) if store is not None else None, jobs=jobs,
                   progress=progress, toolchain_root=toolchain_root, remote=remote,
                   remote_read_only=remote_read_only, remote_required=remote_required,
-                  toolchain_profile=toolchain_profile, signers=signers, sign_expires=sign_expires)
+                  toolchain_profile=toolchain_profile, signers=signers, sign_expires=sign_expires,
+                  compile_key=compile_key, trusted_compile_keys=trusted_compile_keys)
     if built.summary["failed"] or built.lock is None:
         raise WheelBuildFailed(built.summary)
     out = wheel_from_build(built, out_dir, version=version)
