@@ -188,6 +188,14 @@ def test_a_signature_binds_the_key_the_record_and_every_output(keys, smoke_store
     assert check(key, {**signed, "blob": {**rec["blob"], "hash": "1" * 64}}) is None
     assert check(key, {k: v for k, v in signed.items() if k != "launcher"}) is None
     assert check(key, {**signed, "compile_seconds": 99.0}) == keys["ci"][2]
+    # every kind of entry a lock names (FlyDSL kernels, EP, mori's hipcc objects) signs and checks alike
+    lock = read_lock(smoke_store / "locks" / "smoke.lock.json")
+    recipes: set[str] = set()
+    for k in lock.action_keys():
+        r = st.get_record(k)
+        recipes.add(r["spec"]["recipe"])
+        assert check(k, vouch(k, r, ci)) == keys["ci"][2], k
+    assert {"gemm-only", "ep", "hipcc"} <= recipes, recipes
 
 
 def test_the_keys_come_from_the_options_or_the_environment(keys, tmp_path, monkeypatch):
