@@ -10,8 +10,9 @@ platform), independently of ``gemmar_aot_kernels.hipcc``:
   ``-x hip`` inserted before each ``.hip``/``.cu`` input when the user gave no ``-x``;
 * ``$HIPCC_COMPILE_FLAGS_APPEND`` last.
 
-Where clang is installed (its resource dir, the HIP SDK, the device libraries, ``lld``) comes from
-``gemmar_aot_kernels.hipcc.install_args``: what ROCm's clang finds by its install layout.
+Where clang is installed (its resource dir, the HIP SDK, the device libraries, ``lld``) is
+:data:`INSTALL`, written out here from ROCm's install layout (what its clang finds by itself),
+never taken from the build under test.
 Two normalisations, and only these: every path under mori's ``_jit-sources`` becomes relative to
 a staging directory (``mori/...``), the output is written there and copied to the ``-o`` path; and
 ``-cuid=mori_<source stem>`` is added (clang otherwise hashes the absolute command line into a
@@ -30,6 +31,12 @@ import tempfile
 from pathlib import Path
 
 MARK = "/_jit-sources"
+#: ROCm's clang as installed, relative to the staging directory: the HIP SDK at ``rocm``, the
+#: compiler's resource dir at ``clang``; zig ships no offload bundler, so the output is the bare
+#: device code object a bundle would hold.
+INSTALL = ["--driver-mode=g++", "--target=x86_64-linux-gnu", "-resource-dir", "clang", "--rocm-path=rocm",
+           "--hip-path=rocm", "--rocm-device-lib-path=rocm/amdgcn/bitcode", "-B", "rocm/bin",
+           "--no-gpu-bundle-output"]
 
 
 def hipcc_to_clang(args: list[str]) -> list[str]:
@@ -51,8 +58,6 @@ def hipcc_to_clang(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from gemmar_aot_kernels.hipcc import install_args
-
     root = Path(os.environ["GEMMAR_AOT_TOOLCHAIN"])
     clang_args = hipcc_to_clang(argv)
     source = next(a for a in clang_args if a.endswith(".hip"))
@@ -68,7 +73,7 @@ def main(argv: list[str]) -> int:
         (stage / "mori").symlink_to(mori_root)
         (stage / "rocm").symlink_to(root / "rocm-sdk")
         (stage / "clang").symlink_to(root / "clang-resource")
-        cmd = [str(root / "rocm" / "llvm" / "bin" / "zig"), "clang", *install_args(), *rel]
+        cmd = [str(root / "rocm" / "llvm" / "bin" / "zig"), "clang", *INSTALL, *rel]
         p = subprocess.run(cmd, cwd=stage, capture_output=True, text=True)
         if p.returncode != 0:
             sys.stderr.write(p.stdout + p.stderr)
