@@ -385,8 +385,7 @@ class _BuildRun:
             if self.o.compile_key is not None and not res.hit:  # compiled here: this build vouches for it
                 from gemmar_aot.builder.compile_vouch import vouch
 
-                rec = self.signed[spec.spec_id] = vouch(keys[spec.spec_id], rec, self.o.compile_key)
-                self.st.put_record(keys[spec.spec_id], rec)
+                rec = self.signed[spec.spec_id] = vouch(keys[spec.spec_id], rec, self.o.compile_key)  # stored in tally
             if session is not None:
                 session.upload(keys[spec.spec_id], rec)
 
@@ -399,7 +398,11 @@ class _BuildRun:
         self.compile_wall = time.perf_counter() - t0
 
     def tally(self) -> None:
-        """The compiles' records kept, their time and size by kind, the failures; the cost model updated."""
+        """The compiles' records kept, their time and size by kind, the failures; the cost model updated.
+        The records this build signed replace the unsigned ones its workers stored: here, after the
+        early repack, which re-encodes records in place and could write an unsigned one back over it."""
+        for spec_id, rec in self.signed.items():
+            self.st.put_record(self.keys[spec_id], rec)
         self.by_kind: dict[str, dict] = defaultdict(lambda: {"count": 0, "seconds": 0.0, "bytes": 0})
         self.failures = []
         self.waited = 0
