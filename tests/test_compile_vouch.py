@@ -225,3 +225,28 @@ def test_the_keys_come_from_the_options_or_the_environment(keys, tmp_path, monke
         store = tmp_path / "store"
         r = CliRunner().invoke(main, ["build", str(manifest), "--store", str(store), "-q", *args])
         assert r.exit_code == 2 and named in r.output and not store.exists(), r.output
+
+
+def test_a_record_derived_again_sheds_the_signatures_over_what_it_was(nginx, keys, tiny_manifest, tmp_path):
+    """After a derive-code change, the CI builder's warm store is derived again and refreshes the
+    remote: never with the old signatures (they were over the record it was, so every trusted
+    build would refuse the entry as badly signed); signed anew when the build holds a compile key
+    and checks signatures."""
+    import tree_copy
+
+    seeded = _signed_remote(nginx, keys, tiny_manifest, tmp_path)
+    n = seeded["distinct_specs"]
+    action_keys = read_lock(tmp_path / "ci" / "locks" / "tiny.lock.json").action_keys()
+    tree = tree_copy.rewrite_parser(tree_copy.copy_tree(tmp_path / "derive-edit"))
+    remote = HttpBackend(nginx.url)
+    check = VouchCheck(load_trust(keys["trusted_dir"]))
+    for name, extra in (("plain", ()), ("trusting", ("--compile-key", str(keys["ci"][0]),
+                                                     "--trusted-compile-keys", str(keys["trusted_dir"])))):
+        store = shutil.copytree(tmp_path / "ci", tmp_path / name)
+        s = tree_copy.build(tree, tiny_manifest, store, "--remote", nginx.url, *extra)
+        assert s["compiled"] == 0 and s["rederived"] == n, s
+        if name == "plain":  # no key: the refreshed entries are unsigned, never badly signed
+            assert all(FIELD not in remote.get_record(k) for k in action_keys)
+        else:
+            assert {check(k, remote.get_record(k)) for k in action_keys} == {keys["ci"][2]}, check.seen
+        assert_verifies_clean(store)

@@ -33,12 +33,13 @@ from typing import Any, Mapping
 
 from gemmar_aot.model.types import Digest
 from gemmar_aot.store.backend import record_blob, record_launcher
-from gemmar_aot.store.record import record_digest
+from gemmar_aot.store.record import VOUCHED_FIELD, record_digest
 from gemmar_aot.trust.envelope import pae
 from gemmar_aot.util.canonical_json import canonical_json_bytes
 
-#: The record member holding the signatures (volatile: ``store.record.RECORD_VOLATILE_FIELDS``).
-FIELD = "vouched"
+#: The record member holding the signatures (volatile: ``store.record.RECORD_VOLATILE_FIELDS``;
+#: dropped when a record is derived again, ``builder.remote_session.RemoteSession.refresh``).
+FIELD = VOUCHED_FIELD
 #: DSSE payload type of a compile statement.
 PAYLOAD_TYPE = "application/vnd.gemmar-aot.compile+json"
 #: The compile key: a PEM private key, or the path of one (a CI secret).
@@ -71,10 +72,6 @@ def vouch(key: str, rec: Mapping[str, Any], signer: Any) -> dict:
     sig = base64.b64encode(signer.sign(pae(PAYLOAD_TYPE, statement(key, rec)))).decode()
     kept = [v for v in vouches(rec) if v["keyid"] != signer.keyid]
     return {**rec, FIELD: [*kept, {"keyid": signer.keyid, "sig": sig}]}
-
-
-def without_vouches(rec: Mapping[str, Any]) -> dict:
-    return {k: v for k, v in rec.items() if k != FIELD}
 
 
 class VouchCheck:

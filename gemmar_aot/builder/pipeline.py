@@ -347,8 +347,12 @@ class _BuildRun:
         refresh = set(self.found.rederived)  # the remote's entry predates this derive code: refresh it
         if not (self.closure and self.closure["present"]):  # the remote holds this closure: it has them all
             session.backfill({k: rec for k, rec in by_key.items() if k not in found and k not in refresh})
+        spec_ids = {keys[sid]: sid for sid in self.records}
         for key in sorted(refresh):  # uploaded once each (the backfill leaves them to this)
-            session.upload(key, by_key[key])
+            rec = session.refresh(key, by_key[key])
+            if rec != by_key[key]:  # its stale signatures dropped, or signed anew: kept so
+                self.st.put_record(key, rec)
+                self.records[spec_ids[key]] = rec
 
     def audit(self, found: dict) -> None:
         """Recompile a sample of the remote hits ``found``; one finding distrusts them all (each

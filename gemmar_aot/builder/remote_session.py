@@ -38,7 +38,7 @@ from pathlib import Path
 from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.compiler.derive import DeriveError, is_current, whole_object_arch, with_derived
 from gemmar_aot.compiler.derive_check import derivation_problems
-from gemmar_aot.builder.compile_vouch import vouch, without_vouches
+from gemmar_aot.builder.compile_vouch import FIELD, vouch
 from gemmar_aot.store.backend import record_blob, record_launcher
 from gemmar_aot.store.store_errors import CorruptArtifactError, StoreError
 
@@ -184,20 +184,15 @@ class RemoteSession:
             # Derived by other derive code: never trusted as is, never a miss. Derived again
             # here from its verified blobs.
             try:
-                rec = without_vouches(with_derived(got[0], code, launcher))  # its signatures were over the old record
+                rec = with_derived(got[0], code, launcher)
             except DeriveError as e:
                 self.problem(f"re-deriving {key}", e)  # this derive code refuses it: compile it
                 return key, None
-            if self.signer is not None and self.vouch_check is not None:
-                rec = vouch(key, rec, self.signer)  # derived here from blobs a trusted builder vouched for
-            local.put_blob(code)
+            local.put_blob(code)  # before the refreshed entry's upload reads it
+            rec = self.refresh(key, rec)
             local.put_record(key, rec)
             with self._lock:
                 self.counts["rederived"] += 1
-            if self.vouch_check is None or self.signer is not None:
-                self.upload(key, rec)  # the entry, derived by this code, for the next builder
-            # (else the remote's signed entry stays: replacing it with an unsigned one would cost
-            # every builder that checks signatures its hit)
             return key, rec
 
         found: dict[str, dict] = {}
@@ -242,6 +237,21 @@ class RemoteSession:
             raise
         finally:
             slot[0].set()
+
+    def refresh(self, key: str, rec: dict) -> dict:
+        """``rec``, derived again by this code from blobs already in the local store, its old
+        signatures dropped (they were over the record it was), queued for the remote and returned: signed anew
+        with this build's compile key when the build checks signatures (it took those blobs from
+        a trusted builder, or from its own store); not uploaded when it checks them and holds no
+        key (replacing the remote's signed entry with an unsigned one would cost every builder
+        that checks signatures its hit)."""
+        rec = {k: v for k, v in rec.items() if k != FIELD}  # its signatures were over the record it was
+        if self.vouch_check is not None:
+            if self.signer is None:
+                return rec
+            rec = vouch(key, rec, self.signer)
+        self.upload(key, rec)
+        return rec
 
     def upload(self, key: str, rec: dict) -> None:
         """Queue ``key`` (already in the local store) for upload; returns at once."""

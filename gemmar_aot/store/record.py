@@ -12,7 +12,9 @@ from gemmar_aot.util.filedigest import sha256_hex
 #: Record fields that differ between two compiles of one key (timings) or between the builders
 #: that share one (who vouched for it: ``builder.compile_vouch``): a record's digest leaves them
 #: out, so the same manifest and toolchain give the same lock in any store.
-RECORD_VOLATILE_FIELDS = ("compile_seconds", "vouched")
+#: The record member holding the compile-key signatures over it (``builder.compile_vouch``).
+VOUCHED_FIELD = "vouched"
+RECORD_VOLATILE_FIELDS = ("compile_seconds", VOUCHED_FIELD)
 
 
 #: The members of an action-cache record the runtime reads when it binds a lock entry to its
