@@ -512,3 +512,26 @@ def test_the_ep_op_is_served_from_a_signed_lock_and_refused_by_another_key(signe
         EpDispatchCombineOp(cfg, comm, artifacts=root, driver=FakeHipDriver([smoke_lock]),
                             trusted_keys=keys["rogue"]["pub"])
     assert not comm.acquired
+
+
+def test_an_unreadable_lock_or_envelope_is_named_for_what_it_is(signed_store, keys, tmp_path, monkeypatch):
+    """The lock's own read error stays the lock's; only the envelope's is reported as the envelope's."""
+    root, lock_path = signed_store
+    trusted = _trusted(tmp_path, keys["ci"]["pub"])
+    envelope = LockBundle(lock_path).envelope
+    real = Path.read_bytes
+
+    def unreadable(bad: Path):
+        def read_bytes(self):
+            if self == bad:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+        return read_bytes
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable(envelope))
+    with pytest.raises(ArtifactSignatureError, match="cannot read the signature envelope"):
+        load_artifacts(lock_path, trusted_keys=trusted)
+    monkeypatch.setattr(Path, "read_bytes", unreadable(lock_path))
+    with pytest.raises(Exception) as got:
+        load_artifacts(lock_path, trusted_keys=trusted)
+    assert not isinstance(got.value, ArtifactSignatureError) and "envelope" not in str(got.value), got.value

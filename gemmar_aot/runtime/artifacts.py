@@ -390,8 +390,12 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
     bundle = LockBundle(path)
     trust = arts.trust
     try:
-        lock, verified = bundle.read(None if trust is None else lambda env, plain: _vouched(trust, src, env, plain))
-    except OSError as exc:  # the envelope is there and cannot be read
+        lock, verified = bundle.read(None if trust is None else
+                                     lambda env, plain: _vouched(trust, src, bundle.envelope, env, plain))
+    except OSError as exc:
+        if exc.filename != str(bundle.envelope):
+            raise  # the lock's own read error, as the reader raises it
+        # the envelope is there and cannot be read
         raise ArtifactSignatureError(f"cannot read the signature envelope {bundle.envelope} of the lock {src}: "
                                      f"{exc.strerror or exc}") from None
     if verified is not None:
@@ -404,12 +408,13 @@ def _read_lock(arts: Artifacts, path: Path, origin: str, root: Path | None = Non
     return (lock, verified) if root is None else (lock, src, verified)
 
 
-def _vouched(trust: TrustSet, src: Source, envelope: bytes | None, plain: bytes):
-    """Who vouches for the lock's ``plain`` bytes by ``envelope``, among the trusted keys."""
+def _vouched(trust: TrustSet, src: Source, envelope_path: Path, envelope: bytes | None, plain: bytes):
+    """Who vouches for the lock's ``plain`` bytes by ``envelope`` (read from ``envelope_path``), among
+    the trusted keys."""
     from gemmar_aot.trust.signing_keys import SignatureError
 
     try:
-        return trust.verify(envelope, plain, str(src), str(LockBundle(src.lock_path).envelope))
+        return trust.verify(envelope, plain, str(src), str(envelope_path))
     except SignatureError as exc:
         raise ArtifactSignatureError(str(exc)) from None
 
