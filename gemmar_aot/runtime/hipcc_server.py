@@ -35,13 +35,13 @@ pod's mori, when it asks).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
+from gemmar_aot.util.atomic_write import atomic_write_bytes
 from gemmar_aot.model.hipcc import ARCHS, SOURCES, HipccVariant, nic_variant
 
 from . import misses
@@ -151,12 +151,9 @@ class HipccServer:
         d = self._dir or cache_dir()
         p = d / f"{digest}.hsaco"
         try:
-            if p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest() == digest:
+            if p.is_file() and p.read_bytes() == data:  # ``data`` is verified: the same bytes are too
                 return p
-            d.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, p)
+            atomic_write_bytes(p, data, durable=False)  # a cache: atomic for mori's reader, not durable
             return p
         except OSError as exc:
             raise ArtifactMismatchError(f"cannot write the verified code object {digest[:12]} for mori to load into "
