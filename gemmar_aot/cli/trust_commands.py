@@ -40,23 +40,13 @@ def compile_key_options(fn):
 def resolve_compile_keys(compile_key: str | None, trusted: str | None):
     """(the compile key's Signer or None, the trusted compile keys' TrustSet or None), loaded
     before anything runs: a bad key costs no compile."""
-    import os
-
     from gemmar_aot.builder.compile_vouch import COMPILE_KEY_ENV, TRUSTED_COMPILE_KEYS_ENV
-    from gemmar_aot.trust.signing_keys import load_signing_key
-    from gemmar_aot.trust.trust_set import load_trust
+    from gemmar_aot.trust.signing_keys import signing_keys
+    from gemmar_aot.trust.trust_set import trust_from
 
-    signer = None
-    env_key = os.environ.get(COMPILE_KEY_ENV, "").strip()
-    if compile_key:
-        signer = load_signing_key(compile_key, "--compile-key")
-    elif env_key:
-        signer = load_signing_key(env_key, f"${COMPILE_KEY_ENV}")
-    where = "--trusted-compile-keys"
-    if trusted is None:
-        trusted, where = os.environ.get(TRUSTED_COMPILE_KEYS_ENV, "").strip() or None, f"${TRUSTED_COMPILE_KEYS_ENV}"
-    trust = load_trust([p for p in trusted.split(os.pathsep) if p.strip()], where) if trusted else None
-    return signer, trust
+    signers = signing_keys([compile_key] if compile_key else (), env=COMPILE_KEY_ENV, option="--compile-key")
+    trust = trust_from(trusted or None, env=TRUSTED_COMPILE_KEYS_ENV, option="--trusted-compile-keys")
+    return (signers[0] if signers else None), trust
 
 
 def resolve_signing(sign_keys: tuple[str, ...], sign_expires: str | None):

@@ -95,15 +95,15 @@ def load_signing_key(spec: str | os.PathLike, where: str = "--sign-key") -> Sign
         path = Path(text).expanduser()
         # A value from the environment may be a secret that is not a PEM (say, base64 of one): it is
         # never repeated in a message, whatever it holds.
-        shown = f"the path in {where}" if from_env or "\n" in text or len(text) > 4096 else str(path)
+        hidden = from_env or "\n" in text or len(text) > 4096
+        # where the key came from, said once: the option or variable names itself when the path is hidden
+        src = f"the path in {where}" if hidden else f"{path} ({where})"
         try:
             data = path.read_bytes()
         except (OSError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-            named = shown if where in shown else f"{shown}, {where}"
-            raise SignatureError(f"cannot read the signing key ({named}): {why}; give a PEM private "
+            raise SignatureError(f"cannot read the signing key ({src}): {why}; give a PEM private "
                                  f"key, or the path of one (gemmar-aot keygen makes one)") from None
-        src = f"{shown} ({where})" if shown != str(path) else f"{path} ({where})"
     password = os.environ.get(SIGN_KEY_PASSWORD_ENV)
     try:
         key = serialization.load_pem_private_key(data, password=password.encode() if password else None)
@@ -118,13 +118,15 @@ def load_signing_key(spec: str | os.PathLike, where: str = "--sign-key") -> Sign
     return SigningKey(_keyid(key.public_key()), alg, src, key)
 
 
-def signing_keys(specs: Sequence[str | os.PathLike] = ()) -> list[SigningKey]:
+def signing_keys(specs: Sequence[str | os.PathLike] = (), *, env: str = SIGN_KEY_ENV,
+                 option: str = "--sign-key") -> list[SigningKey]:
     """The keys a build signs with: ``specs`` (``--sign-key``, repeatable for key rotation), else
-    ``$GEMMAR_AOT_SIGN_KEY`` (a PEM key or its path), else none."""
+    ``$GEMMAR_AOT_SIGN_KEY`` (a PEM key or its path), else none. ``env``/``option``: another key's
+    variable and option (the compile key's, ``builder.compile_vouch``)."""
     if specs:
-        return [load_signing_key(s) for s in specs]
-    env = os.environ.get(SIGN_KEY_ENV, "").strip()
-    return [load_signing_key(env, f"${SIGN_KEY_ENV}")] if env else []
+        return [load_signing_key(s, option) for s in specs]
+    value = os.environ.get(env, "").strip()
+    return [load_signing_key(value, f"${env}")] if value else []
 
 
 def generate_key(out_dir: str | os.PathLike, name: str, algorithm: str = "ed25519") -> tuple[Path, Path, str]:

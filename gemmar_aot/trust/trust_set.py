@@ -162,14 +162,15 @@ def load_trust(spec: Any, where: str | None = None) -> TrustSet:
     return TrustSet(tuple(keys), frozenset(revoked), ", ".join(sources))
 
 
-def trust_from(trusted_keys: Any = None) -> TrustSet | None:
+def trust_from(trusted_keys: Any = None, *, env: str = TRUSTED_KEYS_ENV, option: str | None = None) -> TrustSet | None:
     """``trusted_keys`` if given, else ``$GEMMAR_AOT_TRUSTED_KEYS`` if set, else None (nothing is
-    authenticated)."""
+    authenticated). ``env``/``option``: another set's variable and option, which errors name (the
+    trusted compile keys', ``builder.compile_vouch``)."""
     if isinstance(trusted_keys, str) and os.pathsep in trusted_keys:  # as the variable spells several
         trusted_keys = [p for p in trusted_keys.split(os.pathsep) if p.strip()]
     if trusted_keys is not None:
-        return load_trust(trusted_keys)
-    env = os.environ.get(TRUSTED_KEYS_ENV, "").strip()
-    if not env:
+        return load_trust(trusted_keys, option)
+    value = os.environ.get(env, "").strip()
+    if not value:
         return None
-    return load_trust([p for p in env.split(os.pathsep) if p.strip()])
+    return load_trust([p for p in value.split(os.pathsep) if p.strip()], None if env == TRUSTED_KEYS_ENV else f"${env}")
