@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import drop_closures
 from store_health import assert_verifies_clean
+from test_remote_build import _build as remote_build, _lock_bytes
 
 from gemmar_aot.builder.compile_vouch import FIELD, VouchCheck, statement, vouch, vouches
-from gemmar_aot.builder.pipeline import run_build
 from gemmar_aot.cli import main
 from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store import Store
@@ -45,13 +45,13 @@ def keys(tmp_path):
 
 
 def _build(store: Path, manifest: Path, remote: str | None, **kw) -> dict:
-    s = run_build(manifest, store=store, jobs=2, progress=False, remote=remote, **kw)
+    s = remote_build(store, remote, manifest, **kw)
     assert s["failed"] == 0, s["failures"]
     return s
 
 
 def _lock(store: Path) -> bytes:
-    return (store / "locks" / "tiny.lock.json").read_bytes()
+    return _lock_bytes(store, "tiny")
 
 
 def _signed_remote(nginx, keys, tiny_manifest, tmp_path) -> dict:

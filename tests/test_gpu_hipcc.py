@@ -99,10 +99,8 @@ def _worker(rank: int, store: str, port: int, out_dir: str, jit_cache: str) -> N
 
 
 def test_moris_ep_v1_intranode_round_trip_from_prebuilt_code_objects(hipcc_artifacts, tmp_path):
-    import socket
+    from nginx_server import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run_ranks(_worker, (hipcc_artifacts, port, str(tmp_path), str(tmp_path / "mori-jit")), world=WORLD,
               out_dir=tmp_path, what="EP v1 round trip", timeout=TIMEOUT_S)

@@ -304,8 +304,6 @@ def test_moris_own_loader_loads_the_prebuilt_code_objects_with_no_hipcc(smoke_st
     on the HIP double (the GPU's arch as the double reports it), in a process with no hipcc and no
     ROCM_PATH: each code object is our verified one, loaded from a file, launched, and nothing was
     compiled. A source the artifacts lack raises ArtifactMissingError (never mori's warning)."""
-    from hipstub import HipStub
-
     report = tmp_path / "misses.jsonl"
     code = _POD.format(pkg=str(_mori_pkg()), store=str(smoke_store), report=str(report))
     env = {k: v for k, v in os.environ.items() if k not in ("ROCM_PATH", "HIP_PATH", "MORI_GPU_ARCHS")}
@@ -325,7 +323,6 @@ def test_moris_own_loader_loads_the_prebuilt_code_objects_with_no_hipcc(smoke_st
         out["missing"][1]
     line = json.loads(report.read_text().splitlines()[0])
     assert line["hipcc"] == {"source": "ep_intranode", "arch": arch, "nic": "mlx5", "host_proxy": False}
-    del HipStub
 
 
 _EP_POD = _BARE_MORI_POD + textwrap.dedent("""

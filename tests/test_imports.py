@@ -330,8 +330,6 @@ def test_every_op_gets_its_kernels_one_way():
     """Each step of the loading path (provenance, device, verification, loading) is called from one
     place in the runtime: the ops state what they load and call ``LoadedOp._load``; mori's hipcc
     kernels take the same provenance step and their own whole-object check."""
-    import ast
-
     callers: dict[str, set[str]] = {}
     for p in sorted((REPO / "gemmar_aot" / "runtime").glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):

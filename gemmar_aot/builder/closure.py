@@ -322,7 +322,7 @@ def upload_closure(session: Any, st: Any, lock: Lock, index_bytes: bytes, record
     try:
         lock_bytes = lock.to_bytes()
         records = list(records)
-        signed = {r["key"]: vouches(r) for r in records if vouches(r)}
+        signed = {r["key"]: v for r in records if (v := vouches(r))}
         vouched = canonical_json(signed).encode() if signed else None
         raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
         lns = {ln.hash: ln.size for ln in map(record_launcher, records) if ln is not None}
