@@ -81,7 +81,6 @@ class VouchCheck:
 
     def __init__(self, trust: Any):
         self.trust = trust
-        self._keys = trust.by_id()
         #: action key -> (the vouching key id, or None and why: unsigned, untrusted, revoked, bad)
         self.seen: dict[str, tuple[str | None, str]] = {}
 
@@ -96,30 +95,22 @@ class VouchCheck:
         found = vouches(rec)
         if not found:
             return None, "unsigned"
-        data, why = None, "untrusted"
+        sigs = []
         for v in found:
-            if v["keyid"] in self.trust.revoked:
-                why = "revoked"
-                continue
-            trusted = self._keys.get(v["keyid"])
-            if trusted is None:
-                continue
             try:
-                sig = base64.b64decode(v["sig"], validate=True)
+                sigs.append((v["keyid"], base64.b64decode(v["sig"], validate=True)))
             except (binascii.Error, ValueError):
-                why = "bad_signature"
-                continue
-            data = data if data is not None else pae(PAYLOAD_TYPE, statement(key, rec, record))
-            if trusted.verifies(sig, data):
-                return v["keyid"], "vouched"
-            why = "bad_signature"
-        return None, why
+                sigs.append((v["keyid"], b""))  # never verifies: a bad signature of that key
+        signer, refused = self.trust.signer(sigs, pae(PAYLOAD_TYPE, statement(key, rec, record)))
+        if signer is not None:
+            return signer.keyid, "vouched"
+        return None, ("bad_signature" if refused["bad"] else "revoked" if refused["revoked"] else "untrusted")
 
     def summary(self) -> dict:
         """For the build summary and the lock's provenance: the remote entries checked, against
         which keys, and who vouched for the ones taken."""
         whys = Counter(why for _k, why in self.seen.values())
         by_key = Counter(k for k, _why in self.seen.values() if k is not None)
-        return {"trusted_keys": sorted(self._keys), "revoked": sorted(self.trust.revoked),
+        return {"trusted_keys": sorted({k.keyid for k in self.trust.keys}), "revoked": sorted(self.trust.revoked),
                 "vouched": whys["vouched"], "vouched_by": dict(sorted(by_key.items())),
                 "refused": {w: whys[w] for w in ("unsigned", "untrusted", "revoked", "bad_signature") if whys[w]}}

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from .envelope import Envelope, PAYLOAD_TYPE, _rfc3339, pae, read_envelope
 from .signing_keys import KEY_FILE_SUFFIXES, REVOKED_FILE, SignatureError, TRUSTED_KEYS_ENV, TrustedKey, _public_keys_in, _revoked_ids
@@ -43,6 +43,24 @@ class TrustSet:
     def by_id(self) -> dict[str, TrustedKey]:
         return {k.keyid: k for k in self.keys}
 
+    def signer(self, signatures: Iterable[tuple[str, bytes]], data: bytes) -> tuple[TrustedKey | None, dict]:
+        """The first trusted, unrevoked key among ``signatures`` ((key id, signature) pairs) whose
+        signature over ``data`` verifies, or None; and the key ids that did not, by why:
+        ``revoked``, ``unknown``, ``bad`` (a trusted key whose signature does not verify)."""
+        trusted = self.by_id()
+        refused: dict[str, list[str]] = {"revoked": [], "unknown": [], "bad": []}
+        for keyid, sig in signatures:
+            key = trusted.get(keyid)
+            if keyid in self.revoked:
+                refused["revoked"].append(keyid)
+            elif key is None:
+                refused["unknown"].append(keyid)
+            elif not key.verifies(sig, data):
+                refused["bad"].append(keyid)
+            else:
+                return key, refused
+        return None, refused
+
     def verify(self, envelope_bytes: bytes | None, lock_bytes: bytes, lock_where: str,
                envelope_where: str, now: datetime | None = None) -> Verified:
         """Check that a signature by a trusted, unrevoked key covers exactly these lock bytes (the
@@ -54,20 +72,9 @@ class TrustSet:
         env = read_envelope(envelope_bytes, envelope_where)
         name, want = env.subject
         have = sha256_hex(lock_bytes)
-        to_check = pae(PAYLOAD_TYPE, env.payload)
-        trusted = self.by_id()
-        revoked, unknown, bad = [], [], []
-        good: Verified | None = None
-        for keyid, sig in env.signatures:
-            key = trusted.get(keyid)
-            if keyid in self.revoked:
-                revoked.append(keyid)
-            elif key is None:
-                unknown.append(keyid)
-            elif not key.verifies(sig, to_check):
-                bad.append(keyid)
-            elif good is None:
-                good = Verified(keyid, key.name, env)
+        key, refused = self.signer(env.signatures, pae(PAYLOAD_TYPE, env.payload))
+        revoked, unknown, bad = refused["revoked"], refused["unknown"], refused["bad"]
+        good = None if key is None else Verified(key.keyid, key.name, env)
         if good is None:
             if bad:
                 why = (f"its signature by trusted key {bad[0][:16]} does not verify: the envelope was modified "
