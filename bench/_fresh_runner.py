@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +49,29 @@ def build(manifest: Path, store: Path, remote: str | None, *extra: str) -> dict:
     r = s.get("remote") or {}
     return {"wall_s": wall, "build_wall_s": s["wall_seconds"], "requests": r.get("requests", 0),
             "bytes_down": r.get("bytes_down", 0), "closure": s.get("closure"), "compile_keys": s.get("compile_keys")}
+
+
+def arm(runs: list[dict]) -> dict:
+    """One arm's rounds (``build``'s results): the medians, every wall time, and the last round's
+    requests, bytes down, closure and compile-key summaries."""
+    last = runs[-1]
+    return {"wall_s_median": round(statistics.median(r["wall_s"] for r in runs), 3),
+            "build_wall_s_median": round(statistics.median(r["build_wall_s"] for r in runs), 3),
+            "walls_s": [round(r["wall_s"], 3) for r in runs], "requests": last["requests"],
+            "bytes_down": last["bytes_down"], "closure": last["closure"], "compile_keys": last["compile_keys"]}
+
+
+@contextmanager
+def closure_taken_off(cache_dir: Path, closure_key: str):
+    """The manifest's closure entries (``/ac/KEY`` and its "latest" twin: the same bytes) off the
+    cache whose files are ``cache_dir`` for a per-key run, and put back after."""
+    ac = cache_dir / "ac"
+    exact = (ac / closure_key).read_bytes()
+    files = {p: p.read_bytes() for p in ac.iterdir() if p.read_bytes() == exact}
+    for p in files:
+        p.unlink()
+    try:
+        yield
+    finally:
+        for p, data in files.items():
+            p.write_bytes(data)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path[:0] = [str(ROOT / "tests")]
-from _fresh_runner import arg_parser, build  # noqa: E402
+from _fresh_runner import arg_parser, arm, build, closure_taken_off  # noqa: E402
 from _results import commit, emit  # noqa: E402
 
 
@@ -92,35 +91,20 @@ def main() -> int:
             warm = tmp / "warm"
             shutil.copytree(a.store, warm, ignore=shutil.ignore_patterns("quarantine", "*.claim"))
             seed = build(a.manifest, warm, server.url)
-            key = seed["closure"]["key"]
-            latest = [p for p in (server.data / "ac").iterdir()
-                      if p.read_bytes() == (server.data / "ac" / key).read_bytes() and p.name != key]
-            closure_files = {p: p.read_bytes() for p in [server.data / "ac" / key, *latest]}
             with FaultProxy(server.port, delay=a.delay) as px:
                 for i in range(a.rounds):
                     copy = tmp / f"warm{i}"
                     shutil.copytree(warm, copy)
                     runs["warm_local"].append(build(a.manifest, copy, None))
                     runs["closure"].append(build(a.manifest, tmp / f"closure{i}", px.url, "--remote-read-only"))
-                    for p in closure_files:
-                        p.unlink()
-                    try:
+                    with closure_taken_off(server.data, seed["closure"]["key"]):
                         runs["per_key"].append(build(a.manifest, tmp / f"perkey{i}", px.url, "--remote-read-only"))
-                    finally:
-                        for p, data in closure_files.items():
-                            p.write_bytes(data)
             fed = {"closure": tmp / f"closure{a.rounds - 1}", "per_key": tmp / f"perkey{a.rounds - 1}"}
             after_fill = {name: fed_store_report(a.manifest, store, tmp / f"tree-{name}") for name, store in fed.items()}
             without = pack_without_launchers(warm, a.manifest.stem)
         finally:
             server.stop()
     speed_after = python_speed_ms()
-
-    def arm(rs: list[dict]) -> dict:
-        return {"wall_s_median": round(statistics.median(r["wall_s"] for r in rs), 3),
-                "build_wall_s_median": round(statistics.median(r["build_wall_s"] for r in rs), 3),
-                "requests": rs[-1]["requests"], "bytes_down": rs[-1]["bytes_down"],
-                "closure": rs[-1]["closure"]}
 
     out = {"manifest": str(a.manifest), "delay_s": a.delay, "rounds": a.rounds,
            **{name: arm(rs) for name, rs in runs.items()},

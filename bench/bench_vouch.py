@@ -31,7 +31,6 @@ Reported per arm: wall seconds of the whole build (median), requests, bytes down
 from __future__ import annotations
 
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
-from _fresh_runner import arg_parser, build  # noqa: E402
+from _fresh_runner import arg_parser, arm, build, closure_taken_off  # noqa: E402
 from _results import commit, emit  # noqa: E402
 
 
@@ -60,18 +59,14 @@ def sign_store(store: Path, manifest_name: str, key_file: Path) -> int:
 
 
 class _Cache:
-    """One nginx filled from ``store`` by a writable build, behind a fault proxy; its closure's
-    action-cache entries can be taken off for a per-key run."""
+    """One nginx filled from ``store`` by a writable build, behind a fault proxy."""
 
     def __init__(self, workdir: Path, store: Path, manifest: Path, delay: float):
         from nginx_server import FaultProxy, Nginx
 
         self.server = Nginx(workdir).start()
         try:
-            seed = build(manifest, store, self.server.url)
-            exact = (self.server.data / "ac" / seed["closure"]["key"]).read_bytes()  # and its "latest" twin
-            self.closure_files = {p: p.read_bytes() for p in (self.server.data / "ac").iterdir()
-                                  if p.read_bytes() == exact}
+            self.closure_key = build(manifest, store, self.server.url)["closure"]["key"]
             self.proxy = FaultProxy(self.server.port, delay=delay).__enter__()
         except BaseException:
             self.server.stop()
@@ -79,13 +74,8 @@ class _Cache:
         self.url = self.proxy.url
 
     def per_key(self, run):
-        for p in self.closure_files:
-            p.unlink()
-        try:
+        with closure_taken_off(self.server.data, self.closure_key):
             return run()
-        finally:
-            for p, data in self.closure_files.items():
-                p.write_bytes(data)
 
     def stop(self) -> None:
         self.proxy.__exit__(None, None, None)
@@ -106,10 +96,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-vouch-") as tmp:
         tmp = Path(tmp)
         priv, pub, keyid = generate_key(tmp / "keys", "builder")
-        trusted = tmp / "trusted"
-        trusted.mkdir()
-        shutil.copy(pub, trusted / "builder.pub.pem")
-        trust = ("--trusted-compile-keys", str(trusted))
+        trust = ("--trusted-compile-keys", str(pub))  # a PEM file of public keys serves as well as a directory
         warm, signed_warm = tmp / "warm", tmp / "signed-warm"
         for d in (warm, signed_warm):
             shutil.copytree(a.store, d, ignore=shutil.ignore_patterns("quarantine", "*.claim"))
@@ -135,13 +122,6 @@ def main() -> int:
             for c in caches:
                 c.stop()
     speed_after = python_speed_ms()
-
-    def arm(rs: list[dict]) -> dict:
-        return {"wall_s_median": round(statistics.median(r["wall_s"] for r in rs), 3),
-                "build_wall_s_median": round(statistics.median(r["build_wall_s"] for r in rs), 3),
-                "walls_s": [round(r["wall_s"], 3) for r in rs],
-                "requests": rs[-1]["requests"], "bytes_down": rs[-1]["bytes_down"],
-                "closure": (rs[-1]["closure"] or {}).get("status"), "compile_keys": rs[-1]["compile_keys"]}
 
     out = {"manifest": str(a.manifest), "delay_s": a.delay, "rounds": a.rounds, "signed_records": signed,
            "compile_key": keyid, **{name: arm(rs) for name, rs in runs.items()},
