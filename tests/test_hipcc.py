@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import os
 import subprocess
 import sys
@@ -413,6 +414,39 @@ def test_a_lock_serving_a_variant_with_another_variants_record_is_refused(smoke_
                                                     "that compiled cast_kernel for gfx950"):
         srv._materialise(HipccVariant("cast_kernel", "gfx942", "mlx5"))
     assert not (tmp_path / "hsaco").exists()
+
+
+@pytest.mark.parametrize("edit", ["empty", "renamed", "one_extra", "another_objects"])
+def test_a_lock_item_whose_symbols_are_not_exactly_its_objects_kernels_is_refused(smoke_store, smoke_lock,
+                                                                                   tmp_path, edit):
+    """The symbols a lock item lists are its code object's kernels, the same set and never empty: an
+    edited list -- emptied, a name changed, one too many, another object's -- is refused at the first
+    request, naming the item, before mori sees a file."""
+    import shutil
+
+    from gemmar_aot.model.lock import write_lock
+    from gemmar_aot.runtime import ArtifactMismatchError
+    from gemmar_aot.runtime.hipcc_server import HipccServer
+
+    store = tmp_path / "store"
+    shutil.copytree(smoke_store, store)
+    items = _smoke_hipcc(smoke_lock)
+    v = HipccVariant("shmem_kernels", "gfx950", "mlx5")
+    own = items[v].entry.symbols
+    other = items[HipccVariant("cast_kernel", "gfx950", "mlx5")].entry.symbols
+    assert own and other and set(own).isdisjoint(other)
+    symbols = {"empty": (), "renamed": (own[0] + "_v2", *own[1:]), "one_extra": (*own, *other),
+               "another_objects": other}[edit]
+    edited = replace(smoke_lock, hipcc=tuple(replace(h, entry=replace(h.entry, symbols=tuple(symbols)))
+                                             if h.variant == v else h for h in smoke_lock.hipcc))
+    write_lock(store / "locks" / "smoke.lock.json", edited)
+    srv = HipccServer(store, directory=tmp_path / "hsaco")
+    with pytest.raises(ArtifactMismatchError, match=re.escape(v.describe()) + r" and its code object defines \d+: "
+                                                    r".*a lock item names exactly its code object's"):
+        srv._materialise(v)
+    assert not (tmp_path / "hsaco").exists()
+    shutil.copy(smoke_store / "locks" / "smoke.lock.json", store / "locks" / "smoke.lock.json")
+    assert Path(HipccServer(store, directory=tmp_path / "hsaco")._materialise(v)).is_file()  # the built lock passes
 
 
 def test_suggest_turns_a_hipcc_miss_into_the_entry_that_builds_it(tmp_path):

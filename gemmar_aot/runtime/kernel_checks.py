@@ -335,8 +335,8 @@ def verify_whole_object(artifacts: Any, info: Any, item: Any) -> bytes:
     ``info``; :mod:`.hipcc_server`) before it hands it over: the record the lock names, from the lock's
     record index or else the store, bound to the item's variant (a record that compiled another
     source, arch, NIC or proxy is refused); the blob read and verified by digest; the object's own
-    metadata note: the variant's arch, defining every kernel the lock lists. Returns the verified
-    bytes; raises ArtifactMismatchError (or the store's errors for a missing or damaged blob)."""
+    metadata note: the variant's arch, defining exactly the kernels the lock lists (a non-empty set).
+    Returns the verified bytes; raises ArtifactMismatchError (or the store's errors for a missing or damaged blob)."""
     from gemmar_aot.model.hipcc import HipccVariant
 
     where, e = f"{info.source} ({item.source})", item.entry
@@ -361,8 +361,17 @@ def verify_whole_object(artifacts: Any, info: Any, item: Any) -> bytes:
         co = parse_code_object(data)
     except CodeObjectError as exc:
         raise ArtifactMismatchError(f"{where}: {item.variant.describe()} is not a code object: {exc}") from None
-    missing = sorted(set(e.symbols) - {k.name for k in co.kernels})
-    if co.arch != item.variant.arch or missing:
-        raise ArtifactMismatchError(f"{where}: the code object of {item.variant.describe()} is for {co.arch} and "
-                                    f"lacks {missing}; rebuild the manifest")
+    if co.arch != item.variant.arch:
+        raise ArtifactMismatchError(f"{where}: the code object of {item.variant.describe()} is for {co.arch}, the "
+                                    f"lock serves it for {item.variant.arch}; rebuild the manifest")
+    listed, defined = set(e.symbols), {k.name for k in co.kernels}
+    if not listed or listed != defined:
+        raise ArtifactMismatchError(
+            f"{where}: the lock lists {len(listed)} kernel(s) for {item.variant.describe()} and its code object "
+            f"defines {len(defined)}: " + "; ".join(part for part in (
+                f"listed, not defined: {sorted(listed - defined)}" if listed - defined else "",
+                f"defined, not listed: {sorted(defined - listed)}" if defined - listed else "",
+                "the list is empty" if not listed else "") if part)
+            + "; a lock item names exactly its code object's kernels: the lock was edited or made by another "
+              "gemmar-aot, rebuild the manifest")
     return data
