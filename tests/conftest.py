@@ -1,9 +1,18 @@
-"""Shared fixtures. ``smoke_build`` compiles manifests/smoke.toml once per session."""
+"""Shared fixtures. ``smoke_build`` compiles manifests/smoke.toml once per session.
+
+The session's temp directory: everything the suite, the builds it runs and their processes put in
+"the system temp directory" goes to a directory of the session's own (``TMPDIR``, and ``tempfile``'s
+cache of it), and what is still there when the session ends -- pytest's own ``tmp_path`` tree aside
+-- fails the session, by name: a build, a killed build or a test leaves nothing behind. The
+directory is removed then (kept, with the failed tests' ``tmp_path``, when a test failed).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +20,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: Short (``/tmp/gat-XXXXXXXX``): a Ray cluster's unix sockets live below it (107 bytes at most).
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="gat-"))
+os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TMP)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    left = sorted(p.name for p in SESSION_TMP.iterdir() if not p.name.startswith("pytest-of-"))
+    if not session.testsfailed or left:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    else:
+        sys.stderr.write(f"\nthe failed tests' directories are kept in {SESSION_TMP}\n")
+    if left:
+        sys.stderr.write(f"\nFAILED: the test session left {len(left)} entr{'y' if len(left) == 1 else 'ies'} in the "
+                         f"temp directory: {left[:20]}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

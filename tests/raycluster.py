@@ -97,7 +97,7 @@ class LocalRayCluster:
 
     def __init__(self, env: dict | None = None, start_timeout: float = 60.0):
         # Short socket paths: AF_UNIX paths are limited to 107 bytes.
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="gra-"))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="r-"))  # short: Ray's unix sockets live below
         self.env = {**os.environ, **QUIET_ENV, **(env or {})}
         self.env.pop("RAY_ADDRESS", None)
         self.start_timeout = start_timeout

@@ -318,6 +318,20 @@ def _ray_build(cluster, manifest: Path, store: Path, *extra: str, timeout: float
 
 
 @pytest.mark.ray
+def test_a_ray_build_killed_mid_hipcc_compile_takes_its_compiles_with_it(cluster, tmp_path):
+    """Under ``--executor ray`` too: the driver killed with SIGKILL while clang runs leaves no compile
+    process, no temp file and no work directory 5 s later (tests/test_lifecycle.py's checks)."""
+    import signal
+
+    from test_lifecycle import assert_nothing_left, hipcc_build_compiling
+
+    with hipcc_build_compiling(tmp_path, "--executor", "ray", "--ray-address", cluster.address, env=cluster.env) as b:
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.communicate(timeout=60)
+        assert_nothing_left(b)
+
+
+@pytest.mark.ray
 @pytest.mark.compile
 def test_ray_build_writes_the_same_store_entries_as_a_local_build(cluster, tmp_path):
     from gemmar_aot.builder.pipeline import run_build

@@ -253,6 +253,24 @@ def test_sigkill_mid_write_leaves_no_partial_entry(tmp_path, stage):
     assert store.load(k) is not None
 
 
+def test_a_killed_builds_compile_directories_are_not_damage_and_gc_removes_the_stale_ones(tmp_path):
+    """work/ holds a directory per compile in flight; one a build killed outright left (the whole
+    tree killed at once) is debris: verify stays clean, gc removes it once stale, never a fresh one."""
+    root = tmp_path / "store"
+    store = Store(root)
+    store.put(key_of("kept"), code_object(1), fields(1))
+    old, fresh = store.work_dir / "hipcc-ep_intranode-abc", store.work_dir / "hipcc-cast_kernel-def"
+    for d in (old, fresh):
+        (d / ".stage-x").mkdir(parents=True)
+        (d / ".stage-x" / "ep.o").write_bytes(b"half a clang temporary")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert inventory.verify(store).clean
+    assert gc.gc(store, keep_blobs=set(), dry_run=True)["removed_temp_files"] == 1 and old.is_dir()
+    report = gc.gc(store, keep_blobs=set())
+    assert report["removed_temp_files"] == 1
+    assert not old.exists() and fresh.is_dir() and store.load(key_of("kept")) is not None
+
+
 # ---- corruption ----
 
 def test_flipped_byte_is_detected_quarantined_and_becomes_a_miss(store):

@@ -1,8 +1,9 @@
 """Where mori's hipcc-JIT kernels compile: a process each, ``jobs`` at a time, into the store.
 
 A hipcc spec needs no FlyDSL worker: its compile is one clang run (seconds to minutes), driven
-by ``python -m gemmar_aot_kernels.hipcc`` in a process of its own (mori's JIT driver is imported
-there, bare). :class:`HipccExecutor` is a compile executor (``scheduler.Executor``): threads
+by the recipe (``gemmar_aot_kernels.hipcc``) in a process of its own (:mod:`.hipcc_process`; mori's
+JIT driver is imported there, bare), in a work directory of its own under the store's ``work/``.
+:class:`HipccExecutor` is a compile executor (``scheduler.Executor``): threads
 start those processes, longest first by the cost model, each under its key's claim in the store
 (a concurrent builder compiles a key once, as for every kernel), and the record is the spec, the
 derived fields of the code object (its target and kernels: ``derive.derive_object``), the key's
@@ -14,9 +15,12 @@ exception; an interrupt ends the clang processes still running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +31,7 @@ from typing import Iterator, Sequence
 
 from gemmar_aot.compiler.worker import CompileResult
 from gemmar_aot.model.spec import KernelSpec
+from gemmar_aot.compiler.hipcc_process import BUILD_PID_ENV, OUT_NAME
 
 
 class HipccExecutor:
@@ -76,11 +81,12 @@ class HipccExecutor:
 
         spec, t0, c0 = t.spec, time.perf_counter(), _children_cpu()
         try:
-            with Store(store_root).claim(t.key) as claim:
+            store = Store(store_root)
+            with store.claim(t.key) as claim:
                 if claim.hit is not None and is_current(claim.hit):
                     return CompileResult(spec.spec_id, True, time.perf_counter() - t0, claim.hit, hit=True)
                 t_run = time.monotonic()
-                code, argv = self._clang(spec)
+                code, argv = self._clang(spec, store.work_dir)
                 seconds = time.perf_counter() - t0
                 fields = {"spec": spec.to_json(), **derived_fields(code, None, spec.param_dict()["arch"]),
                           "ingredients": t.ingredients, "compile_seconds": round(seconds, 3),
@@ -96,24 +102,36 @@ class HipccExecutor:
             return CompileResult(spec.spec_id, False, time.perf_counter() - t0, error=str(exc),
                                  cpu_seconds=_children_cpu() - c0, pid=os.getpid())
 
-    def _clang(self, spec: KernelSpec) -> tuple[bytes, list[str]]:
-        """The code object of ``spec`` (and the clang command that made it), from a process of its own."""
-        with tempfile.TemporaryDirectory(prefix="gemmar-hipcc-out-") as td:
-            out = Path(td) / "out.hsaco"
-            cmd = [sys.executable, "-m", "gemmar_aot_kernels.hipcc", json.dumps(spec.to_json()), str(self.tc.root),
-                   str(self.tc.mori_dir), str(out)]
+    def _clang(self, spec: KernelSpec, work_root: Path) -> tuple[bytes, list[str]]:
+        """The code object of ``spec`` (and the clang command that made it), from a process of its own.
+
+        The compile works in a directory of its own under the store's ``work/`` (never the system
+        temp directory) and leads a process group of its own, which holds clang's driver, ``-cc1``
+        and the linker: it ends them and removes its directory when it is stopped or the build
+        dies (:mod:`.hipcc_process`); the group is swept here too once it exits, so
+        a compile killed outright leaves nothing running either."""
+        work_root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"hipcc-{spec.kind}-", dir=work_root))
+        try:
+            cmd = [sys.executable, "-m", "gemmar_aot.compiler.hipcc_process", json.dumps(spec.to_json()),
+                   str(self.tc.root), str(self.tc.mori_dir), str(work)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
+                                    start_new_session=True, env={**os.environ, BUILD_PID_ENV: str(os.getpid())})
             with self._lock:
                 self._procs.add(proc)
             try:
                 stdout, stderr = proc.communicate()
             finally:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is still there
                 with self._lock:
                     self._procs.discard(proc)
             if proc.returncode != 0:
-                raise RuntimeError(f"{spec.label()}: compile failed (exit {proc.returncode}):\n{stderr[-4000:]}")
-            return out.read_bytes(), json.loads(stdout.splitlines()[-1])
+                raise RuntimeError(f"{spec.label()}: compile failed ({_exit_status(proc.returncode)}):\n"
+                                   f"{stderr[-4000:]}")
+            return (work / OUT_NAME).read_bytes(), json.loads(stdout.splitlines()[-1])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def close(self) -> None:
         """End the clang processes still running (an interrupt); safe to call again."""
@@ -123,7 +141,7 @@ class HipccExecutor:
         for p in procs:
             if p.poll() is None:
                 try:
-                    os.killpg(p.pid, 15)
+                    os.killpg(p.pid, signal.SIGTERM)
                 except OSError:
                     pass
 
@@ -131,3 +149,12 @@ class HipccExecutor:
 def _children_cpu() -> float:
     t = os.times()
     return t.children_user + t.children_system
+
+
+def _exit_status(code: int) -> str:
+    """A compile process's exit, in words: a signal it died of or stopped on (128 + n) is named."""
+    n = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        return f"exit {code}: stopped by {signal.Signals(n).name}" if n else f"exit {code}"
+    except ValueError:
+        return f"exit {code}"

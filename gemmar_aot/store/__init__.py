@@ -11,6 +11,8 @@ Layout under the store root::
     locks/<manifest>.lock.json        lock files (the build's; nothing else lives in locks/)
     quarantine/                       files that failed verification, with a .reason note
     stats/last-build.json             hits/misses of the last build
+    work/<dir>/                       one directory per compile in flight (hipcc: staging, output);
+                                      removed by its compile, by gc when a killed build left it
     dictionary.json                   the zstd dictionary new blobs use (optional; itself a blob)
     record-dictionary.json            the zstd dictionary new records use (optional)
 

@@ -138,6 +138,11 @@ class Store:
     def stats_dir(self) -> Path:
         return self.local.stats_dir
 
+    @property
+    def work_dir(self) -> Path:
+        """``work/``: scratch directories of compiles in flight (see the directory backend)."""
+        return self.local.work_dir
+
     def blob_path(self, digest: str) -> Path:
         return self.local.blob_path(digest)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -104,6 +105,25 @@ def _unlink_older(paths: Iterable[Path], cutoff: float, *, dry_run: bool) -> int
     return n
 
 
+def _remove_stale_work(store: Store, cutoff: float, *, dry_run: bool) -> int:
+    """How many compile directories under ``work/`` (a build killed outright leaves its compiles'
+    ones) were last modified before ``cutoff``, each removed unless ``dry_run``."""
+    work = getattr(store.local, "work_dir", None)
+    if work is None or not work.is_dir():
+        return 0
+    n = 0
+    for d in work.iterdir():
+        with contextlib.suppress(OSError):
+            if d.lstat().st_mtime < cutoff:
+                n += 1
+                if not dry_run:
+                    if d.is_dir() and not d.is_symlink():
+                        shutil.rmtree(d, ignore_errors=True)
+                    else:
+                        d.unlink()
+    return n
+
+
 def _sweep_leftovers(store: Store, now: float, stale_s: float, purge_quarantine_days: float | None, *,
                      dry_run: bool) -> tuple[int, int, int]:
     """(stale temp files, stale per-key build claims, quarantined files older than
@@ -113,6 +133,7 @@ def _sweep_leftovers(store: Store, now: float, stale_s: float, purge_quarantine_
     temps += _unlink_older((f for p in (store.root, store.stats_dir) if p.is_dir() for f in p.iterdir()
                             if f.name.startswith(".") and f.name.endswith(".tmp") and f.is_file()),
                            now - stale_s, dry_run=dry_run)
+    temps += _remove_stale_work(store, now - stale_s, dry_run=dry_run)
     # Stale per-key build claims (claims/ab/<key>.claim); locks/ holds lock files, not ours.
     locks = _unlink_older((p for key, p in iter_fanned(store.claim_dir, CLAIM_SUFFIX) if is_hex64(key)),
                           now - stale_s, dry_run=dry_run)

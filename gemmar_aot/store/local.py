@@ -171,6 +171,12 @@ class DirectoryBackend(DictionaryFiles, CacheBackend):
     def stats_dir(self) -> Path:
         return self.root / "stats"
 
+    @property
+    def work_dir(self) -> Path:
+        """``work/``: a directory per compile in flight (its staging and output); the compile
+        removes its own, ``gc`` the ones a killed build left."""
+        return self.root / "work"
+
     def blob_path(self, digest: str) -> Path:
         return fanout(self.blob_dir, check_hex64(digest, "blob digest"), BLOB_SUFFIX)
 
