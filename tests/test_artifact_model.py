@@ -55,7 +55,7 @@ def _refuse(doc, match, where="x.lock.json"):
 # ---- round trip and canonical bytes ----
 
 def test_round_trip(lock, doc):
-    assert doc["schema"] == LOCK_SCHEMA == 6 and doc["ep"] == doc["hipcc"] == []  # one schema, entries or not
+    assert doc["schema"] == LOCK_SCHEMA == 7 and doc["ep"] == doc["hipcc"] == doc["jitv2"] == []  # one schema, entries or not
     back = Lock.from_json(doc)
     assert back == lock
     assert back.to_bytes() == lock.to_bytes()
@@ -118,17 +118,17 @@ def test_one_action_key_is_one_kernel(lock):
 # ---- schema ----
 
 @pytest.mark.parametrize("schema, match", [
-    (7, "lock schema 7 was written by a newer gemmar-aot; this one reads lock schema 6: upgrade gemmar-aot"),
+    (8, "lock schema 8 was written by a newer gemmar-aot; this one reads lock schema 7: upgrade gemmar-aot"),
     # 3 and 4: their records spelled blobs {"digest", "size"} (record schema 1); a rebuild re-derives them
-    (4, "lock schema 4 was written by an older gemmar-aot; this one reads lock schema 6 .*rebuild it with "
+    (4, "lock schema 4 was written by an older gemmar-aot; this one reads lock schema 7 .*rebuild it with "
         "`gemmar-aot build MANIFEST` \\(the store's kernels are reused, nothing is recompiled\\)"),
-    (3, "lock schema 3 was written by an older gemmar-aot; this one reads lock schema 6 .*rebuild it with "
+    (3, "lock schema 3 was written by an older gemmar-aot; this one reads lock schema 7 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
-    (2, "lock schema 2 was written by an older gemmar-aot; this one reads lock schema 6 .*rebuild it with "
+    (2, "lock schema 2 was written by an older gemmar-aot; this one reads lock schema 7 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
-    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 6 .*rebuild it with "
+    (1, "lock schema 1 was written by an older gemmar-aot; this one reads lock schema 7 .*rebuild it with "
         "`gemmar-aot build MANIFEST`"),
-    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 6\\)"),
+    (0, "unknown lock schema 0 \\(this gemmar-aot reads lock schema 7\\)"),
     ("2", "\\$.schema is '2', not an integer lock schema"),
     (None, "\\$.schema is None, not an integer lock schema"),
 ])
@@ -139,9 +139,16 @@ def test_other_schemas_are_refused(doc, schema, match):
 
 def test_a_schema_5_lock_is_read_as_one_with_no_hipcc_code_objects(lock, doc):
     """Lock schema 6 added the ``hipcc`` list and nothing else: a lock of schema 5 reads as it is."""
-    old = {k: v for k, v in doc.items() if k != "hipcc"} | {"schema": 5}
+    old = {k: v for k, v in doc.items() if k not in ("hipcc", "jitv2")} | {"schema": 5}
     assert Lock.from_json(old) == lock and Lock.from_json(old).hipcc == ()
     _refuse({**old, "hipcc": []}, r"\$ has unknown field\(s\) 'hipcc' for lock schema")
+
+
+def test_a_schema_6_lock_is_read_as_one_with_no_jitv2_code_objects(lock, doc):
+    """Lock schema 7 added the ``jitv2`` list and nothing else: a lock of schema 6 reads as it is."""
+    old = {k: v for k, v in doc.items() if k != "jitv2"} | {"schema": 6}
+    assert Lock.from_json(old) == lock and Lock.from_json(old).jitv2 == ()
+    _refuse({**old, "jitv2": []}, r"\$ has unknown field\(s\) 'jitv2' for lock schema")
 
 
 def test_a_schema_1_lock_is_refused_not_migrated():
@@ -165,7 +172,7 @@ def test_missing_field(doc):
 
 def test_unknown_field(doc):
     doc["tuples"][0]["colour"] = "blue"
-    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 6")
+    _refuse(doc, r"\$\.tuples\[0\] has unknown field\(s\) 'colour' for lock schema 7")
 
 
 @pytest.mark.parametrize("field, value, match", [

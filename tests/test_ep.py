@@ -312,7 +312,7 @@ def test_ep_lock_names_every_rank_and_variant_in_the_recipes_order(ep_build):
     path = Path(summary["lock_file"])
     data = path.read_bytes()
     lock = read_lock(path).check_parts()
-    assert json.loads(data.split(b"\n")[0])["schema"] == 6 and lock.tuples == ()
+    assert json.loads(data.split(b"\n")[0])["schema"] == 7 and lock.tuples == ()
     (le,), (pe,) = lock.eps, plan.eps
     assert le.config == pe.entry.config and le.arena == pe.arena and le.source.endswith(":ep[0] (line 17)")
     fp = load_toolchain().fingerprint

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from gemmar_aot.compiler.keys import toolchain_ingredients
 from gemmar_aot.model.hipcc import CodeObjectEntry, LockHipcc
+from gemmar_aot.model.jitv2 import HIPCC_IDENTITY, JitV2Variant
+from gemmar_aot.model.jitv2_lock import LockJitV2
 from gemmar_aot.model.launch import LaunchRecord
 from gemmar_aot.model.lock import Lock
 from gemmar_aot.model.types import LaunchEntry, LockEp, LockTuple, ManifestRef, RankLaunches, ToolchainInfo
@@ -50,6 +52,10 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
     hipcc = tuple(LockHipcc(v, h.entry.source.replace(str(manifest.path), Path(manifest.path).name),
                             code_object_entry(v.source, keys[s.spec_id], records[s.spec_id]))
                   for h in plan.hipcc for v, s in zip(h.entry.variants, h.specs))
+    jitv2 = tuple(LockJitV2(u["plan"], JitV2Variant(u["arch"], u["nic"]), records[s.spec_id]["mori_cache_entry"],
+                            HIPCC_IDENTITY, j.entry.source.replace(str(manifest.path), Path(manifest.path).name),
+                            code_object_entry(u["plan"], keys[s.spec_id], records[s.spec_id]))
+                  for j in plan.jitv2 for u, s in zip(j.units, j.specs))
     return Lock(
         manifest=ManifestRef(manifest.name, manifest.arch, manifest.sha256),
         arch=manifest.arch,
@@ -59,6 +65,7 @@ def make_lock(plan, manifest, keys: dict[str, str], records: dict[str, dict], fp
         tuples=tuple(tuples),
         eps=eps,
         hipcc=hipcc,
+        jitv2=jitv2,
     )
 
 

@@ -129,7 +129,7 @@ from gemmar_aot.builder.manifest_check import (
     type_name,
     unknown_key,
 )
-from gemmar_aot.builder.manifest_ep import EpEntry, check_ep, entry_lines
+from gemmar_aot.builder.manifest_ep import EpEntry, EpHipEntry, check_ep, entry_lines
 from gemmar_aot.builder.manifest_hipcc import HipccEntry, check_hipcc
 from gemmar_aot.builder.workload import Workload
 from gemmar_aot.util.errors import ManifestError
@@ -172,6 +172,7 @@ class Manifest:
     warnings: tuple[str, ...] = ()
     eps: tuple[EpEntry, ...] = ()  # the [[ep]] entries, in manifest order, repeats removed
     hipcc: tuple[HipccEntry, ...] = ()  # the [[hipcc]] entries, each variant in the first that asks for it
+    ep_hip: tuple[EpHipEntry, ...] = ()  # the HIP-backend [[ep]] entries (mori's JIT v2), repeats removed
     text: bytes = b""  # the bytes read, once: the lock names their sha256, a wheel carries them
     sha256: str = ""
 
@@ -253,40 +254,46 @@ def _check_limits(ck: Checker, workloads: list[Workload]) -> None:
                    "or ask for fewer M values or ranks")
 
 
-def _check_eps(ck: Checker, eps: Any, room: int) -> list[EpEntry]:
-    """The checked ``[[ep]]`` entries, repeats removed (warned about), bounded by ``room``
+def _check_eps(ck: Checker, eps: Any, room: int) -> tuple[list[EpEntry], list[EpHipEntry]]:
+    """The checked ``[[ep]]`` entries (FlyDSL, HIP), repeats removed (warned about), bounded by ``room``
     workloads and :data:`MAX_EP_COMPILES` kernels."""
     from gemmar_aot.model.ep import kernels_per_rank
 
     if isinstance(eps, dict):
         ck.problem("top level", "[ep] is a single table, but EP entries are an array of tables; write the header "
                    "as [[ep]]")
-        return []
+        return [], []
     if not isinstance(eps, list):
         ck.problem("top level", f"ep = {render(eps)}: EP entries must be [[ep]] sections, not {type_name(eps)}")
-        return []
+        return [], []
     lines = entry_lines(ck, len(eps))
     out: list[EpEntry] = []
+    hip: list[EpHipEntry] = []
     seen: dict = {}
     compiles = 0
     for i, raw in enumerate(eps):
         e = check_ep(ck, i, raw, lines[i])
         if e is None:
             continue
-        if e.config in seen:
+        same = (e.fields, e.device, e.nics) if isinstance(e, EpHipEntry) else e.config
+        if same in seen:
             ck.warnings.append(f"{ck.path}: {_entry_of(e.source, ck.path)}: repeats "
-                               f"{_entry_of(seen[e.config], ck.path)}; it is built once")
+                               f"{_entry_of(seen[same], ck.path)}; it is built once")
             continue
-        seen[e.config] = e.source
+        seen[same] = e.source
+        if isinstance(e, EpHipEntry):
+            compiles += len(e.nics) * 10  # at most a translation unit per plan per NIC variant
+            hip.append(e)
+            continue
         compiles += e.config.world * kernels_per_rank(e.config)
         out.append(e)
-    if len(out) > room:
+    if len(out) + len(hip) > room:
         ck.problem("top level", f"the [[ep]] entries and the tuples make more than {MAX_WORKLOADS} distinct "
                    f"workloads, more than one manifest may ask for; split it into several manifests")
     elif compiles > MAX_EP_COMPILES:
         ck.problem("top level", f"the [[ep]] entries ask for {compiles} kernel compiles (every rank's variants), "
                    f"more than the {MAX_EP_COMPILES} one manifest may ask for; split it into several manifests")
-    return out
+    return out, hip
 
 
 def _check_flydsl_arch(ck: Checker, arch: str, flydsl: bool) -> None:
@@ -407,7 +414,7 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
             if d is not None:
                 drafts.append(d)
 
-    eps = _check_eps(ck, data["ep"], MAX_WORKLOADS) if "ep" in data else []
+    eps, ep_hip = _check_eps(ck, data["ep"], MAX_WORKLOADS) if "ep" in data else ([], [])
     hipcc = _check_hipccs(ck, data["hipcc"], arch) if "hipcc" in data else []
     _check_flydsl_arch(ck, arch, bool(drafts or eps))
     if ck.problems:
@@ -415,9 +422,9 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
     workloads = _expand(ck, drafts)
     if not ck.problems:
         _check_limits(ck, workloads)
-        if len(workloads) + len(eps) > MAX_WORKLOADS:
-            ck.problem("top level", f"the tuples and [[ep]] entries make {len(workloads) + len(eps)} distinct "
-                       f"workloads, more than the {MAX_WORKLOADS} one manifest may ask for; split it into "
+        if len(workloads) + len(eps) + len(ep_hip) > MAX_WORKLOADS:
+            ck.problem("top level", f"the tuples and [[ep]] entries make {len(workloads) + len(eps) + len(ep_hip)} "
+                       f"distinct workloads, more than the {MAX_WORKLOADS} one manifest may ask for; split it into "
                        "several manifests (each gets its own lock file)")
     if ck.problems:
         raise ManifestError(ck.problems)
@@ -430,6 +437,7 @@ def parse_manifest(text: str, path: str = "<string>") -> Manifest:
         warnings=tuple(ck.warnings),
         eps=tuple(eps),
         hipcc=tuple(hipcc),
+        ep_hip=tuple(ep_hip),
         text=read,
         sha256=sha256_hex(read),
     )

@@ -1,6 +1,7 @@
-"""A manifest's ``[[ep]]`` entries checked: mori's EP dispatch/combine v2 (FlyDSL backend).
+"""A manifest's ``[[ep]]`` entries checked: mori's EP dispatch/combine v2, either backend.
 
-One entry is one EP configuration of one world; the build makes every rank's kernels of it::
+One entry is one EP configuration of one world; the build makes every rank's kernels of it. The
+FlyDSL backend (the default)::
 
     [[ep]]
     world = 8
@@ -15,7 +16,13 @@ One entry is one EP configuration of one world; the build makes every rank's ker
     #           scale_type_size, max_total_recv_tokens, std_moe (false), replay (true),
     #           gpu_per_node (= world: mori's FlyDSL backend is intranode only)
 
-The (block, warp) variants come from the named device's table in mori 1.2.4
+The HIP backend (mori's JIT v2: ``kernel_backend = "hip"``; the only backend with a multi-node
+path, ``gpu_per_node < world``) takes the same fields in mori's names, its own device list
+(MI355X, MI350X: gfx950; MI300X, MI325X, MI308X: gfx942), and ``nics`` (mori's NIC variants, as
+``[[hipcc]]``'s), ``internode_kernel`` and ``num_qp_per_pe``; mori's own code checks it and finds
+its plans when the plan runs (``gemmar_aot.builder.plan_jitv2``).
+
+The FlyDSL backend's (block, warp) variants come from the named device's table in mori 1.2.4
 (``gemmar_aot.model.ep``), never from the build host. Every problem names the file, the
 entry and its line, the field, the value, the rule (mori's own words where mori refuses)
 and a fix, like a ``[[tuple]]``'s.
@@ -57,12 +64,63 @@ EP_KEYS: dict[str, tuple[bool, str]] = {
     "std_moe": (False, "std_moe = false"),
     "replay": (False, "replay = true"),
     "gpu_per_node": (False, "gpu_per_node = 8"),
+    "kernel_backend": (False, 'kernel_backend = "hip"'),
+    # the HIP backend's (mori's JIT v2) only:
+    "nics": (False, 'nics = ["mlx5"]'),
+    "internode_kernel": (False, 'internode_kernel = "auto"'),
+    "num_qp_per_pe": (False, "num_qp_per_pe = 2"),
+}
+#: Keys only a HIP-backend entry takes, and the FlyDSL backend's only.
+HIP_ONLY_KEYS = ("nics", "internode_kernel", "num_qp_per_pe")
+FLYDSL_ONLY_KEYS = ("replay",)
+BACKENDS = ("flydsl", "hip")
+#: mori's internode kernel families (``EpDispatchCombineConfig.internode_kernel``).
+INTERNODE_KERNELS = ("auto", "v2", "v2_ll")
+#: A device's identity as KFD's sysfs reports it (``mori.ops.utils.topology``: CU count,
+#: gfx_target_version, PCI device id) -- what mori's HIP tuning tables are chosen by -- and its arch.
+HIP_DEVICES: dict[str, tuple[str, tuple[int, int, int]]] = {
+    "MI355X": ("gfx950", (256, 90500, 0x75A3)),
+    "MI350X": ("gfx950", (256, 90500, 0x75A0)),
+    "MI300X": ("gfx942", (304, 90402, 0x74A1)),
+    "MI325X": ("gfx942", (304, 90402, 0x74A5)),
+    "MI308X": ("gfx942", (80, 90402, 0x74A2)),
 }
 _HEADER_RE = re.compile(r"""^[ \t]*\[\[[ \t]*(?:ep|"ep"|'ep')[ \t]*\]\]""")
 #: What a multi-node deployment is told (mori's FlyDSL backend refuses it).
-INTERNODE_FIX = ("mori's FlyDSL backend serves one node only; multi-node EP runs mori's HIP backend, which "
-                 "compiles through mori's own JIT (README: what multi-node EP still compiles); drop "
-                 "gpu_per_node or set it to world")
+INTERNODE_FIX = ('set kernel_backend = "hip": multi-node EP runs mori\'s HIP backend (mori\'s JIT v2), which '
+                 "this build makes too; or drop gpu_per_node (or set it to world) for the FlyDSL backend")
+
+
+@dataclass(frozen=True)
+class EpHipEntry:
+    """A checked HIP-backend ``[[ep]]`` (mori's JIT v2): mori's config fields (``EpDispatchCombineConfig``'s
+    names, dtypes by name, rank 0: no translation unit depends on the rank), the device whose table
+    picks the geometry, its arch, the NIC variants, and where it was written."""
+
+    fields: tuple[tuple[str, Any], ...]
+    device: str
+    nics: tuple[str, ...]
+    source: str  # "path:ep[i] (line L)"
+
+    @property
+    def arch(self) -> str:
+        return HIP_DEVICES[self.device][0]
+
+    @property
+    def topology(self) -> tuple[int, int, int]:
+        return HIP_DEVICES[self.device][1]
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+    @property
+    def internode(self) -> bool:
+        c = self.config()
+        return c.get("gpu_per_node") is not None and c["gpu_per_node"] < c["world_size"]
+
+    def to_json(self) -> dict:
+        return {"kernel_backend": "hip", "config": self.config(), "device": self.device, "arch": self.arch,
+                "nics": list(self.nics), "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -86,11 +144,22 @@ def _flag(ck: Checker, entry: str, field: str, value: Any) -> bool | None:
     return None
 
 
-def check_ep(ck: Checker, i: int, raw: Any, line: int | None) -> EpEntry | None:
+def check_ep(ck: Checker, i: int, raw: Any, line: int | None) -> EpEntry | EpHipEntry | None:
     """The entry ``raw`` (the i-th ``[[ep]]``) checked; None after reporting its problems."""
     before = len(ck.problems)
     entry = open_entry(ck, "ep", i, raw, line, EP_KEYS)
     if entry is None:
+        return None
+    backend = ck.choice(entry, "kernel_backend", raw.get("kernel_backend", "flydsl"), BACKENDS)
+    if backend is None:
+        return None
+    if backend == "hip":
+        return check_ep_hip(ck, entry, raw)
+    for key in HIP_ONLY_KEYS:
+        if key in raw:
+            ck.bad(entry, key, raw[key], "only a HIP-backend entry takes it (mori's JIT v2)",
+                   f'add kernel_backend = "hip", or drop {key}')
+    if len(ck.problems) > before:
         return None
     for key, (required, example) in EP_KEYS.items():
         if required and key not in raw:
@@ -133,3 +202,58 @@ def check_ep(ck: Checker, i: int, raw: Any, line: int | None) -> EpEntry | None:
     if len(ck.problems) > before:
         return None
     return EpEntry(config, f"{ck.path}:{entry}")
+
+
+def check_ep_hip(ck: Checker, entry: str, raw: dict) -> EpHipEntry | None:
+    """A ``kernel_backend = "hip"`` entry checked: its fields in mori's config names. What mori's
+    config and HIP backend themselves refuse is found when the plan runs mori's code on it."""
+    from gemmar_aot.model.hipcc import NICS
+
+    before = len(ck.problems)
+    for key, (required, example) in EP_KEYS.items():
+        if required and key not in raw:
+            ck.problem(entry, f"missing {key}; add e.g. {example}")
+    for key in FLYDSL_ONLY_KEYS:
+        if key in raw:
+            ck.bad(entry, key, raw[key], "mori's HIP backend has no routing replay (its op refuses it)",
+                   f"drop {key}, or build this entry for the FlyDSL backend")
+    if len(ck.problems) > before:
+        return None
+    f: dict[str, Any] = {"rank": 0}
+    for key, name in (("world", "world_size"), ("hidden", "hidden_dim"), ("max_tokens", "max_num_inp_token_per_rank"),
+                      ("topk", "num_experts_per_token")):
+        f[name] = ck.integer(entry, key, raw[key], EP_KEYS[key][1])
+    experts = ck.integer(entry, "experts", raw["experts"], EP_KEYS["experts"][1])
+    for key in ("scale_dim", "scale_type_size", "max_total_recv_tokens"):
+        f[key] = ck.integer(entry, key, raw.get(key, 0), EP_KEYS[key][1], minimum=0)
+    if "gpu_per_node" in raw:
+        f["gpu_per_node"] = ck.integer(entry, "gpu_per_node", raw["gpu_per_node"], EP_KEYS["gpu_per_node"][1])
+    if "num_qp_per_pe" in raw:
+        f["num_qp_per_pe"] = ck.integer(entry, "num_qp_per_pe", raw["num_qp_per_pe"], EP_KEYS["num_qp_per_pe"][1])
+    disp = ck.choice(entry, "dispatch_dtype", raw["dispatch_dtype"], tuple(DTYPES))
+    comb = ck.choice(entry, "combine_dtype", raw.get("combine_dtype", raw["dispatch_dtype"]), tuple(DTYPES))
+    f["quant_type"] = ck.choice(entry, "quant_type", raw.get("quant_type", "none"), QUANT_TYPES)
+    f["combine_mode"] = ck.choice(entry, "combine_mode", raw.get("combine_mode", "gather"), COMBINE_MODES)
+    f["internode_kernel"] = ck.choice(entry, "internode_kernel", raw.get("internode_kernel", "auto"),
+                                      INTERNODE_KERNELS)
+    f["enable_std_moe"] = _flag(ck, entry, "std_moe", raw.get("std_moe", False))
+    device = ck.choice(entry, "device", raw["device"], tuple(HIP_DEVICES),
+                       extra=" (whose HIP tuning table picks the kernels' geometry)")
+    nics = raw.get("nics", ["mlx5"])
+    if isinstance(nics, str):
+        nics = [nics]
+    if not isinstance(nics, list) or not nics or any(n not in NICS for n in nics):
+        ck.bad(entry, "nics", raw.get("nics"), f"must be a list of mori's NIC variants ({', '.join(NICS)})",
+               'write e.g. nics = ["mlx5", "ionic"]')
+    if len(ck.problems) > before:
+        return None
+    if experts % f["world_size"]:
+        ck.bad(entry, "experts", experts, f"routed experts are split evenly over the {f['world_size']} ranks "
+               f"(mori: num_experts_per_rank)", f"use a multiple of {f['world_size']}")
+        return None
+    f["num_experts_per_rank"] = experts // f["world_size"]
+    if comb == disp:
+        f["data_type"] = disp
+    else:
+        f["dispatch_data_type"], f["combine_data_type"] = disp, comb
+    return EpHipEntry(tuple(sorted(f.items())), device, tuple(dict.fromkeys(nics)), f"{ck.path}:{entry}")

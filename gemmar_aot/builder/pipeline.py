@@ -239,13 +239,16 @@ class _BuildRun:
         with self.phase("manifest"):
             given = self.given
             self.manifest = given if isinstance(given, Manifest) else load_manifest(given)
-        with self.phase("plan"):
-            # EP specs carry the factory keywords of the profile's mori (pinned: no set-up needed)
-            self.plan = make_plan(self.manifest, mori_version=get_profile(o.toolchain_profile).mori.version)
-        with self.phase("toolchain"):
-            self.tc = load_toolchain(o.toolchain_root, o.toolchain_profile)
-        self.fp = self.tc.fingerprint
         self.root = default_store_root(str(o.store) if o.store is not None else None)
+        with self.phase("plan"):
+            # EP specs carry the factory keywords of the profile's mori (pinned: no set-up needed);
+            # HIP-backend EP entries are planned by the profile's mori itself (its toolchain)
+            tc = load_toolchain(o.toolchain_root, o.toolchain_profile) if self.manifest.ep_hip else None
+            self.plan = make_plan(self.manifest, mori_version=get_profile(o.toolchain_profile).mori.version,
+                                  profile=o.toolchain_profile, toolchain=tc, work_root=Path(self.root) / "work")
+        with self.phase("toolchain"):
+            self.tc = tc or load_toolchain(o.toolchain_root, o.toolchain_profile)
+        self.fp = self.tc.fingerprint
         self.st = Store(self.root)
         self.found = LocalLookup(self.st, self.root)
         if o.remote:

@@ -6,7 +6,9 @@ manifest gives one; every M in it then gets the counter set
 ``m_pad // (world*block_m) - 1`` -- a rule, not first-seen order, so the runtime
 can derive the same slot for any M without knowing which others were built.
 
-Nothing here imports FlyDSL, torch or mori: planning is instant.
+Nothing here imports FlyDSL, torch or mori: planning is instant, but for HIP-backend ``[[ep]]``
+entries, whose translation units mori's own code finds in a process of its own (a few seconds per
+arch and NIC variant: :mod:`.plan_jitv2`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gemmar_aot.model.ep import Arena, arena_layout, factory_kwargs, variants
 from gemmar_aot.model.layout import WindowLayout
 from gemmar_aot.model.spec import KernelSpec
 from gemmar_aot.builder.manifest_hipcc import HipccEntry
+from gemmar_aot.builder.plan_jitv2 import JitV2Plan, plan_jitv2
 from gemmar_aot_kernels import ep as ep_recipe, hipcc as hipcc_recipe, recipe_module
 from gemmar_aot_kernels._common import RankKernels
 
@@ -100,11 +103,12 @@ class Plan:
     eps: tuple[EpPlan, ...] = ()
     mori: str = ""  # the mori whose EP factory keywords the EP specs carry
     hipcc: tuple[HipccPlan, ...] = ()
+    jitv2: tuple[JitV2Plan, ...] = ()  # the HIP-backend [[ep]] entries (mori's JIT v2)
 
     @property
     def instances(self) -> int:
         return (sum(t.kernel_count for t in self.tuples) + sum(e.kernel_count for e in self.eps)
-                + sum(len(h.specs) for h in self.hipcc))
+                + sum(len(h.specs) for h in self.hipcc) + sum(len(j.specs) for j in self.jitv2))
 
     @property
     def dedup_ratio(self) -> float:
@@ -137,6 +141,7 @@ class Plan:
             ],
             **({"ep": [e.to_json() for e in self.eps], "ep_mori": self.mori} if self.eps else {}),
             **({"hipcc": [h.to_json() for h in self.hipcc]} if self.hipcc else {}),
+            **({"ep_hip": [j.to_json() for j in self.jitv2]} if self.jitv2 else {}),
             "kernel_instances": self.instances,
             "distinct_specs": len(self.specs),
             "dedup_ratio": round(self.dedup_ratio, 3),
@@ -144,15 +149,25 @@ class Plan:
         }
 
 
-def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_version: str | None = None) -> Plan:
+def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_version: str | None = None,
+              profile: str | None = None, toolchain=None, work_root=None) -> Plan:
     """The plan of ``manifest``; its EP kernels made for mori ``mori_version``'s factories (their
     keywords as that mori's backend passes them: ``model.ep.factory_kwargs``), by default the
-    mori of the toolchain profile ``$GEMMAR_AOT_TOOLCHAIN_PROFILE`` (else ``default``) pins."""
+    mori of the toolchain profile ``profile`` (else ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``, else
+    ``default``) pins. HIP-backend ``[[ep]]`` entries are planned by that profile's mori itself
+    (``toolchain``, else the installed one: :mod:`.plan_jitv2`; scratch under ``work_root``)."""
     env = os.environ if env is None else env
     if mori_version is None:
         from gemmar_aot.toolchain.profiles import get_profile
 
-        mori_version = get_profile(None).mori.version
+        mori_version = get_profile(profile).mori.version
+    jitv2 = ()
+    if manifest.ep_hip:
+        if toolchain is None:
+            from gemmar_aot.toolchain import load_toolchain
+
+            toolchain = load_toolchain(profile=profile)
+        jitv2 = plan_jitv2(manifest.ep_hip, toolchain, work_root)
     code_env = {k: env.get(k) for k in CODE_ENV}
 
     # Deduplicate tuples (two written M that pad to the same M are one build).
@@ -190,7 +205,7 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_
         for r in t.ranks:
             for s in r.launches + r.self_test:
                 distinct.setdefault(s.spec_id, s)
-    for h in hipcc:
+    for h in (*hipcc, *jitv2):
         for s in h.specs:
             distinct.setdefault(s.spec_id, s)
     specs = tuple(sorted(distinct.values(), key=lambda s: (s.recipe, s.kind, s.rank, s.spec_id)))
@@ -204,6 +219,7 @@ def make_plan(manifest: Manifest, env: Mapping[str, str] | None = None, *, mori_
         eps=eps,
         mori=mori_version,
         hipcc=hipcc,
+        jitv2=jitv2,
     )
 
 
@@ -221,5 +237,5 @@ def plan_order(plan: Plan):
         for r in t.ranks:
             yield from r.launches
             yield from r.self_test
-    for h in plan.hipcc:
+    for h in (*plan.hipcc, *plan.jitv2):
         yield from h.specs

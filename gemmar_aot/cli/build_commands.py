@@ -43,7 +43,7 @@ def plan(manifest: Path, as_json: bool, verbose: bool, toolchain: str | None) ->
     from gemmar_aot.builder.plan import make_plan
     from gemmar_aot.toolchain.profiles import get_profile
 
-    p = make_plan(load_manifest(manifest), mori_version=get_profile(toolchain).mori.version)
+    p = make_plan(load_manifest(manifest), mori_version=get_profile(toolchain).mori.version, profile=toolchain)
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2, sort_keys=True))
         return
@@ -78,6 +78,16 @@ def plan(manifest: Path, as_json: bool, verbose: bool, toolchain: str | None) ->
         click.echo(f"  hipcc ({h.entry.source}): {len(vs)} code object(s) of mori's hipcc-JIT kernels: "
                    + ", ".join(sorted({v.source for v in vs})) + f" for {'/'.join(sorted({v.arch for v in vs}))}, "
                    f"NIC {'/'.join(sorted({v.nic for v in vs}))}" + (" with the host proxy" if vs[0].host_proxy else ""))
+    for j in p.jitv2:
+        e = j.entry
+        click.echo(f"  ep (HIP backend, mori's JIT v2; {e.source}): "
+                   + ("internode" if e.internode else "intranode") + f" on {e.device} ({e.arch}): "
+                   f"{len(j.units)} translation unit(s) for NIC {'/'.join(e.nics)}: "
+                   + ", ".join(f"{u['plan']} {u['launch']['grid']}x{u['launch']['block']}" for u in j.units
+                               if u["nic"] == e.nics[0]))
+        if verbose:
+            for u, s in zip(j.units, j.specs):
+                click.echo(f"      {u['nic']} {u['entry']} -> {u['cache_entry']} = {s.spec_id[:12]}")
     click.echo(f"kernel instances: {p.instances}; distinct specs: {len(p.specs)}; "
                f"dedup ratio {p.dedup_ratio:.2f}")
     for kind, n in p.distinct_by_kind().items():

@@ -38,7 +38,7 @@ from gemmar_aot.util.filedigest import sha256_hex
 #: The architecture every FlyDSL code object here is compiled for.
 ARCH = "gfx950"
 #: Recipes whose code objects mori loads whole (no launcher): derived from the code object alone.
-WHOLE_OBJECT_RECIPES = frozenset({"hipcc"})
+WHOLE_OBJECT_RECIPES = frozenset({"hipcc", "jitv2"})
 
 
 class DeriveError(ValueError):

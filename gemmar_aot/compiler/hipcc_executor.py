@@ -1,7 +1,7 @@
-"""Where mori's hipcc-JIT kernels compile: a process each, ``jobs`` at a time, into the store.
+"""Where mori's hipcc-JIT and JIT v2 kernels compile: a process each, ``jobs`` at a time, into the store.
 
-A hipcc spec needs no FlyDSL worker: its compile is one clang run (seconds to minutes), driven
-by the recipe (``gemmar_aot_kernels.hipcc``) in a process of its own (:mod:`.hipcc_process`; mori's
+A hipcc or JIT v2 spec needs no FlyDSL worker: its compile is one clang run (seconds to minutes),
+driven by its recipe (``gemmar_aot_kernels.hipcc``, ``gemmar_aot_kernels.jitv2``) in a process of its own (:mod:`.hipcc_process`; mori's
 JIT driver is imported there, bare), in a work directory of its own under the store's ``work/``.
 :class:`HipccExecutor` is a compile executor (``scheduler.Executor``): threads
 start those processes, longest first by the cost model, each under its key's claim in the store
@@ -86,11 +86,10 @@ class HipccExecutor:
                 if claim.hit is not None and is_current(claim.hit):
                     return CompileResult(spec.spec_id, True, time.perf_counter() - t0, claim.hit, hit=True)
                 t_run = time.monotonic()
-                code, argv = self._clang(spec, store.work_dir)
+                code, made = self._clang(spec, store.work_dir)
                 seconds = time.perf_counter() - t0
                 fields = {"spec": spec.to_json(), **derived_fields(code, None, spec.param_dict()["arch"]),
-                          "ingredients": t.ingredients, "compile_seconds": round(seconds, 3),
-                          "command": ["clang", *argv]}
+                          "ingredients": t.ingredients, "compile_seconds": round(seconds, 3), **_made(made)}
                 t_store = time.monotonic()
                 rec = claim.put(code, fields)
             return CompileResult(spec.spec_id, True, seconds, rec, cpu_seconds=_children_cpu() - c0,
@@ -102,8 +101,9 @@ class HipccExecutor:
             return CompileResult(spec.spec_id, False, time.perf_counter() - t0, error=str(exc),
                                  cpu_seconds=_children_cpu() - c0, pid=os.getpid())
 
-    def _clang(self, spec: KernelSpec, work_root: Path) -> tuple[bytes, list[str]]:
-        """The code object of ``spec`` (and the clang command that made it), from a process of its own.
+    def _clang(self, spec: KernelSpec, work_root: Path) -> tuple[bytes, list | dict]:
+        """The code object of ``spec`` and what its compile process printed of how it made it (the
+        clang command; see :func:`_made`), from a process of its own.
 
         The compile works in a directory of its own under the store's ``work/`` (never the system
         temp directory) and leads a process group of its own, which holds clang's driver, ``-cc1``
@@ -149,6 +149,15 @@ class HipccExecutor:
 def _children_cpu() -> float:
     t = os.times()
     return t.children_user + t.children_system
+
+
+def _made(printed) -> dict:
+    """A compile process's account of what it ran, as record fields: the clang command (the hipcc
+    recipe prints it alone); a JIT v2 compile adds mori's cache entry (``mori_cache_entry``: where
+    mori's cache holds it, relative to its root)."""
+    if isinstance(printed, list):
+        return {"command": ["clang", *printed]}
+    return {"command": printed["command"], "mori_cache_entry": printed["cache_entry"]}
 
 
 def _exit_status(code: int) -> str:

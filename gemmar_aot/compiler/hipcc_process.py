@@ -1,8 +1,10 @@
-"""The process one hipcc compile runs in, and how it ends.
+"""The process one hipcc or JIT v2 compile runs in, and how it ends.
 
 ``python -m gemmar_aot.compiler.hipcc_process SPEC_JSON TOOLCHAIN_ROOT MORI_DIR WORK_DIR`` compiles one
-spec with the recipe (``gemmar_aot_kernels.hipcc.main``) into ``WORK_DIR/out.hsaco`` and prints the
-clang command as JSON. ``WORK_DIR`` is this compile's own (the build makes it under the store's
+spec with its recipe's ``main`` (``gemmar_aot_kernels.hipcc``, ``gemmar_aot_kernels.jitv2``) into
+``WORK_DIR/out.hsaco`` and prints what the recipe prints (the clang command, as JSON).
+``... plans REQUEST_JSON WORK_DIR`` runs JIT v2's plan step (``gemmar_aot_kernels.jitv2_plans``) the same
+way: mori's own code, in a process that goes with the build. ``WORK_DIR`` is this compile's own (the build makes it under the store's
 ``work/``); the build reads the code object and removes it.
 
 What this module adds to the recipe is the process's life, nothing that reaches clang's output:
@@ -62,15 +64,25 @@ def guard(work: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["plans"] and len(argv) == 3:  # JIT v2's plan step: mori's code finds the units
+        work = Path(argv[2])
+        guard(work)
+        os.environ["TMPDIR"] = str(work)
+        from gemmar_aot_kernels import jitv2_plans
+
+        return jitv2_plans.main(argv[1:2])
     if len(argv) != 4:
-        sys.stderr.write(f"usage: python -m {__spec__.name} SPEC_JSON TOOLCHAIN_ROOT MORI_DIR WORK_DIR\n")
+        sys.stderr.write(f"usage: python -m {__spec__.name} SPEC_JSON TOOLCHAIN_ROOT MORI_DIR WORK_DIR\n"
+                         f"       python -m {__spec__.name} plans REQUEST_JSON WORK_DIR\n")
         return 2
     work = Path(argv[3])
     guard(work)
     os.environ["TMPDIR"] = str(work)  # read by tempfile at its first use, and by clang
-    from gemmar_aot_kernels import hipcc
+    import json
 
-    return hipcc.main([*argv[:3], str(work / OUT_NAME)])
+    from gemmar_aot_kernels import recipe_module
+
+    return recipe_module(json.loads(argv[0])["recipe"]).main([*argv[:3], str(work / OUT_NAME)])
 
 
 if __name__ == "__main__":

@@ -124,6 +124,8 @@ MODULES = ModuleNames({
     "kernels.gemv": "gemmar_aot_kernels.gemv",
     "kernels.hipcc": "gemmar_aot_kernels.hipcc",
     "model.hipcc": "gemmar_aot.model.hipcc",
+    "kernels.jitv2": "gemmar_aot_kernels.jitv2",
+    "model.jitv2": "gemmar_aot.model.jitv2",
     "types": "gemmar_aot.model.types",
     "kernels.sdma_phases": "gemmar_aot_kernels.sdma_phases",
     "kernels.split_lsa": "gemmar_aot_kernels.split_lsa",
@@ -181,9 +183,12 @@ RECIPE_CODE = {recipe: _imports(*mods) for recipe, mods in {
     # mori's hipcc-JIT kernels: no FlyDSL worker; a process of their own drives mori's command
     # builder and runs clang (OWN_COMPILE): what they import of ours, nothing of COMPILE_CODE
     "hipcc": ("kernels.hipcc", "model.hipcc", "spec", "filedigest"),
+    # mori's JIT v2 kernels: a process of their own drives mori's plan creation, whose hipcc is
+    # ours (kernels.jitv2) and runs clang as the hipcc recipe does (kernels.hipcc)
+    "jitv2": ("kernels.jitv2", "kernels.hipcc", "model.jitv2", "model.hipcc", "spec", "filedigest"),
 }.items()}
 #: Recipes compiled without the FlyDSL worker (COMPILE_CODE): their compile code is their own alone.
-OWN_COMPILE = frozenset({"hipcc"})
+OWN_COMPILE = frozenset({"hipcc", "jitv2"})
 
 #: Generator ingredients only some recipes' kernels are made from, by recipe: mori's EP sources
 #: (``toolchain.fingerprint.MORI_EP_SOURCE_GLOBS``) can change an EP kernel and no other.
@@ -266,6 +271,8 @@ def ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
 
     if spec.recipe == "hipcc":
         return hipcc_ingredients(spec, fp)
+    if spec.recipe == "jitv2":
+        return jitv2_ingredients(spec, fp)
 
     ti = toolchain_ingredients(fp)
     compiler = {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}
@@ -301,6 +308,27 @@ def hipcc_ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
     trees = h["mori"]["trees"]
     return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(),
             "generator": {"mori_jit": h["mori"]["jit"], "mori_trees": {t: trees[t] for t in (tree, "include/mori")}},
+            "toolchain": {k: h[k] for k in ("clang", "sdk_digest", "resource_dir_digest", "host_headers", "linker")},
+            "compiler": {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}}
+
+
+def jitv2_ingredients(spec: KernelSpec, fp: Mapping[str, Any]) -> dict:
+    """A JIT v2 kernel's ingredients: the spec (the plan, its request, the text mori rendered, the
+    hipcc flags it used, arch and NIC variant); what that text can include of mori's (the trees
+    mori's own key hashes) and the libraries that render it and publish it (``libmori_jit.so``,
+    ``libmori_ops_v2.so``: they name the cache entry a record states); the compiler as for a hipcc
+    kernel (SDK, clang, resource dir, host headers, linker); the recipe's compile code."""
+    from gemmar_aot_kernels import RECIPE_VERSION
+
+    h, j = fp.get("hipcc"), fp.get("jitv2")
+    if not h or not j:
+        from gemmar_aot.util.errors import ToolchainError
+
+        raise ToolchainError("the toolchain was set up before gemmar-aot built mori's JIT v2 kernels (its "
+                             "toolchain.json has no jitv2 section): run `make setup` (or `python -m "
+                             "gemmar_aot.toolchain setup`) again")
+    return {"key_schema": KEY_SCHEMA, "spec": spec.to_json(),
+            "generator": {"mori_jitv2": j["mori"]},
             "toolchain": {k: h[k] for k in ("clang", "sdk_digest", "resource_dir_digest", "host_headers", "linker")},
             "compiler": {"recipe_version": RECIPE_VERSION, "compile_code": compile_code_digest(spec.recipe)}}
 

@@ -16,8 +16,9 @@ from gemmar_aot.model.schema import LOCK_SCHEMA, READ_SCHEMAS, LockFileError, Lo
 from gemmar_aot.model.lock_codec import LOCK_ZSTD_MAGIC, decompress_lock, encode_lock_doc
 from gemmar_aot.model.validate import DocReader, show_value, type_name
 
-if TYPE_CHECKING:  # a pod whose lock has no hipcc item never imports it
+if TYPE_CHECKING:  # a pod whose lock has no hipcc or jitv2 item never imports them
     from gemmar_aot.model.hipcc import CodeObjectEntry, LockHipcc
+    from gemmar_aot.model.jitv2_lock import LockJitV2
 
 #: Entry-point group through which installed artifact packages announce their lock and store.
 ENTRY_POINT_GROUP = "gemmar_aot.artifacts"
@@ -35,10 +36,11 @@ class Lock:
     tuples: tuple[LockTuple, ...]
     eps: tuple[LockEp, ...] = ()  # the [[ep]] entries
     hipcc: tuple["LockHipcc", ...] = ()  # mori's hipcc-JIT code objects ([[hipcc]] entries)
+    jitv2: tuple["LockJitV2", ...] = ()  # mori's JIT v2 code objects (HIP-backend [[ep]] entries)
 
     def __hash__(self) -> int:
         return hash((self.manifest, self.arch, self.code_object_version, self.toolchain, self.tuples, self.eps,
-                     self.hipcc))
+                     self.hipcc, self.jitv2))
 
     # ---- queries ----
 
@@ -56,10 +58,13 @@ class Lock:
 
     def iter_entries(self) -> Iterator[tuple[str, "LaunchEntry | CodeObjectEntry"]]:
         """(JSON-ish path, entry) of every kernel the lock names: every launch, then every code
-        object it hands mori whole (``hipcc``). What a store must keep, a wheel carry, an index hold."""
+        object it hands mori whole (``hipcc``, ``jitv2``). What a store must keep, a wheel carry, an
+        index hold."""
         yield from self.iter_launches()
         for i, h in enumerate(self.hipcc):
             yield f"$.hipcc[{i}]", h.entry
+        for i, j in enumerate(self.jitv2):
+            yield f"$.jitv2[{i}]", j.entry
 
     def kernels(self) -> dict[str, "LaunchEntry | CodeObjectEntry"]:
         """Action key -> entry, for every distinct kernel the lock names (sorted by key)."""
@@ -143,6 +148,7 @@ class Lock:
             "ep": [{"config": ep.config.to_json(), "source": ep.source, "arena": ep.arena.to_json(),
                     "ranks": [r.rank for r in ep.ranks]} for ep in self.eps],
             "hipcc": [h.to_json() for h in self.hipcc],
+            "jitv2": [j.to_json() for j in self.jitv2],
             "parts": [parts[r] for r in sorted(parts)],
         }
 
@@ -262,6 +268,15 @@ class _Reader(DocReader):
 
         return tuple(read_lock_hipcc(self, x, f"$.hipcc[{i}]") for i, x in enumerate(items))
 
+    def jitv2(self, v: Any) -> tuple:
+        """The ``jitv2`` items (``model.jitv2_lock``, imported only when a lock has some)."""
+        items = self.list(v, "$.jitv2")
+        if not items:
+            return ()
+        from gemmar_aot.model.jitv2_lock import read_lock_jitv2
+
+        return tuple(read_lock_jitv2(self, x, f"$.jitv2[{i}]") for i, x in enumerate(items))
+
     # ---- the lock ----
 
     def lock(self, v: Any, lines: list[bytes] | None = None) -> Lock:
@@ -313,10 +328,11 @@ class _Reader(DocReader):
         eps = tuple(self.ep(x, f"$.ep[{i}]", len(tuples) + i, parts)
                     for i, x in enumerate(self.list(v["ep"], "$.ep")))
         hipcc = self.hipcc(v["hipcc"]) if "hipcc" in v else ()
+        jitv2 = self.jitv2(v["jitv2"]) if "jitv2" in v else ()
         for part in parts.values():
             if not part.tuples:
                 raise self.fail(f"$.parts[{part.index}]", f"is rank {part.rank}'s part, but no tuple or EP entry "
                                                           f"lists rank {part.rank}")
         return Lock(manifest=manifest, arch=self.str(v["arch"], "$.arch"),
                     code_object_version=self.int(v["code_object_version"], "$.code_object_version", 1),
-                    toolchain=toolchain, env=dict(env), tuples=tuples, eps=eps, hipcc=hipcc)
+                    toolchain=toolchain, env=dict(env), tuples=tuples, eps=eps, hipcc=hipcc, jitv2=jitv2)

@@ -21,9 +21,12 @@ from gemmar_aot.model.types import _TUPLE_ID_FIELDS
 #: 6: schema 5 and the ``hipcc`` list: the code objects of mori's hipcc-JIT kernels the build made
 #:    ([[hipcc]] entries), each a variant (source, arch, NIC, host proxy) and its kernel (action key,
 #:    blob, record, symbols), in the head. A schema-5 lock is read as one with no such list.
-LOCK_SCHEMA = 6
+#: 7: schema 6 and the ``jitv2`` list: the code objects of mori's JIT v2 kernels the build made
+#:    (HIP-backend [[ep]] entries), each a plan, arch and NIC variant, mori's cache entry for it, the
+#:    hipcc identity it was keyed with, and its kernel, in the head. Older locks read as having none.
+LOCK_SCHEMA = 7
 #: The schemas this gemmar-aot reads.
-READ_SCHEMAS = (5, 6)
+READ_SCHEMAS = (5, 6, 7)
 _REBUILD = "rebuild the lock with `gemmar-aot build MANIFEST`"
 
 
@@ -45,12 +48,14 @@ class LockSchemaError(LockFileError):
 # ---------------------------------------------------------------------------
 
 _TOP = ("schema", "manifest", "arch", "code_object_version", "toolchain", "env", "launch_records", "tuples",
-        "ep", "hipcc", "parts")
+        "ep", "hipcc", "jitv2", "parts")
+#: The lock schema each optional member first appeared in.
+_SINCE = {"hipcc": 6, "jitv2": 7}
 
 
 def top_keys(schema: int) -> tuple[str, ...]:
     """The members of a lock head of ``schema`` (one of :data:`READ_SCHEMAS`)."""
-    return _TOP if schema >= 6 else tuple(k for k in _TOP if k != "hipcc")
+    return tuple(k for k in _TOP if schema >= _SINCE.get(k, 0))
 _EP_KEYS = ("config", "source", "arena", "ranks")
 _PART_KEYS = ("rank", "kernels", "launches")
 _PART_REF_KEYS = ("rank", "hash", "size")

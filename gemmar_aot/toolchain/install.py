@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmar_aot.util.errors import ToolchainError
-from . import ccobc, clangres, devicelibs, rocm_sdk
+from . import ccobc, clangres, devicelibs, hip_standin, rocm_sdk
 from gemmar_aot.model.device_abi import device_abi_digest
 from gemmar_aot.util.atomic_write import atomic_write_bytes, atomic_write_text
 from gemmar_aot.util.filedigest import sha256_file, sha256_hex, tree_digest
@@ -254,8 +254,23 @@ def _setup_shared(layout: Layout, log: Log) -> dict:
         ),
         log,
     )
+    _hip_standin_step(layout, log)
     return {"hip": hip, "resource": resource, "devlibs": devlibs, "clang": clang,
             "linker": lld_identity([str(layout.ld_lld)]), "hipcc": rocm_sdk.fingerprint(layout.root)}
+
+
+def _hip_standin_step(layout: Layout, log: Log) -> None:
+    run_step(
+        layout,
+        Step(
+            name="hip-standin",
+            what=f"{hip_standin.REL}/{hip_standin.SONAME}: the stand-in HIP runtime mori's JIT v2 libraries load",
+            inputs={"sources": hip_standin.source_digest(), "ziglang": ZIGLANG_VERSION},
+            output=lambda: hip_standin.installed_digest(layout.root),
+            run=lambda: hip_standin.install(layout.root),
+        ),
+        log,
+    )
 
 
 def _setup_profile(layout: Layout, shared: dict, log: Log) -> dict:
@@ -302,6 +317,8 @@ def _setup_profile(layout: Layout, shared: dict, log: Log) -> dict:
             "linker": {"identity": identity, "via": f"ziglang {ZIGLANG_VERSION}"},
             # mori's hipcc-JIT kernels (gemmar_aot_kernels.hipcc): the SDK, clang, the host headers
             "hipcc": {**shared["hipcc"], "mori": rocm_sdk.mori_jit_digests(layout.mori_dir)},
+            # mori's JIT v2 kernels (gemmar_aot_kernels.jitv2): the same compiler, mori's v2 trees
+            "jitv2": {"mori": rocm_sdk.mori_jitv2_digests(layout.mori_dir)},
         }
     )
     wrote = write_fingerprint(layout.toolchain_json, fp)

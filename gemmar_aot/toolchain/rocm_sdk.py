@@ -275,6 +275,31 @@ def mori_jit_digests(mori_dir: Path) -> dict:
     return out
 
 
+#: What mori's JIT v2 keys an EP plan's sources by (``EpSourceDeps``: every file of these suffixes
+#: under these trees of ``_jit-sources``): what a JIT v2 TU can include of mori's.
+MORI_JITV2_TREES = ("include/mori", "src/ops/dispatch_combine_v2", "src/cco")
+MORI_JITV2_SUFFIXES = (".hpp", ".h", ".cuh", ".hip", ".cpp")
+#: mori's JIT v2 libraries: the renderer, the flags, the key and the cache layout.
+MORI_JITV2_LIBS = ("libmori_jit.so", "libmori_ops_v2.so")
+
+
+def mori_jitv2_digests(mori_dir: Path) -> dict:
+    """The mori inputs of a JIT v2 kernel besides its rendered source (which its spec holds): per
+    tree of :data:`MORI_JITV2_TREES`, the files mori's own key hashes there, hashed whole; and its
+    JIT v2 libraries (:data:`MORI_JITV2_LIBS`)."""
+    src = Path(mori_dir) / "mori" / "_jit-sources"
+    if not (src / "src" / "ops" / "dispatch_combine_v2").is_dir():
+        raise ToolchainError(f"mori's JIT v2 sources are missing under {mori_dir}: no "
+                             f"mori/_jit-sources/src/ops/dispatch_combine_v2\n  fix: run `make setup`")
+    out = {}
+    for t in MORI_JITV2_TREES:
+        files = sorted(f.relative_to(src).as_posix() for f in (src / t).rglob("*")
+                       if f.is_file() and f.suffix in MORI_JITV2_SUFFIXES)
+        out[t] = tree_digest(src, files)
+    libs = [f"mori/{name}" for name in MORI_JITV2_LIBS]
+    return {"trees": out, "libs": tree_digest(Path(mori_dir), libs)}
+
+
 def fingerprint(root: Path) -> dict:
     """What a hipcc kernel's bytes depend on besides mori's sources and the spec: the SDK's
     packages and content, clang, its resource dir, the host headers, the linker. No paths."""

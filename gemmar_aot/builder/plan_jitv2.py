@@ -1,0 +1,100 @@
+"""HIP-backend ``[[ep]]`` entries planned: the translation units mori's JIT v2 compiles for each, found
+by mori's own code.
+
+What an entry needs is whatever mori's HIP backend makes at op construction for that config on
+that device: for intranode, a dispatch and a combine plan per (block, warp) of the device's HIP
+tuning table; for internode, the eight passes of each geometry bucket, one translation unit per
+pass (geometry is a launch argument there). Nothing here restates that: each (arch, NIC variant,
+device) runs ``gemmar_aot_kernels.jitv2_plans`` once, in a process of its own
+(:mod:`gemmar_aot.compiler.hipcc_process`, which takes it down with the build), and a spec is made
+of each distinct unit (``gemmar_aot_kernels.jitv2.spec``). A config mori refuses is a manifest
+error in mori's words, naming the entry.
+
+Rank is not in a unit (mori binds it at launch): a unit serves every rank of the world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from gemmar_aot.builder.manifest_ep import EpHipEntry
+from gemmar_aot.model.spec import KernelSpec
+from gemmar_aot.util.errors import ManifestError
+from gemmar_aot_kernels import jitv2 as jitv2_recipe
+
+
+@dataclass(frozen=True)
+class JitV2Plan:
+    """One HIP-backend ``[[ep]]`` entry planned: each unit mori's op compiles for it (per NIC variant:
+    plan, entry symbol, mori's cache entry, launch geometry) and its spec, in the same order."""
+
+    entry: EpHipEntry
+    units: tuple[dict, ...]
+    specs: tuple[KernelSpec, ...]
+
+    def to_json(self) -> dict:
+        return {**self.entry.to_json(),
+                "units": [{k: u[k] for k in ("nic", "plan", "entry", "cache_entry", "launch")} | {"spec_id": s.spec_id}
+                          for u, s in zip(self.units, self.specs)]}
+
+
+def plan_jitv2(entries: Sequence[EpHipEntry], toolchain: Any, work_root: Path | None = None) -> tuple[JitV2Plan, ...]:
+    """The plans of ``entries``, with ``toolchain``'s mori (its root, its profile's mori). ``work_root``:
+    where the scratch directories go (a build's store ``work/``; else the temp directory)."""
+    if not entries:
+        return ()
+    groups: dict[tuple, list[tuple[int, str]]] = {}
+    for i, e in enumerate(entries):
+        for nic in e.nics:
+            groups.setdefault((e.arch, nic, e.topology), []).append((i, nic))
+    found: dict[tuple[int, str], dict] = {}
+    for (arch, nic, topology), members in groups.items():
+        configs = [entries[i].config() for i, _nic in members]
+        results = _enumerate(toolchain, arch, nic, topology, configs, work_root)
+        for (i, n), res in zip(members, results):
+            found[(i, n)] = res
+    problems = []
+    for i, e in enumerate(entries):
+        for nic in e.nics:
+            err = found[(i, nic)].get("error")
+            if err:
+                problems.append(f"{e.source}: mori's HIP backend refuses this config on {e.device} (NIC {nic}): "
+                                + err.replace("\n", " ") + "; change it to a configuration mori's HIP backend serves")
+    if problems:
+        raise ManifestError(sorted(set(problems)))
+    out = []
+    for i, e in enumerate(entries):
+        units = tuple(u for nic in e.nics for u in found[(i, nic)]["units"])
+        out.append(JitV2Plan(e, units, tuple(jitv2_recipe.spec(u) for u in units)))
+    return tuple(out)
+
+
+def _enumerate(toolchain: Any, arch: str, nic: str, topology: tuple, configs: list[dict],
+               work_root: Path | None) -> list[dict]:
+    """``gemmar_aot_kernels.jitv2_plans`` on ``configs`` in a process of its own (under the compile
+    process's guard: it dies with us, and removes its scratch directory)."""
+    if work_root is not None:
+        Path(work_root).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"jitv2-plans-{arch}-{nic}-", dir=work_root))
+    try:
+        req = {"toolchain_root": str(toolchain.root), "mori_dir": str(toolchain.mori_dir), "work": str(work),
+               "arch": arch, "nic": nic, "topology": list(topology), "configs": configs}
+        from gemmar_aot.compiler.hipcc_process import BUILD_PID_ENV
+
+        p = subprocess.run([sys.executable, "-m", "gemmar_aot.compiler.hipcc_process", "plans", json.dumps(req),
+                            str(work)], capture_output=True, text=True, timeout=900, start_new_session=True,
+                           env={**os.environ, BUILD_PID_ENV: str(os.getpid())})
+        if p.returncode != 0:
+            raise RuntimeError(f"finding the JIT v2 plans with mori's code ({arch}, NIC {nic}) failed (exit "
+                               f"{p.returncode}):\n{p.stderr[-4000:]}")
+        return json.loads(p.stdout.splitlines()[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
