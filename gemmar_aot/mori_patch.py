@@ -8,7 +8,9 @@ backend) does::
 
 and sglang's and vLLM's mori EP path (``mori.ops.EpDispatchCombineOp``, EP v1), the collectives,
 shmem and IO kernels reach mori's hipcc JIT (``mori.jit.core.compile_genco``), which the hook
-serves from prebuilt code objects too (``gemmar_aot.runtime.hipcc_server``).
+serves from prebuilt code objects too (``gemmar_aot.runtime.hipcc_server``), and EP v2's HIP
+backend (every multi-node EP v2) reaches mori's JIT v2 (``mori.jit.v2.plan_api``), whose plans
+the hook serves from prebuilt code objects (``gemmar_aot.runtime.jitv2_server``).
 
 With ``GEMMAR_AOT_PATCH_MORI=1`` in its environment and the hook installed
 (``gemmar-aot mori-patch install``: one ``.pth`` line in the environment's
@@ -129,13 +131,52 @@ def _patched_ensure_compiled():
     return hipcc.ensure_compiled
 
 
+JITV2_TARGET = "mori.jit.v2.plan_api"
+
+
+def _patched_make_plan():
+    """mori's ``make_plan`` whose plans, at their first construction in the process, find mori's JIT
+    v2 cache seeded with the verified prebuilt code objects and mori's hipcc pointed at ours
+    (``gemmar_aot.runtime.jitv2_server``): nothing is compiled; a plan the artifacts lack raises
+    ``ArtifactMissingError``. Every JIT v2 user is served, not only the EP op."""
+    from gemmar_aot.runtime import jitv2_server
+
+    original = sys.modules[JITV2_TARGET].make_plan
+    told: list = []
+
+    def make_plan(kernel, enums=None):
+        cls = original(kernel, enums)
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            srv = jitv2_server.server()
+            env = srv.install()
+            if not told:
+                told.append(env)
+                log.info("gemmar-aot serves %s (%s=1): mori's JIT v2 cache %s, hipcc %s (compiles nothing)",
+                         JITV2_TARGET, ENV_VAR, env["MORI_JIT_CACHE_DIR"], env["MORI_JIT_HIPCC"])
+            try:
+                init(self, *args, **kwargs)
+            except RuntimeError as exc:
+                if jitv2_server.is_miss(exc):
+                    raise jitv2_server.missing(srv, exc, f"plan {kernel}", None) from None
+                raise
+
+        cls.__init__ = __init__
+        return cls
+
+    make_plan.__doc__ = original.__doc__
+    return make_plan
+
+
 #: package -> (the name served, the factory of gemmar-aot's class or function for it). mori's
 #: hipcc JIT is served where every caller reaches it: ``compile_genco`` (the collectives, shmem
 #: and IO modules import it from ``mori.jit.core`` at each call; ``mori.jit`` imports it from there)
 #: and the ops' ``ensure_compiled`` (which would turn a missing code object into a warning).
 TARGETS = {TARGET: ("GemmAllReduceOp", _patched_op), EP_TARGET: ("EpDispatchCombineOp", _patched_ep_op),
            JIT_TARGET: ("compile_genco", _patched_compile_genco),
-           LOADER_TARGET: ("ensure_compiled", _patched_ensure_compiled)}
+           LOADER_TARGET: ("ensure_compiled", _patched_ensure_compiled),
+           JITV2_TARGET: ("make_plan", _patched_make_plan)}
 
 
 def patch_module(module) -> None:

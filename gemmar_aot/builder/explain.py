@@ -59,6 +59,8 @@ def _launch_index(lock: Lock) -> dict[tuple, LaunchEntry]:
                 out[ident + (r.rank, "launches", i)] = e
     for h in lock.hipcc:
         out[("hipcc", *h.variant.to_json().values())] = h.entry
+    for j in lock.jitv2:
+        out[("jitv2", j.variant.arch, j.variant.nic, j.cache_entry)] = j.entry
     return out
 
 

@@ -181,7 +181,12 @@ def coverage(lock: Lock) -> list[dict]:
     hipcc: dict[tuple, list[str]] = {}  # mori's hipcc code objects: the sources of each (arch, NIC, proxy)
     for h in lock.hipcc:
         hipcc.setdefault((h.variant.arch, h.variant.nic, h.variant.host_proxy), []).append(h.variant.source)
+    jitv2: dict[tuple, list[str]] = {}  # mori's JIT v2 code objects: the plans of each (arch, NIC)
+    for j in lock.jitv2:
+        jitv2.setdefault((j.variant.arch, j.variant.nic), []).append(j.plan)
     return (out + [{"transport": "ep", **ep.config.to_json(), "ranks": [r.rank for r in ep.ranks]} for ep in lock.eps]
             + [{"transport": "hipcc", "arch": a, "nic": n, "host_proxy": p, "sources": sorted(srcs)}
-               for (a, n, p), srcs in sorted(hipcc.items())])
+               for (a, n, p), srcs in sorted(hipcc.items())]
+            + [{"transport": "jitv2", "arch": a, "nic": n, "plans": sorted(plans)}
+               for (a, n), plans in sorted(jitv2.items())])
 

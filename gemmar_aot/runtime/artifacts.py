@@ -183,6 +183,8 @@ class Artifacts:
     ep_index: dict[Any, dict[int, EpRankEntry]] = field(default_factory=dict)
     #: mori's hipcc-JIT code objects: their variant (source, arch, NIC, proxy) -> (lock item, its lock)
     hipcc_index: dict[Any, tuple[Any, LockInfo]] = field(default_factory=dict)
+    #: mori's JIT v2 code objects: where they serve (arch, NIC) -> mori's cache entry -> (lock item, its lock)
+    jitv2_index: dict[Any, dict[str, tuple[Any, LockInfo]]] = field(default_factory=dict)
     _stores: dict[Path, Store] = field(default_factory=dict, repr=False)
     _indexes: dict[int, tuple[LockInfo, RecordIndex | None]] = field(default_factory=dict, repr=False)
     _blob_indexes: dict[int, tuple[LockInfo, BlobIndex | None]] = field(default_factory=dict, repr=False)
@@ -213,6 +215,8 @@ class Artifacts:
                 self.add_ep_entry(EpRankEntry(r.rank, ep, r, info))
         for h in lock.hipcc:
             self.add_hipcc(h, info)
+        for j in lock.jitv2:
+            self.add_jitv2(j, info)
 
     def add_hipcc(self, item: Any, info: LockInfo) -> None:
         """Index one built hipcc code object (a ``LockHipcc``); a duplicate must be the same kernel."""
@@ -222,6 +226,15 @@ class Artifacts:
                 f"conflicting artifacts for mori's {item.variant.describe()}: {old[1].source} ({old[0].source}) and "
                 f"{info.source} ({item.source}) name different kernels. Remove one of them, or point artifacts=/"
                 f"${ENV_VAR} at exactly one")
+
+    def add_jitv2(self, item: Any, info: LockInfo) -> None:
+        """Index one built JIT v2 code object (a ``LockJitV2``); a duplicate must be the same kernel."""
+        old = self.jitv2_index.setdefault(item.variant, {}).setdefault(item.cache_entry, (item, info))
+        if old[0].entry.key != item.entry.key:
+            raise ArtifactConflictError(
+                f"conflicting artifacts for mori's JIT v2 cache entry {item.cache_entry}: {old[1].source} "
+                f"({old[0].source}) and {info.source} ({item.source}) name different kernels. Remove one of them, "
+                f"or point artifacts=/${ENV_VAR} at exactly one")
 
     def add_ep_entry(self, entry: EpRankEntry) -> None:
         """Index one rank of a built EP entry; a duplicate must name the same kernels."""
@@ -434,6 +447,9 @@ def _add_spec(arts: Artifacts, spec: Any, origin: str) -> None:
                 arts.add_ep_entry(entry)
         for item, info in spec.hipcc_index.values():
             arts.add_hipcc(item, info)
+        for by_entry in spec.jitv2_index.values():
+            for item, info in by_entry.values():
+                arts.add_jitv2(item, info)
         for s in spec.sources:
             if s not in arts.sources:
                 arts.sources.append(s)

@@ -116,6 +116,16 @@ class Requested:
                 f"{list(built.geometry)}, schedule {[list(b) for b in built.schedule]}")
 
 
+def selected_backend(cfg: Any) -> tuple[str | None, str]:
+    """The kernel backend a config selects, as mori selects it (``cfg.kernel_backend``, else
+    ``$MORI_V2_KERNEL_BACKEND``), and which of the two said so; (None, ""): mori's default."""
+    backend = getattr(cfg, "kernel_backend", None)
+    if backend:
+        return backend, "the config's kernel_backend"
+    backend = os.environ.get(BACKEND_ENV) or None
+    return backend, f"${BACKEND_ENV}" if backend else ""
+
+
 def read_config(cfg: Any) -> Requested:
     """mori's config (or the mirror) as the artifacts are looked up by. Raises ValueError on a
     dtype mori's FlyDSL backend does not move."""
@@ -138,9 +148,7 @@ def read_config(cfg: Any) -> Requested:
     if pinned and any(g is None for g in geo):  # mori's single-shot defaults for the fields left unset
         geo = tuple(d if g is None else g for g, d in zip(geo, (64, 16, 80, 4)))
     gpn = getattr(cfg, "gpu_per_node", None)
-    backend, backend_from = getattr(cfg, "kernel_backend", None), "the config's kernel_backend"
-    if not backend:
-        backend, backend_from = os.environ.get(BACKEND_ENV) or None, f"${BACKEND_ENV}"
+    backend, backend_from = selected_backend(cfg)
     return Requested(config=c, rank=int(cfg.rank), gpu_per_node=world if gpn is None else int(gpn),
                      geometry=tuple(int(g) for g in geo) if pinned else None, schedule=schedule,
                      backend=backend, backend_from=backend_from if backend else "")

@@ -78,27 +78,29 @@ CAPABILITIES = frozenset({"gather", "scatter", "quant", "std_moe", "scales", "re
 
 
 def _backend_refusal(req: Requested) -> str:
-    """Why a config that selects another kernel backend than FlyDSL is not served, and what serves it."""
-    if req.backend not in BACKENDS:
-        return f"unknown kernel backend {req.backend!r} ({req.backend_from}); known: {sorted(BACKENDS)}"
-    c, internode = req.config, req.gpu_per_node < req.config.world
-    head = (f"kernel_backend={req.backend!r} ({req.backend_from}) selects mori's HIP backend, which renders and "
-            f"compiles its kernels with hipcc in the pod at first use (mori's own C++ JIT, libmori_jit.so): "
-            f"gemmar-aot does not serve the HIP backend (yet). ")
-    if internode:
-        return head + (f"This config is internode (gpu_per_node={req.gpu_per_node} < world_size={c.world}), which "
-                       f"only the HIP backend implements, so no prebuilt kernels serve it today")
-    return head + ("What serves this config today: mori's FlyDSL backend, from these artifacts: construct the config "
-                   "with kernel_backend='flydsl' (or leave it and $MORI_V2_KERNEL_BACKEND unset: mori's default on "
-                   "gfx950), so that it resolves the FlyDSL tuning table the artifacts were built from")
+    """Why a config that selects an unknown kernel backend is not served."""
+    return f"unknown kernel backend {req.backend!r} ({req.backend_from}); known: {sorted(BACKENDS)}"
 
 
 class EpDispatchCombineOp(LoadedOp):
-    """mori's EP dispatch/combine (FlyDSL backend) from ahead-of-time compiled kernels. Owns the
-    symmetric window (the arena), the per-rank tensors mori's backend makes, and one resolved
-    launch per kernel of this rank."""
+    """mori's EP dispatch/combine from ahead-of-time compiled kernels. With the FlyDSL backend (mori's
+    default on gfx942/gfx950): this op, which owns the symmetric window (the arena), the per-rank
+    tensors mori's backend makes, and one resolved launch per kernel of this rank. With the HIP
+    backend (``kernel_backend="hip"`` or ``$MORI_V2_KERNEL_BACKEND=hip``; every internode config):
+    mori's own HIP op, its JIT v2 kernels served prebuilt (:mod:`.ep_hip`)."""
 
     backend_name = "flydsl"
+
+    def __new__(cls, cfg, comm, *, artifacts: Any = None, driver: Driver | None = None, trusted_keys: Any = None,
+                miss_report: Any = None):
+        from .ep_config import selected_backend
+
+        if selected_backend(cfg)[0] == "hip":
+            from .ep_hip import hip_op
+
+            return hip_op(cfg, comm, artifacts=artifacts, driver=driver, trusted_keys=trusted_keys,
+                          miss_report=miss_report)
+        return super().__new__(cls)
 
     @property
     def dev(self):
@@ -157,8 +159,8 @@ class EpDispatchCombineOp(LoadedOp):
         if req.gpu_per_node < c.world:
             raise ValueError(f"flydsl backend cannot serve this config:\n  gpu_per_node={req.gpu_per_node} < "
                              f"world_size={c.world} selects the internode path, which only the 'hip' backend "
-                             f"implements; pass kernel_backend='hip' (mori's HIP backend compiles through mori's "
-                             f"own JIT: gemmar-aot serves the intranode FlyDSL path only)")
+                             f"implements; pass kernel_backend='hip' (mori's HIP backend: gemmar-aot serves its "
+                             f"JIT v2 kernels prebuilt, from [[ep]] entries with kernel_backend = \"hip\")")
         reasons = [why for _field, why in config_problems(c)]
         if reasons:
             raise ValueError("flydsl backend cannot serve this config:\n  " + "\n  ".join(reasons))

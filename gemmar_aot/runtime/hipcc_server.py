@@ -59,6 +59,22 @@ def manifest_lines(v: HipccVariant) -> str:
             + ("host_proxy = true\n" if v.host_proxy else ""))
 
 
+def pod_arch(driver: Any = None) -> str:
+    """The GPU arch mori compiles for in this pod: ``$MORI_GPU_ARCHS`` (mori's own override, read as
+    mori reads it), else the GPU's ``gcnArchName`` through ``driver`` (default: the HIP runtime)."""
+    from .driver import arch_base
+
+    env = os.environ.get("MORI_GPU_ARCHS", "")
+    for arch in ARCHS:
+        if arch in env:
+            return arch
+    if driver is None:
+        from .hip import HipDriver
+
+        driver = HipDriver()
+    return arch_base(driver.device_arch(0))
+
+
 def cache_dir() -> Path:
     env = os.environ.get(DIR_ENV, "").strip()
     if env:
@@ -102,17 +118,7 @@ class HipccServer:
         return HipccVariant(name, self._arch(), nic, os.environ.get("MORI_ENABLE_HOST_PROXY") == "1")
 
     def _arch(self) -> str:
-        from .driver import arch_base
-
-        env = os.environ.get("MORI_GPU_ARCHS", "")
-        for arch in ARCHS:  # mori's own override, read as mori reads it
-            if arch in env:
-                return arch
-        if self._driver is None:
-            from .hip import HipDriver
-
-            self._driver = HipDriver()
-        return arch_base(self._driver.device_arch(0))
+        return pod_arch(self._driver)
 
     def path(self, name: str, source_dir: str = "src/ops/kernels") -> str:
         """The verified code object mori would have compiled for ``name``, as a file path."""

@@ -331,14 +331,14 @@ def verify_entries(artifacts: Any, entries: Sequence[Any], *, launches, position
 
 
 def verify_whole_object(artifacts: Any, info: Any, item: Any) -> bytes:
-    """What the pod checks of a code object mori loads whole (an ``[[hipcc]]`` item of the lock
-    ``info``; :mod:`.hipcc_server`) before it hands it over: the record the lock names, from the lock's
-    record index or else the store, bound to the item's variant (a record that compiled another
-    source, arch, NIC or proxy is refused); the blob read and verified by digest; the object's own
-    metadata note: the variant's arch, defining exactly the kernels the lock lists (a non-empty set).
-    Returns the verified bytes; raises ArtifactMismatchError (or the store's errors for a missing or damaged blob)."""
-    from gemmar_aot.model.hipcc import HipccVariant
-
+    """What the pod checks of a code object mori loads whole (a lock's ``hipcc`` item, for
+    :mod:`.hipcc_server`, or ``jitv2`` item, for :mod:`.jitv2_server`) before it hands it over: the
+    record the lock names, from the lock's record index or else the store, bound to the item (a
+    record that compiled another source, plan, arch, NIC or proxy, or that mori published under
+    another cache entry, is refused); the blob read and verified by digest; the object's own
+    metadata note: the item's arch, defining exactly the kernels the lock lists (a non-empty set).
+    Returns the verified bytes; raises ArtifactMismatchError (or the store's errors for a missing
+    or damaged blob)."""
     where, e = f"{info.source} ({item.source})", item.entry
     index = artifacts.record_index(info)
     if index is None:
@@ -348,26 +348,23 @@ def verify_whole_object(artifacts: Any, info: Any, item: Any) -> bytes:
     if not isinstance(rec, dict):
         raise ArtifactMismatchError(f"{where}: the record the lock names for {item.variant.describe()} is not there "
                                     f"or is another record ({rec}); rebuild the manifest")
-    spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
-    p = spec.get("params") if isinstance(spec.get("params"), dict) else {}
-    got = HipccVariant(p.get("source"), p.get("arch"), p.get("nic"), p.get("host_proxy")) \
-        if spec.get("recipe") == "hipcc" else None
-    if got != item.variant or p.get("profiler") is not False or rec.get("blob") != e.blob.to_json():
-        raise ArtifactMismatchError(f"{where}: the lock serves {item.variant.describe()} with a record that compiled "
-                                    f"{got.describe() if got else spec}; the lock was edited or made by another "
+    compiled = _record_compiled(item, rec)
+    if compiled is not None or rec.get("blob") != e.blob.to_json():
+        raise ArtifactMismatchError(f"{where}: the lock serves {_serves(item)} with a record that compiled "
+                                    f"{compiled or 'another code object'}; the lock was edited or made by another "
                                     f"gemmar-aot: rebuild the manifest")
     data = artifacts.load_blob(info, e.blob.hash, e.blob.size)
     try:
         co = parse_code_object(data)
     except CodeObjectError as exc:
-        raise ArtifactMismatchError(f"{where}: {item.variant.describe()} is not a code object: {exc}") from None
+        raise ArtifactMismatchError(f"{where}: {_serves(item)} is not a code object: {exc}") from None
     if co.arch != item.variant.arch:
-        raise ArtifactMismatchError(f"{where}: the code object of {item.variant.describe()} is for {co.arch}, the "
+        raise ArtifactMismatchError(f"{where}: the code object of {_serves(item)} is for {co.arch}, the "
                                     f"lock serves it for {item.variant.arch}; rebuild the manifest")
     listed, defined = set(e.symbols), {k.name for k in co.kernels}
     if not listed or listed != defined:
         raise ArtifactMismatchError(
-            f"{where}: the lock lists {len(listed)} kernel(s) for {item.variant.describe()} and its code object "
+            f"{where}: the lock lists {len(listed)} kernel(s) for {_serves(item)} and its code object "
             f"defines {len(defined)}: " + "; ".join(part for part in (
                 f"listed, not defined: {sorted(listed - defined)}" if listed - defined else "",
                 f"defined, not listed: {sorted(defined - listed)}" if defined - listed else "",
@@ -375,3 +372,26 @@ def verify_whole_object(artifacts: Any, info: Any, item: Any) -> bytes:
             + "; a lock item names exactly its code object's kernels: the lock was edited or made by another "
               "gemmar-aot, rebuild the manifest")
     return data
+
+
+def _serves(item: Any) -> str:
+    """What a whole-object lock item serves, in words."""
+    plan = getattr(item, "plan", None)
+    return f"mori's JIT v2 {plan} for {item.variant.describe()}" if plan else item.variant.describe()
+
+
+def _record_compiled(item: Any, rec: dict) -> str | None:
+    """None when ``rec`` compiled exactly what ``item`` serves; else what it compiled, in words."""
+    from gemmar_aot.model.hipcc import HipccVariant
+
+    spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
+    p = spec.get("params") if isinstance(spec.get("params"), dict) else {}
+    if getattr(item, "plan", None) is not None:  # a jitv2 item
+        got = (spec.get("recipe"), p.get("plan"), p.get("arch"), p.get("nic"), rec.get("mori_cache_entry"))
+        want = ("jitv2", item.plan, item.variant.arch, item.variant.nic, item.cache_entry)
+        return None if got == want else f"{got[0]} {got[1]} for {got[2]}, NIC {got[3]} at {got[4]}"
+    got = HipccVariant(p.get("source"), p.get("arch"), p.get("nic"), p.get("host_proxy")) \
+        if spec.get("recipe") == "hipcc" else None
+    if got == item.variant and p.get("profiler") is False:
+        return None
+    return got.describe() if got else str(spec)

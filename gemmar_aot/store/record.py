@@ -18,10 +18,12 @@ RECORD_VOLATILE_FIELDS = ("compile_seconds", VOUCHED_FIELD)
 
 
 #: The members of an action-cache record the runtime reads when it binds a lock entry to its
-#: record (the envelope, the launch record, the spec); the rest -- the ``ingredients`` and the
-#: kernel ``metadata``, most of a record's bytes -- it never reads. :func:`record_digest`
-#: hashes the two apart, so a reader can check a record whole and parse only what it reads.
-RECORD_READ_MEMBERS = ("blob", "key", "launch", "schema", "spec")
+#: record (the envelope, the launch record, the spec, and for a JIT v2 kernel the cache entry mori
+#: published it at); the rest -- the ``ingredients`` and the kernel ``metadata``, most of a
+#: record's bytes -- it never reads. :func:`record_digest` hashes the two apart, so a reader can
+#: check a record whole and parse only what it reads. (A member only some records have moves no
+#: other record's digest.)
+RECORD_READ_MEMBERS = ("blob", "key", "launch", "mori_cache_entry", "schema", "spec")
 
 
 def record_halves(record: Mapping[str, Any]) -> tuple[bytes, bytes]:
