@@ -14,9 +14,10 @@ Where clang is installed (its resource dir, the HIP SDK, the device libraries, `
 :data:`INSTALL`, written out here from ROCm's install layout (what its clang finds by itself),
 never taken from the build under test.
 Two normalisations, and only these: every path under mori's ``_jit-sources`` becomes relative to
-a staging directory (``mori/...``), the output is written there and copied to the ``-o`` path; and
+a staging directory (``mori/...``; a translation unit mori's JIT v2 rendered outside that tree is
+copied there as ``kernel.hip``), the output is written there and copied to the ``-o`` path; and
 ``-cuid=mori_<source stem>`` is added (clang otherwise hashes the absolute command line into a
-symbol). Usage: ``ROCM_PATH/bin/hipcc`` is a shell line running this file with the toolchain root
+symbol). ``--version`` answers :data:`VERSION`. Usage: ``ROCM_PATH/bin/hipcc`` is a shell line running this file with the toolchain root
 in ``$GEMMAR_AOT_TOOLCHAIN``; each call's clang command is appended to ``$HIPCC_SHIM_LOG``.
 """
 
@@ -57,11 +58,27 @@ def hipcc_to_clang(args: list[str]) -> list[str]:
     return offload + ([] if gave_o else ["-O3"]) + tool_args + append
 
 
+#: What ``--version`` answers (mori's JIT v2 keys its cache by the first line; no byte depends on it).
+VERSION = "HIP version: 7.2.53211 (gemmar-aot's tests: a hipcc test double on zig clang 22)"
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--version"]:
+        print(VERSION)
+        return 0
     root = Path(os.environ["GEMMAR_AOT_TOOLCHAIN"])
     clang_args = hipcc_to_clang(argv)
     source = next(a for a in clang_args if a.endswith(".hip"))
-    mori_root = source[: source.index(MARK) + len(MARK)]
+    staged = None
+    if MARK in source:  # a source of mori's tree (compile_genco)
+        mori_root = source[: source.index(MARK) + len(MARK)]
+    else:  # a translation unit mori's JIT v2 rendered into its cache: mori's tree is its -I root
+        inc = next(a for a in clang_args if MARK in a)
+        inc = inc[2:] if inc.startswith("-I") else inc
+        mori_root = inc[: inc.index(MARK) + len(MARK)]
+        staged = source
+        clang_args = ["kernel.hip" if a == source else a for a in clang_args]
+        source = "kernel.hip"
     out_at = clang_args.index("-o") + 1
     dest = clang_args[out_at]
     clang_args[out_at] = "out.hsaco"
@@ -73,6 +90,8 @@ def main(argv: list[str]) -> int:
         (stage / "mori").symlink_to(mori_root)
         (stage / "rocm").symlink_to(root / "rocm-sdk")
         (stage / "clang").symlink_to(root / "clang-resource")
+        if staged is not None:
+            shutil.copyfile(staged, stage / "kernel.hip")
         cmd = [str(root / "rocm" / "llvm" / "bin" / "zig"), "clang", *INSTALL, *rel]
         p = subprocess.run(cmd, cwd=stage, capture_output=True, text=True)
         if p.returncode != 0:

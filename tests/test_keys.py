@@ -34,6 +34,8 @@ FP = {
               "host_headers": ["libc6-dev 2.36-9+deb12u14"], "linker": "LLD 22.1.8",
               "debs": [], "mori": {"jit": "3" * 64, "trees": {"include/mori": "7" * 64, "src/ops": "8" * 64,
                                                                "src/io": "9" * 64, "src/collective": "0" * 64}}},
+    "jitv2": {"mori": {"trees": {"include/mori": "7" * 64, "src/ops/dispatch_combine_v2": "b" * 64, "src/cco": "c" * 64},
+                       "libs": "d" * 64}},
 }
 
 
@@ -105,7 +107,7 @@ def test_keys_travel_across_python_torch_and_the_released_flydsl_wheels():
     assert keys_a == [action_key(ingredients(s, b)) for s in plan.specs]
     c = copy.deepcopy(b)
     c["flydsl"]["package_digest"] = "e" * 64  # a local FlyDSL build of the same version
-    flydsl = [s for s in plan.specs if s.recipe != "hipcc"]  # mori's hipcc kernels: no FlyDSL in them
+    flydsl = [s for s in plan.specs if s.recipe not in ("hipcc", "jitv2")]  # mori's clang kernels: no FlyDSL
     assert not {action_key(ingredients(s, a)) for s in flydsl} & {action_key(ingredients(s, c)) for s in flydsl}
 
 

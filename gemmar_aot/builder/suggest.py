@@ -62,8 +62,9 @@ def suggest(lines: Sequence[dict], manifest: Any = None) -> dict:
     wanted: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     ep = _ep_suggestions([d for d in lines if isinstance(d.get("ep"), dict)], manifest)
     hip = _hipcc_suggestions([d for d in lines if isinstance(d.get("hipcc"), dict)], manifest)
+    jit = _jitv2_suggestions([d for d in lines if isinstance(d.get("jitv2"), dict)])
     for k in ep:
-        ep[k] += hip[k]
+        ep[k] += hip[k] + jit[k]
     lines = [d for d in lines if isinstance(d.get("tuple"), dict)]
     for d in lines:
         t = d["tuple"]
@@ -141,6 +142,22 @@ def _hipcc_suggestions(lines: Sequence[dict], manifest: Any) -> dict:
         out["blocks"].append(f"[[hipcc]]\nsources = {json.dumps(sources)}\narchs = {json.dumps([arch])}\n"
                              f"nics = {json.dumps([nic])}\n" + ("host_proxy = true\n" if proxy else ""))
     return out
+
+
+def _jitv2_suggestions(lines: Sequence[dict]) -> dict:
+    """The HIP-backend ``[[ep]]`` entries for mori's JIT v2 plans the artifacts lacked: each entry the
+    pod wrote for the config it constructed, once (a plan made outside mori's EP op has none)."""
+    blocks: dict[str, int] = defaultdict(int)
+    unnamed = 0
+    for d in lines:
+        snippet = d["jitv2"].get("manifest_lines")
+        if isinstance(snippet, str) and snippet.startswith("[[ep]]"):
+            blocks[snippet] += 1
+        else:
+            unnamed += 1
+    groups = [{"jitv2": {"manifest_lines": b}, "reports": n, "already_built": False} for b, n in sorted(blocks.items())]
+    groups += [{"jitv2": {"manifest_lines": None}, "reports": unnamed, "already_built": False}] if unnamed else []
+    return {"misses": sum(blocks.values()) + unnamed, "groups": groups, "blocks": sorted(blocks), "already_built": []}
 
 
 def write_into(manifest_path: str | os.PathLike, snippet: str, sources: Iterable[str]) -> Path:

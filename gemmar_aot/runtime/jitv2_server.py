@@ -235,7 +235,8 @@ def missing(srv: JitV2Server, exc: BaseException, what: str, snippet: str | None
         f"{held or 'none'}. mori said: {str(exc).splitlines()[0]}"
         + (f". Add to the manifest and rebuild (gemmar-aot build):\n{snippet}" if snippet else ""),
         m=None, manifest_lines=snippet)
-    misses.OpMisses("mori.jit.v2", srv._miss_report, lambda: ({"what": what}, misses.profile_of(arts),
-                                                              misses.lock_digests(arts)),
+    misses.OpMisses("mori.jit.v2", srv._miss_report,
+                    lambda: ({"what": what, "manifest_lines": snippet}, misses.profile_of(arts),
+                             misses.lock_digests(arts)),
                     rank=None, subject="jitv2").miss(None, type(err).__name__)
     return err

@@ -41,6 +41,8 @@ from gemmar_aot.util.filedigest import sha256_hex
 log = logging.getLogger("gemmar_aot.runtime")
 
 ENV_VAR = "GEMMAR_AOT_MISS_REPORT"
+#: What a miss line may describe: a GEMM tuple, an EP v2 entry, a hipcc code object, a JIT v2 plan.
+SUBJECTS = ("tuple", "ep", "hipcc", "jitv2")
 ON_MISS_ENV = "GEMMAR_AOT_ON_MISS"
 SCHEMA = 1
 
@@ -65,7 +67,8 @@ class MissReporter:
     def report(self, *, op: str, tuple_id: dict, m: int | None, served: int | None, error: str | None,
                rank: int | None, profile: str | None, locks: Iterable[str], subject: str = "tuple") -> bool:
         """Append the miss unless this process reported it already. Returns whether a line was written.
-        ``subject``: what ``tuple_id`` describes, ``"tuple"`` or ``"ep"`` (then ``tuple`` is null)."""
+        ``subject``: what ``tuple_id`` describes, one of :data:`SUBJECTS` (but for ``"tuple"``, the line's
+        ``tuple`` is null)."""
         ident = (op, subject, tuple(sorted(tuple_id.items())), m, served)
         with self._lock:
             if ident in self._seen:
@@ -219,7 +222,7 @@ def read_reports(paths: Iterable[str | os.PathLike]) -> tuple[list[dict], list[s
                 continue
             try:
                 d = json.loads(raw)
-                if d.get("schema") != SCHEMA or not any(isinstance(d.get(k), dict) for k in ("tuple", "ep", "hipcc")):
+                if d.get("schema") != SCHEMA or not any(isinstance(d.get(k), dict) for k in SUBJECTS):
                     raise ValueError(f"not a schema-{SCHEMA} miss line")
                 lines.append(d)
             except ValueError as exc:

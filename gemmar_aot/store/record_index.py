@@ -239,7 +239,7 @@ def write_index(path: str | os.PathLike, data: bytes) -> Path:
 def lock_rank_groups(lock: Any) -> list[list[str]]:
     """A lock's action keys grouped by rank, rank 0 first (what one rank's startup reads), without
     building its launch entries (``RankLaunches.launch_keys``); then the code objects it hands mori
-    whole (``hipcc``), a group per (arch, NIC variant, host proxy): what one pod can ask for."""
+    whole (``hipcc``, ``jitv2``), a group per (arch, NIC variant, host proxy): what one pod can ask for."""
     by_rank: dict[int, list[str]] = {}
     for t in (*lock.tuples, *lock.eps):
         for r in t.ranks:
@@ -249,6 +249,9 @@ def lock_rank_groups(lock: Any) -> list[list[str]]:
     for h in getattr(lock, "hipcc", ()):
         v = h.variant
         whole.setdefault((v.arch, v.nic, v.host_proxy), []).append(h.entry.key)
+    for j in getattr(lock, "jitv2", ()):
+        v = j.variant
+        whole.setdefault((v.arch, v.nic, 2), []).append(j.entry.key)  # after both hipcc proxy groups
     return [by_rank[r] for r in sorted(by_rank)] + [whole[g] for g in sorted(whole)]
 
 
