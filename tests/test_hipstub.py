@@ -206,6 +206,50 @@ def test_malformed_extra_is_refused(driver, hip_stub, test_co):
     driver.unload_module(mod)
 
 
+@pytest.fixture(scope="module")
+def sized_co(tmp_path_factory) -> bytes:
+    """kernels.cl with ``sized``, whose kernarg segment holds hidden arguments past its explicit ones."""
+    return hs.build_test_code_object(tmp_path_factory.mktemp("co-hidden") / "kernels.co", hidden_args=True)
+
+
+def _extra(buf, size: int):
+    n = ctypes.c_size_t(size)
+    return (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(n), 3), n
+
+
+def test_jitv2_extra_buffer_holds_the_explicit_arguments_not_the_hidden_ones(driver, hip_stub, sized_co):
+    """mori's JIT v2 launches pass sizeof(EpArgs) through ``extra``, short of the kernarg segment (the
+    hidden arguments come after). Real HIP reads each explicit argument at its offset from that buffer
+    and fills the hidden ones itself: the double accepts any buffer reaching the end of the last explicit
+    argument, records those arguments at their offsets (padding and hidden arguments zero), and refuses
+    a shorter one with hipErrorInvalidValue."""
+    from note_oracle import read_note
+
+    kern = read_note(sized_co).kernel("sized")
+    end = max(a.offset + a.size for a in kern.explicit_args)
+    assert (end, kern.kernarg_size) == (12, 272)  # out (8) + value (4); the hidden ones run to 272
+    fn = driver.get_function(driver.load_module(sized_co), "sized")
+    buf = ctypes.create_string_buffer(b"\xee" * kern.kernarg_size)
+    struct.pack_into("<Qi", buf, 0, 0x7F0000001000, 7)
+    want = struct.pack("<Qi", 0x7F0000001000, 7) + bytes(kern.kernarg_size - 12)
+    for size in (12, 16, 200, kern.kernarg_size):
+        extra, _n = _extra(buf, size)
+        assert _raw_launch(hip_stub.lib, fn, 64, None, extra) == 0, hip_stub.last_reject()
+        rec = hip_stub.launches()[-1]
+        assert rec.via_extra and rec.kernarg == want
+    for size in (11, 8, 0):
+        extra, _n = _extra(buf, size)
+        assert _raw_launch(hip_stub.lib, fn, 64, None, extra) == hs.HIP_ERROR_INVALID_VALUE
+        assert f"extra's argument buffer is {size} bytes, the kernarg segment is 272 and its explicit arguments " \
+               f"end at 12" in hip_stub.last_reject()
+    assert len(hip_stub.launches()) == 4
+    # the layout is exactly {BUFFER_POINTER, buf, BUFFER_SIZE, &size, END}, as the real runtime checks it
+    n = ctypes.c_size_t(12)
+    swapped = (ctypes.c_void_p * 5)(2, ctypes.addressof(n), 1, ctypes.addressof(buf), 3)
+    assert _raw_launch(hip_stub.lib, fn, 64, None, swapped) == hs.HIP_ERROR_INVALID_VALUE
+    assert "lacks the buffer pointer or size" in hip_stub.last_reject()
+
+
 def test_null_module_is_refused(hip_stub):
     fn = ctypes.c_void_p()
     lib = hip_stub.lib

@@ -116,7 +116,7 @@ class Launch:
     shared_mem: int
     stream: int
     via_extra: bool  # argument bytes came through ``extra`` (else ``kernelParams``)
-    kernarg: bytes
+    kernarg: bytes  # the kernarg segment: each explicit argument at its offset, hidden ones (the runtime's) zero
     args: tuple[tuple[int, int, str], ...]  # (offset, size, kind) per argument, from the code object's note
 
 
@@ -179,15 +179,18 @@ class HipStub:
         return int(s.value)
 
 
-def build_test_code_object(out: Path, *, mcpu: str = "gfx950", only_fill: bool = False) -> bytes:
-    """``kernels.cl`` compiled by clang (zig's) into a real code object for ``mcpu``; returns its bytes."""
+def build_test_code_object(out: Path, *, mcpu: str = "gfx950", only_fill: bool = False,
+                           hidden_args: bool = False) -> bytes:
+    """``kernels.cl`` compiled by clang (zig's) into a real code object for ``mcpu``; returns its bytes.
+    ``hidden_args`` adds ``sized``, a kernel whose kernarg segment holds hidden arguments."""
     out = Path(out)
     obj = out.with_suffix(".o")
     zig = [sys.executable, "-m", "ziglang"]
     steps = [
         zig + ["clang", "-x", "cl", "-cl-std=CL2.0", "-Xclang", "-fdeclare-opencl-builtins", "-cl-no-stdinc",
                "--target=amdgcn-amd-amdhsa", f"-mcpu={mcpu}", "-nogpulib", "-mcode-object-version=6", "-O2",
-               *(["-DONLY_FILL"] if only_fill else []), "-c", str(HERE / "kernels.cl"), "-o", str(obj)],
+               *(["-DONLY_FILL"] if only_fill else []),
+               *(["-DHIDDEN_ARGS"] if hidden_args else []), "-c", str(HERE / "kernels.cl"), "-o", str(obj)],
         zig + ["ld.lld", "-shared", str(obj), "-o", str(out)],
     ]
     for cmd in steps:

@@ -12,16 +12,18 @@
  *   - hipModuleGetFunction finds the kernel by name in that note and requires
  *     its kernel descriptor symbol in the ELF;
  *   - hipModuleLaunchKernel assembles the kernel-argument bytes exactly as HIP
- *     does -- from `kernelParams` at the note's offsets and sizes, or as the
- *     `extra` buffer -- and records function, grid, block, shared memory,
- *     stream and those bytes.
+ *     does -- each explicit argument at the note's offset and size, from
+ *     `kernelParams` or from the `extra` buffer; hidden arguments are the
+ *     runtime's own and stay zero here -- and records function, grid, block,
+ *     shared memory, stream and those bytes.
  *
  * It refuses what the real runtime refuses (a null or unloaded module or
- * function, an unknown kernel name, `extra` without HIP_LAUNCH_PARAM_END, an
- * argument buffer whose size is not the code object's kernarg segment size,
- * a block the kernel was not compiled for, too much shared memory, an unknown
- * stream, a code object for another ISA), and returns the error the real one
- * documents. Everything it knows about a kernel comes from the image itself,
+ * function, an unknown kernel name, an `extra` array not laid out as
+ * {BUFFER_POINTER, buf, BUFFER_SIZE, &size, END}, a block the kernel was not
+ * compiled for, too much shared memory, an unknown stream, a code object for
+ * another ISA), and returns the error the real one documents. One refusal is
+ * stricter than the real runtime, on purpose: an `extra` buffer that ends
+ * before the kernel's last explicit argument (see launch_from_extra). Everything it knows about a kernel comes from the image itself,
  * never from a record our build wrote.
  *
  * The record is read back through the hipstub_* functions (tests/hipstub).
@@ -878,6 +880,69 @@ hipError_t hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, hi
 /* launch                                                              */
 /* ------------------------------------------------------------------ */
 
+/* The end of the kernel's last explicit argument (its hidden ones are the runtime's to fill). */
+static uint32_t explicit_end(const stub_kernel *k) {
+  uint32_t end = 0;
+  for (int i = 0; i < k->nargs; i++)
+    if (!k->args[i].hidden && k->args[i].offset + k->args[i].size > end) end = k->args[i].offset + k->args[i].size;
+  return end;
+}
+
+/* Copy the explicit arguments, each at its offset, from `src` (the extra buffer) or params[j] into `args`. */
+static hipError_t place_explicit(const stub_kernel *k, const uint8_t *src, void **params, uint8_t *args) {
+  int j = 0;
+  for (int i = 0; i < k->nargs; i++) {
+    const stub_arg *a = &k->args[i];
+    if (a->hidden) continue; /* filled by the runtime, zero here */
+    const void *from = src ? (const void *)(src + a->offset) : params[j++];
+    if ((uint64_t)a->offset + a->size > k->kernarg_size || !from)
+      return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: argument outside the kernarg segment or null (%s)", k->name);
+    memcpy(args + a->offset, from, a->size);
+  }
+  return hipSuccess;
+}
+
+/*
+ * `extra`, as the real runtime reads it (ROCm/rocm-systems projects/clr/hipamd/src/hip_module.cpp,
+ * ihipLaunchKernelCommand, at 0249402): the array must be exactly {HIP_LAUNCH_PARAM_BUFFER_POINTER,
+ * buf, HIP_LAUNCH_PARAM_BUFFER_SIZE, &size, HIP_LAUNCH_PARAM_END} (else hipErrorInvalidValue), and a
+ * kernel with parameters needs a non-null buffer and a non-zero size (else hipErrorInvalidValue).
+ * Then each EXPLICIT parameter -- signature().numParameters(), which counts no hidden one -- is read
+ * from buf + its offset (rocclr/platform/kernel.cpp, KernelParameters::captureHIPArgs, at rocm-systems
+ * 0bd582c; ROCm/clr hipamd/src/hip_module.cpp at 000ff94 reads them the same way with no size at all).
+ * The hidden arguments after them are the runtime's own. So the size need not be the kernarg segment
+ * size: mori's JIT v2 passes sizeof(EpArgs), 200 bytes, for kernels whose segments run to 328 with
+ * hidden arguments past 200, and real HIP launches them.
+ *
+ * Stricter than the real runtime, on purpose: captureHIPArgs zero-fills an explicit parameter that
+ * lies past `size` (and 000ff94 reads past the buffer). The double refuses such a buffer, with
+ * hipErrorInvalidValue (what the real runtime gives a malformed `extra`): an argument the caller
+ * never supplied is the caller's bug, and a test double says so.
+ */
+static hipError_t launch_from_extra(const stub_kernel *k, void **extra, uint8_t *args) {
+  char why[320];
+  if (extra[0] != HIP_LAUNCH_PARAM_BUFFER_POINTER || extra[2] != HIP_LAUNCH_PARAM_BUFFER_SIZE || !extra[1] || !extra[3])
+    return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: extra lacks the buffer pointer or size (%s)", k->name);
+  if (extra[4] != HIP_LAUNCH_PARAM_END)
+    return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: extra has no HIP_LAUNCH_PARAM_END (%s)", k->name);
+  size_t size = *(const size_t *)extra[3];
+  uint32_t end = explicit_end(k);
+  if (size < end) {
+    snprintf(why, sizeof why, "%s: extra's argument buffer is %zu bytes, the kernarg segment is %u and its explicit "
+             "arguments end at %u", k->name, size, k->kernarg_size, end);
+    return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: %s", why);
+  }
+  return place_explicit(k, (const uint8_t *)extra[1], NULL, args);
+}
+
+static hipError_t launch_from_params(const stub_kernel *k, void **params, uint8_t *args) {
+  int explicit = 0;
+  for (int i = 0; i < k->nargs; i++) explicit += !k->args[i].hidden;
+  if (explicit && !params)
+    return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: neither kernelParams nor extra (%s)", k->name);
+  return place_explicit(k, NULL, params, args);
+}
+
 static hipError_t launch(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                          unsigned bz, unsigned shmem, hipStream_t stream, void **params, void **extra) {
   char why[320];
@@ -909,41 +974,11 @@ static hipError_t launch(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
   if (params && extra)
     return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: both kernelParams and extra given (%s)", k->name);
   uint8_t *args = calloc(1, k->kernarg_size ? k->kernarg_size : 1);
-  int via_extra = 0;
-  if (extra) {
-    void *buf = NULL;
-    size_t *size = NULL;
-    int ended = 0;
-    for (int i = 0; i < 16 && !ended; i++) {
-      if (extra[i] == HIP_LAUNCH_PARAM_END) ended = 1;
-      else if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[++i];
-      else if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_SIZE) size = (size_t *)extra[++i];
-      else break;
-    }
-    if (!ended) { free(args); return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: extra has no HIP_LAUNCH_PARAM_END (%s)", k->name); }
-    if (!buf || !size) { free(args); return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: extra lacks the buffer pointer or size (%s)", k->name); }
-    if (*size != k->kernarg_size) {
-      snprintf(why, sizeof why, "%s: extra's argument buffer is %zu bytes, the kernarg segment is %u", k->name, *size,
-               k->kernarg_size);
-      free(args);
-      return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: %s", why);
-    }
-    memcpy(args, buf, *size);
-    via_extra = 1;
-  } else {
-    int explicit = 0;
-    for (int i = 0; i < k->nargs; i++) explicit += !k->args[i].hidden;
-    if (explicit && !params) { free(args); return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: neither kernelParams nor extra (%s)", k->name); }
-    int j = 0;
-    for (int i = 0; i < k->nargs; i++) {
-      const stub_arg *a = &k->args[i];
-      if (a->hidden) continue; /* filled by the runtime, zero here */
-      if ((uint64_t)a->offset + a->size > k->kernarg_size || !params[j]) {
-        free(args);
-        return fail(hipErrorInvalidValue, "hipModuleLaunchKernel: argument outside the kernarg segment or null (%s)", k->name);
-      }
-      memcpy(args + a->offset, params[j++], a->size);
-    }
+  int via_extra = extra != NULL;
+  hipError_t e = extra ? launch_from_extra(k, extra, args) : launch_from_params(k, params, args);
+  if (e != hipSuccess) {
+    free(args);
+    return e;
   }
   pthread_mutex_lock(&g_lock);
   if (g_nlaunches == g_cap_launches) {

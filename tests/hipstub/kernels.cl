@@ -15,3 +15,11 @@ kernel void axpy(global float* y, global const float* x, float a, int n) {
   if (i < n) y[i] += a * x[i];
 }
 #endif
+
+#ifdef HIDDEN_ARGS
+// sized: reads its workgroup size, which the runtime passes in the hidden arguments it fills
+// itself, so its kernarg segment runs past its explicit arguments (out, value: 12 bytes).
+kernel void sized(global int* out, int value) {
+  out[__builtin_amdgcn_workitem_id_x()] = value * __builtin_amdgcn_workgroup_size_x();
+}
+#endif
