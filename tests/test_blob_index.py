@@ -150,11 +150,15 @@ def test_a_lock_read_back_names_the_same_groups(smoke_store):
     lock = read_lock(_lock_path(smoke_store))
     groups = lock_rank_blob_groups(lock)
     variants = {(h.variant.arch, h.variant.nic, h.variant.host_proxy) for h in lock.hipcc}
-    assert len(variants) == 5  # the hipcc code objects: a group per (arch, NIC) a pod can ask for
-    assert len(groups) == max(r.rank for t in lock.tuples for r in t.ranks) + 1 + len(variants)
-    assert {frozenset(g) for g in groups[-len(variants):]} == {
+    jitv2 = {(j.variant.arch, j.variant.nic) for j in lock.jitv2}
+    # the hipcc and the JIT v2 code objects: a group per (arch, NIC) a pod can ask for, each kind apart
+    assert len(variants) == 5 and len(jitv2) == 2
+    whole = len(variants) + len(jitv2)
+    assert len(groups) == max(r.rank for t in lock.tuples for r in t.ranks) + 1 + whole
+    assert {frozenset(g) for g in groups[-whole:]} == {
         frozenset(h.entry.blob.hash for h in lock.hipcc if (h.variant.arch, h.variant.nic, h.variant.host_proxy) == v)
-        for v in variants}
+        for v in variants} | {frozenset(j.entry.blob.hash for j in lock.jitv2 if (j.variant.arch, j.variant.nic) == v)
+                              for v in jitv2}
 
 
 def test_an_index_that_cannot_be_read_is_said_and_the_store_serves(smoke_store, smoke_lock, tmp_path, caplog):
