@@ -87,6 +87,7 @@ def plans_of(cfg_fields: dict, *, arch: str, nic: str, topology: tuple, cache: P
     op._multi_processor_count = topology[0]
     op._tokoff_wanted = False
     op._device_index = 0
+    op.dispatch_staging = None  # mori 1.2.5: gfx1250's dispatch staging buffer (no arch built here has one)
     bad = op._unsupported(cfg)
     if bad:
         raise ValueError("hip backend cannot serve this config:\n  " + "\n  ".join(bad))

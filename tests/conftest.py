@@ -21,12 +21,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: Short (``/tmp/gat-XXXXXXXX``): a Ray cluster's unix sockets live below it (107 bytes at most).
-SESSION_TMP = Path(tempfile.mkdtemp(prefix="gat-"))
-os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TMP)
+#: The session's temp directory, made by the pytest process (never by a process that merely imports
+#: this module). Short (``/tmp/gat-XXXXXXXX``): a Ray cluster's unix sockets live below it.
+SESSION_TMP: Path | None = None
+
+
+def pytest_configure(config):
+    global SESSION_TMP
+    SESSION_TMP = Path(tempfile.mkdtemp(prefix="gat-"))
+    os.environ["TMPDIR"] = tempfile.tempdir = str(SESSION_TMP)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if SESSION_TMP is None:
+        return
     left = sorted(p.name for p in SESSION_TMP.iterdir() if not p.name.startswith("pytest-of-"))
     if not session.testsfailed or left:
         shutil.rmtree(SESSION_TMP, ignore_errors=True)
@@ -80,14 +88,14 @@ def smoke_lock(smoke_store):
 
 def smoke_kernels(out: Path):
     """(spec, record, verified code bytes) for every distinct FlyDSL kernel the smoke lock names (its
-    hipcc code objects, which mori loads whole, are tests/test_hipcc.py's)."""
+    hipcc and JIT v2 code objects, which mori loads whole, are tests/test_hipcc.py's and test_jitv2.py's)."""
     from gemmar_aot.model.spec import KernelSpec
     from gemmar_aot.model.lock import read_lock
     from gemmar_aot.store import Store
 
     store = Store(out, readonly=True)
     lock = read_lock(out / "locks" / "smoke.lock.json")
-    whole = {h.entry.key for h in lock.hipcc}
+    whole = {h.entry.key for h in (*lock.hipcc, *lock.jitv2)}
     for key in sorted(lock.action_keys() - whole):
         rec, code = store.load(key)
         yield KernelSpec.from_json(rec["spec"]), rec, code

@@ -99,7 +99,7 @@ def test_flipped_byte_is_detected_quarantined_and_rebuilt(smoke_build, tmp_path)
     assert any(digest in p["path"] for p in problems)
     assert not blob.exists()  # quarantined
     summary = run_build(SMOKE, store=st_root, jobs=1, progress=False)
-    users = {e.key for _w, e in lock.iter_launches() if e.blob.hash == digest}
+    users = {e.key for _w, e in lock.iter_entries() if e.blob.hash == digest}
     # The first of the keys using the blob recompiles it; the others (identical output) then
     # find it verified in the store under their own records.
     assert summary["compiled"] >= 1 and summary["compiled"] + summary["hits"] == summary["selected_specs"]
@@ -150,12 +150,13 @@ def test_explain_names_the_changed_ingredient(smoke_build):
     other = json.loads(json.dumps(fp))
     other["cco_bitcode"]["sha256"] = "0" * 64
     res = check_lock(lock, Store(store, readonly=True), other)
-    flydsl = len(lock.action_keys()) - len(lock.hipcc)  # mori's hipcc kernels link no cco bitcode
+    clang = len(lock.hipcc) + len(lock.jitv2)  # mori's hipcc and JIT v2 kernels link no cco bitcode
+    flydsl = len(lock.action_keys()) - clang
     assert res["stale"] == flydsl and res["distinct_keys"] == len(lock.action_keys())
     assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": flydsl}
     other["hipcc"]["clang"] = "clang version 23.0.0"  # and they alone hash clang's identity
     res = check_lock(lock, Store(store, readonly=True), other)
-    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": flydsl, "toolchain.clang": len(lock.hipcc)}
+    assert res["stale_by_ingredient"] == {"toolchain.cco_bitcode_sha256": flydsl, "toolchain.clang": clang}
     assert [c["ingredient"] for c in res["toolchain_changed"]] == ["toolchain.cco_bitcode_sha256"]
 
 

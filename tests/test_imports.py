@@ -320,16 +320,16 @@ def test_a_pod_imports_exactly_the_modules_it_uses():
 #: The steps of getting kernels ready, and the runtime modules that call each: ``.loading`` (every
 #: op, through ``LoadedOp._load``) and ``.hipcc_server`` (mori's own kernels: the same provenance step,
 #: then the whole-object check). Another caller is another way to load: fold it into the path.
-LOADING_STEPS = {"check_built": ["hipcc_server.py", "loading.py"], "check_provenance": ["loading.py"],
+LOADING_STEPS = {"check_built": ["hipcc_server.py", "jitv2_server.py", "loading.py"], "check_provenance": ["loading.py"],
                  "check_device": ["loading.py"], "verify_kernels": ["loading.py"], "verify_entries": ["loading.py"],
                  "check_installed_mori": ["loading.py"], "load_module": ["loading.py"],
-                 "verify_whole_object": ["hipcc_server.py"]}
+                 "verify_whole_object": ["hipcc_server.py", "jitv2_server.py"]}
 
 
 def test_every_op_gets_its_kernels_one_way():
     """Each step of the loading path (provenance, device, verification, loading) is called from one
-    place in the runtime: the ops state what they load and call ``LoadedOp._load``; mori's hipcc
-    kernels take the same provenance step and their own whole-object check."""
+    place in the runtime: the ops state what they load and call ``LoadedOp._load``; mori's hipcc and
+    JIT v2 kernels take the same provenance step and their own whole-object check."""
     callers: dict[str, set[str]] = {}
     for p in sorted((REPO / "gemmar_aot" / "runtime").glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):

@@ -26,7 +26,8 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "action-keys.json"
 #: The reference manifest, every mode (modes), and the tests' (smoke); the fp8 wires' manifest adds
 #: 1,160 keys of the same recipes and is left out to keep the pin small.
 MANIFESTS = ("manifests/dsv4-pro-wo_b.toml", "manifests/dsv4-pro-wo_b-modes.toml", "manifests/smoke.toml",
-             "manifests/dsv4-pro-ep.toml", "manifests/dsv4-pro-hipcc.toml", "manifests/mi300x-hipcc.toml")
+             "manifests/dsv4-pro-ep.toml", "manifests/dsv4-pro-hipcc.toml", "manifests/mi300x-hipcc.toml",
+             "manifests/dsv4-pro-ep-hip.toml")
 
 
 def current_keys() -> dict:
@@ -67,9 +68,10 @@ def test_the_shipped_manifests_keys_are_the_pinned_ones():
 def test_the_pin_covers_every_kernel_of_the_shipped_manifests():
     pinned = json.loads(FIXTURE.read_text())
     counts = {m: len(pinned["manifests"][m]) for m in MANIFESTS}
-    assert counts["manifests/dsv4-pro-wo_b.toml"] == 424 and counts["manifests/smoke.toml"] == 133, counts
+    assert counts["manifests/dsv4-pro-wo_b.toml"] == 424 and counts["manifests/smoke.toml"] == 143, counts
     assert counts["manifests/dsv4-pro-ep.toml"] == 184, counts
     assert counts["manifests/dsv4-pro-hipcc.toml"] == counts["manifests/mi300x-hipcc.toml"] == 11, counts
+    assert counts["manifests/dsv4-pro-ep-hip.toml"] == 12, counts
 
 
 # ---- a module moved or renamed moves no key (key schema 4: logical module names) ----
@@ -113,7 +115,7 @@ def test_a_compile_module_moved_into_another_package_and_one_renamed_move_no_key
     assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr  # the copy really runs the moved modules
     ours, theirs = tree_copy.keys(None, *MANIFESTS), tree_copy.keys(tree, *MANIFESTS)
     assert theirs == ours and sum(len(v) for v in ours.values()) == (
-        424 + len(ours["manifests/dsv4-pro-wo_b-modes.toml"]) + 133 + 184 + 11 + 11)
+        424 + len(ours["manifests/dsv4-pro-wo_b-modes.toml"]) + 143 + 184 + 11 + 11 + 12)
 
 
 def test_a_move_the_registry_was_not_told_of_is_an_error_naming_the_module_and_the_fix(tmp_path):
@@ -137,7 +139,7 @@ def test_after_a_move_and_a_rename_the_smoke_build_compiles_nothing_and_derives_
     store = tmp_path / "store"
     shutil.copytree(smoke_store, store)
     summary = tree_copy.build(tree, "manifests/smoke.toml", store)
-    assert (summary["compiled"], summary["rederived"], summary["hits"]) == (0, 0, 133), summary
+    assert (summary["compiled"], summary["rederived"], summary["hits"]) == (0, 0, 143), summary
     assert (store / "locks" / "smoke.lock.json").read_bytes() == (smoke_store / "locks" / "smoke.lock.json").read_bytes()
 
 

@@ -202,7 +202,9 @@ def test_keys_are_stable_across_processes_and_checkout_paths(tmp_path):
     shutil.copytree(ROOT / "manifests", clone / "manifests")
     outs = []
     for cwd in (ROOT, clone):
-        env = {"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "random"}
+        # the one toolchain: a HIP-backend [[ep]] entry is planned by the toolchain's mori
+        env = {"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "random",
+               "GEMMAR_AOT_TOOLCHAIN": str(ROOT / ".toolchain")}
         p = subprocess.run([sys.executable, "-c", _KEYS, json.dumps(FP)], cwd=cwd, env=env,
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr

@@ -155,10 +155,12 @@ class HipccBuild(NamedTuple):
 
 
 @contextlib.contextmanager
-def hipcc_build_compiling(tmp_path: Path, *extra: str, env: dict | None = None,
-                          manifest: str = HIPCC_MANIFEST) -> Iterator[HipccBuild]:
+def hipcc_build_compiling(tmp_path: Path, *extra: str, env: dict | None = None, manifest: str = HIPCC_MANIFEST,
+                          anywhere: bool = False) -> Iterator[HipccBuild]:
     """A build of ``manifest`` into ``tmp_path/store`` with ``TMPDIR`` a directory of its own,
-    handed over once clang's ``-cc1`` runs under it; whatever of it is left is killed on the way out."""
+    handed over once clang's ``-cc1`` runs under it (``anywhere``: under a compile process the build
+    did not start itself -- a Ray worker's -- started after it); whatever of it is left is killed on
+    the way out."""
     m, systmp, store = tmp_path / "hipcc-kill.toml", tmp_path / "systmp", tmp_path / "store"
     m.write_text(manifest)
     systmp.mkdir(exist_ok=True)
@@ -168,7 +170,7 @@ def hipcc_build_compiling(tmp_path: Path, *extra: str, env: dict | None = None,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     tree: set[int] = set()
     try:
-        tree, groups = _wait_for_clang(proc)
+        tree, groups = _wait_for_clang(proc, anywhere)
         yield HipccBuild(proc, tree, groups, systmp, store)
     finally:
         if proc.poll() is None:
@@ -179,11 +181,23 @@ def hipcc_build_compiling(tmp_path: Path, *extra: str, env: dict | None = None,
                 os.kill(p, signal.SIGKILL)
 
 
-def _wait_for_clang(proc: subprocess.Popen) -> tuple[set[int], set[int]]:
+def _started(pid: int) -> int:
+    """A process's start time (clock ticks since boot)."""
+    f = _stat_fields(pid)
+    return int(f[19]) if len(f) > 19 else 0
+
+
+def _wait_for_clang(proc: subprocess.Popen, anywhere: bool = False) -> tuple[set[int], set[int]]:
     deadline = time.monotonic() + 180
+    since = _started(proc.pid)
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        tree = _descendants(proc.pid)
+        if anywhere:
+            tree = {int(n) for n in os.listdir("/proc") if n.isdigit() and b"hipcc_process" in _cmdline(int(n))
+                    and _started(int(n)) >= since}
+            tree |= set().union(set(), *(_descendants(p) for p in tree))
+        else:
+            tree = _descendants(proc.pid)
         compiles = {p for p in tree if b"hipcc_process" in _cmdline(p)}
         if any(b"-cc1" in _cmdline(p) for p in tree) and compiles:
             under = set().union(*(_descendants(p) for p in compiles)) | compiles
@@ -192,13 +206,15 @@ def _wait_for_clang(proc: subprocess.Popen) -> tuple[set[int], set[int]]:
     raise AssertionError("no clang -cc1 ran under the build within 180 s")
 
 
-def assert_nothing_left(b: HipccBuild, seconds: float = 5) -> None:
+def assert_nothing_left(b: HipccBuild, seconds: float = 5, work_dir: Path | None = None) -> None:
     """Within ``seconds``: no process of the build's compiles or of their groups runs, the build's
-    temp directory is empty and so is the store's ``work/`` (a compile's directory goes with it)."""
+    temp directory is empty and so is the compiles' ``work_dir`` (default: the store's ``work/``; a
+    compile's directory goes with it)."""
     deadline = time.monotonic() + seconds
+    work_dir = work_dir or b.store / "work"
     while time.monotonic() < deadline:
         left = {p for p in b.tree if _alive(p)} | _live_in_groups(b.groups)
-        work = sorted(p.name for p in (b.store / "work").iterdir()) if (b.store / "work").is_dir() else []
+        work = sorted(p.name for p in work_dir.iterdir()) if work_dir.is_dir() else []
         if not left and not work:
             break
         time.sleep(0.1)
@@ -246,9 +262,12 @@ def test_a_hipcc_build_killed_mid_compile_resumes_to_the_same_lock(smoke_store, 
 
     from store_health import assert_verifies_clean
 
-    smoke = SMOKE.read_text()
-    m = tmp_path / "hipcc-torture.toml"  # smoke's [[hipcc]] entries: the last of its file
-    m.write_text('[manifest]\nname = "hipcc-torture"\narch = "gfx950"\n\n' + smoke[smoke.index("[[hipcc]]"):])
+    from gemmar_aot.builder.manifest import tomllib
+
+    m = tmp_path / "hipcc-torture.toml"  # smoke's [[hipcc]] entries
+    m.write_text('[manifest]\nname = "hipcc-torture"\narch = "gfx950"\n\n' + "".join(
+        "[[hipcc]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in e.items()) + "\n"
+        for e in tomllib.loads(SMOKE.read_text())["hipcc"]))
     with hipcc_build_compiling(tmp_path, "-j", "2", manifest=m.read_text()) as b:
         b.proc.kill()
         b.proc.communicate(timeout=60)

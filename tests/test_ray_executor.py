@@ -318,17 +318,45 @@ def _ray_build(cluster, manifest: Path, store: Path, *extra: str, timeout: float
 
 
 @pytest.mark.ray
+@pytest.mark.compile
+def test_a_ray_build_compiles_moris_hipcc_and_jitv2_kernels_on_the_cluster_s_workers(cluster, tmp_path):
+    """--executor ray spreads mori's clang-compiled kernels (a [[hipcc]] code object and a HIP-backend
+    EP entry's JIT v2 units) over the cluster's workers: every one is counted on a node, none ran in
+    the driver's own compile processes, and the store and lock equal a local build's."""
+    m = tmp_path / "ray-clang.toml"
+    m.write_text('[manifest]\nname = "ray-clang"\narch = "gfx950"\n\n[[hipcc]]\nsources = ["cast_kernel"]\n'
+                 'archs = ["gfx950", "gfx942"]\nnics = ["mlx5"]\n\n[[ep]]\nkernel_backend = "hip"\nworld = 8\n'
+                 'hidden = 1024\nmax_tokens = 128\nexperts = 8\ntopk = 2\ndispatch_dtype = "bf16"\n'
+                 'device = "MI355X"\n')
+    rc, out, err = _ray_build(cluster, m, tmp_path / "ray")
+    assert rc == 0, err[-4000:]
+    s = json.loads(out)
+    assert s["failed"] == 0 and s["compiled"] == s["distinct_specs"] == 4, s
+    assert sum(s["executor"]["specs_by_node"].values()) == 4, s["executor"]
+    assert not (tmp_path / "ray" / "work").exists() or not list((tmp_path / "ray" / "work").iterdir())
+    local = subprocess.run([sys.executable, "-m", "gemmar_aot", "build", str(m), "--store", str(tmp_path / "local"),
+                            "-q", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert local.returncode == 0, local.stderr[-3000:]
+    name = "locks/ray-clang.lock.json"
+    assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+
+
+@pytest.mark.ray
 def test_a_ray_build_killed_mid_hipcc_compile_takes_its_compiles_with_it(cluster, tmp_path):
-    """Under ``--executor ray`` too: the driver killed with SIGKILL while clang runs leaves no compile
-    process, no temp file and no work directory 5 s later (tests/test_lifecycle.py's checks)."""
+    """Under ``--executor ray`` too, where the clang compiles run in the cluster's workers: the driver
+    killed with SIGKILL while clang runs leaves no compile process, no temp file and no work directory
+    (the node's, under its toolchain) 5 s after Ray has ended the job's workers (tests/test_lifecycle.py's
+    checks)."""
     import signal
 
+    from gemmar_aot.toolchain import load_toolchain
     from test_lifecycle import assert_nothing_left, hipcc_build_compiling
 
-    with hipcc_build_compiling(tmp_path, "--executor", "ray", "--ray-address", cluster.address, env=cluster.env) as b:
+    with hipcc_build_compiling(tmp_path, "--executor", "ray", "--ray-address", cluster.address, env=cluster.env,
+                               anywhere=True) as b:
         b.proc.send_signal(signal.SIGKILL)
         b.proc.communicate(timeout=60)
-        assert_nothing_left(b)
+        assert_nothing_left(b, seconds=20, work_dir=load_toolchain().root / "work")
 
 
 @pytest.mark.ray

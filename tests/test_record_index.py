@@ -190,7 +190,8 @@ def test_lines_are_grouped_by_rank_and_a_rank_reads_only_its_own(smoke_store, sm
     n = head["prefix_hex"]
     ranks = sorted({r.rank for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks})
     hipcc = {(h.variant.arch, h.variant.nic, h.variant.host_proxy) for h in smoke_lock.hipcc}
-    assert head["schema"] == INDEX_SCHEMA == 5 and len(groups) == len(ranks) + len(hipcc) and len(ranks) > 1
+    jitv2 = {(j.variant.arch, j.variant.nic) for j in smoke_lock.jitv2}  # whole code objects: a group per pod
+    assert head["schema"] == INDEX_SCHEMA == 5 and len(groups) == len(ranks) + len(hipcc) + len(jitv2) > len(ranks) > 1
     seen: set[bytes] = set()
     for rank, lines in zip(ranks, groups):  # a key in the group of the first rank that launches it
         want = {le.key[:n].encode() for t in (*smoke_lock.tuples, *smoke_lock.eps) for r in t.ranks

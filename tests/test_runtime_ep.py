@@ -121,18 +121,9 @@ def test_a_dispatch_above_the_capacity_is_refused_with_the_entry_that_serves_it(
                                                  r"\[\[ep\]\]\nworld = 2\nhidden = 2048"),
     ({"max_num_inp_token_per_rank": 256}, ArtifactMissingError, r"max_tokens = 256"),
     ({"combine_block_num": 64}, ArtifactMismatchError, r"resolved geometry \[64, 16, 64, 4\] and schedule None"),
-    # what mori's config resolves on the HIP backend: its own table's geometry, pinned
-    ({"kernel_backend": "hip", "dispatch_block_num": 80, "warp_num_per_block": 16, "combine_block_num": 96,
-      "combine_warp_num_per_block": 8}, ValueError,
-     r"kernel_backend='hip' \(the config's kernel_backend\) selects mori's HIP backend(.|\n)*does not serve the HIP "
-     r"backend \(yet\)\. What serves this config today: mori's FlyDSL backend, from these artifacts: construct "
-     r"the config with kernel_backend='flydsl'"),
-    ({"kernel_backend": "hip", "gpu_per_node": 1}, ValueError,
-     r"selects mori's HIP backend(.|\n)*This config is internode \(gpu_per_node=1 < world_size=2\)"),
     ({"kernel_backend": "cuda"}, ValueError, r"unknown kernel backend 'cuda' \(the config's kernel_backend\); "
                                              r"known: \['flydsl', 'hip'\]"),
-], ids=["internode", "mori-refuses", "dtype", "hidden", "capacity", "pinned-geometry", "hip-backend",
-        "hip-backend-internode", "unknown-backend"])
+], ids=["internode", "mori-refuses", "dtype", "hidden", "capacity", "pinned-geometry", "unknown-backend"])
 def test_a_config_the_lock_cannot_serve_is_refused_before_anything_is_acquired(smoke_store, smoke_lock, change, error,
                                                                                 match):
     comm = FakeCommunicator(0, 2)
@@ -142,11 +133,37 @@ def test_a_config_the_lock_cannot_serve_is_refused_before_anything_is_acquired(s
     assert not comm.acquired and not driver.counters["load_module"]
 
 
+class _HipOp:
+    """What ``ep_hip.hip_op`` was asked for (mori's HIP op itself needs a GPU: tests/test_jitv2*.py run it
+    on the HIP double in a process of its own)."""
+
+    def __init__(self, cfg, comm, **kw):
+        self.cfg, self.comm, self.kw = cfg, comm, kw
+
+
+@pytest.mark.parametrize("change", [{"kernel_backend": "hip"}, {"kernel_backend": "hip", "gpu_per_node": 1}],
+                         ids=["intranode", "internode"])
+def test_the_hip_backend_is_moris_own_op_with_its_jit_v2_kernels_served(smoke_store, smoke_lock, monkeypatch, change):
+    """A config that selects mori's HIP backend (every internode config must) gets mori's own HIP op with its
+    JIT v2 cache served (ep_hip.hip_op), with the op's artifacts, keys and miss report; nothing of the
+    FlyDSL path is acquired."""
+    from gemmar_aot.runtime import ep_hip
+
+    monkeypatch.setattr(ep_hip, "hip_op", _HipOp)
+    comm, driver = FakeCommunicator(0, 2), FakeHipDriver([smoke_lock])
+    op = EpDispatchCombineOp(_cfg(**change), comm, artifacts=smoke_store, driver=driver, miss_report="m.jsonl")
+    assert isinstance(op, _HipOp) and op.comm is comm
+    assert op.kw == {"artifacts": smoke_store, "driver": driver, "trusted_keys": None, "miss_report": "m.jsonl"}
+    assert not comm.acquired and not driver.counters["load_module"]
+
+
 def test_moris_backend_variable_is_read_as_mori_reads_it(smoke_store, smoke_lock, monkeypatch):
     """$MORI_V2_KERNEL_BACKEND selects the backend when the config names none; the config's wins."""
+    from gemmar_aot.runtime import ep_hip
+
+    monkeypatch.setattr(ep_hip, "hip_op", _HipOp)
     monkeypatch.setenv("MORI_V2_KERNEL_BACKEND", "hip")
-    with pytest.raises(ValueError, match=r"kernel_backend='hip' \(\$MORI_V2_KERNEL_BACKEND\) selects mori's HIP"):
-        _op(smoke_store, smoke_lock)
+    assert isinstance(EpDispatchCombineOp(_cfg(), FakeCommunicator(0, 2), artifacts=smoke_store), _HipOp)
     _op(smoke_store, smoke_lock, kernel_backend="flydsl")[0].close()
 
 

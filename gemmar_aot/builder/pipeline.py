@@ -245,7 +245,7 @@ class _BuildRun:
             # HIP-backend EP entries are planned by the profile's mori itself (its toolchain)
             tc = load_toolchain(o.toolchain_root, o.toolchain_profile) if self.manifest.ep_hip else None
             self.plan = make_plan(self.manifest, mori_version=get_profile(o.toolchain_profile).mori.version,
-                                  profile=o.toolchain_profile, toolchain=tc, work_root=Path(self.root) / "work")
+                                  profile=o.toolchain_profile, toolchain=tc)
         with self.phase("toolchain"):
             self.tc = tc or load_toolchain(o.toolchain_root, o.toolchain_profile)
         self.fp = self.tc.fingerprint

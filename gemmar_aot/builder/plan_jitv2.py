@@ -77,16 +77,59 @@ def plan_jitv2(entries: Sequence[EpHipEntry], toolchain: Any, work_root: Path | 
     return tuple(out)
 
 
+#: What a plan step's answer depends on besides its request: mori's Python that decides the plans
+#: (its config, HIP backend, tuning tables, plan API), relative to the unpacked wheel.
+MORI_PLAN_SOURCES = ("mori/ops/dispatch_combine_v2/*.py", "mori/ops/utils.py", "mori/jit/v2/*.py")
+
+
+def _answer_key(toolchain: Any, req: dict) -> str:
+    """The cache key of a plan step's answer: the request, mori's deciding Python and JIT v2 libraries
+    and trees (the toolchain's fingerprint of them), and our code that asks (``gemmar_aot_kernels.jitv2``
+    and ``jitv2_plans``)."""
+    import hashlib
+
+    from gemmar_aot_kernels import jitv2_plans
+
+    h = hashlib.sha256(json.dumps({k: v for k, v in req.items() if k != "work"}, sort_keys=True).encode())
+    h.update(json.dumps(toolchain.fingerprint.get("jitv2"), sort_keys=True).encode())
+    for pattern in MORI_PLAN_SOURCES:
+        for f in sorted(Path(toolchain.mori_dir).glob(pattern)):
+            h.update(f"{f.name}\0".encode() + f.read_bytes())
+    for mod in (jitv2_recipe, jitv2_plans):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()
+
+
 def _enumerate(toolchain: Any, arch: str, nic: str, topology: tuple, configs: list[dict],
                work_root: Path | None) -> list[dict]:
     """``gemmar_aot_kernels.jitv2_plans`` on ``configs`` in a process of its own (under the compile
-    process's guard: it dies with us, and removes its scratch directory)."""
+    process's guard: it dies with us, and removes its scratch directory). An answer is kept in the
+    toolchain's ``cache/jitv2-plans/`` under :func:`_answer_key`: the same request of the same mori
+    is answered from there (a plan re-runs mori's code only when something it reads changed)."""
+    req = {"toolchain_root": str(toolchain.root), "mori_dir": str(toolchain.mori_dir), "arch": arch, "nic": nic,
+           "topology": list(topology), "configs": configs}
+    cached = Path(toolchain.root) / "cache" / "jitv2-plans" / f"{_answer_key(toolchain, req)}.json"
+    try:
+        return json.loads(cached.read_text())
+    except (OSError, ValueError):
+        pass
+    answer = _run_plans(toolchain, req, work_root)
+    try:
+        from gemmar_aot.util.atomic_write import atomic_write_bytes
+
+        atomic_write_bytes(cached, json.dumps(answer).encode(), durable=False)
+    except OSError:
+        pass  # a read-only toolchain: planned again next time
+    return answer
+
+
+def _run_plans(toolchain: Any, req: dict, work_root: Path | None) -> list[dict]:
+    arch, nic = req["arch"], req["nic"]
     if work_root is not None:
         Path(work_root).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"jitv2-plans-{arch}-{nic}-", dir=work_root))
     try:
-        req = {"toolchain_root": str(toolchain.root), "mori_dir": str(toolchain.mori_dir), "work": str(work),
-               "arch": arch, "nic": nic, "topology": list(topology), "configs": configs}
+        req = {**req, "work": str(work)}
         from gemmar_aot.compiler.hipcc_process import BUILD_PID_ENV
 
         p = subprocess.run([sys.executable, "-m", "gemmar_aot.compiler.hipcc_process", "plans", json.dumps(req),

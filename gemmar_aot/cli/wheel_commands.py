@@ -29,6 +29,9 @@ def _coverage_lines(cov: list[dict]) -> list[str]:
             lines.append(f"  hipcc      {g['arch']} NIC {g['nic']}" + (" host proxy" if g["host_proxy"] else "")
                          + f": {', '.join(g['sources'])}")
             continue
+        if g["transport"] == "jitv2":
+            lines.append(f"  jitv2      {g['arch']} NIC {g['nic']}: mori JIT v2 {', '.join(g['plans'])}")
+            continue
         wire = f" wire={g['wire']}" if g.get("wire") else ""
         mmax = f" m_max={g['m_max']}" if g.get("m_max") else ""
         lines.append(f"  {g['transport']:<10} M={','.join(map(str, g['m']))} N={g['n']} K={g['k']} "

@@ -102,36 +102,17 @@ class HipccExecutor:
                                  cpu_seconds=_children_cpu() - c0, pid=os.getpid())
 
     def _clang(self, spec: KernelSpec, work_root: Path) -> tuple[bytes, list | dict]:
-        """The code object of ``spec`` and what its compile process printed of how it made it (the
-        clang command; see :func:`_made`), from a process of its own.
+        """The code object of ``spec`` and what its compile process printed (:func:`compile_in_process`)."""
 
-        The compile works in a directory of its own under the store's ``work/`` (never the system
-        temp directory) and leads a process group of its own, which holds clang's driver, ``-cc1``
-        and the linker: it ends them and removes its directory when it is stopped or the build
-        dies (:mod:`.hipcc_process`); the group is swept here too once it exits, so
-        a compile killed outright leaves nothing running either."""
-        work_root.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f"hipcc-{spec.kind}-", dir=work_root))
-        try:
-            cmd = [sys.executable, "-m", "gemmar_aot.compiler.hipcc_process", json.dumps(spec.to_json()),
-                   str(self.tc.root), str(self.tc.mori_dir), str(work)]
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True, env={**os.environ, BUILD_PID_ENV: str(os.getpid())})
+        def started(proc: subprocess.Popen) -> None:
             with self._lock:
                 self._procs.add(proc)
-            try:
-                stdout, stderr = proc.communicate()
-            finally:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is still there
-                with self._lock:
-                    self._procs.discard(proc)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{spec.label()}: compile failed ({_exit_status(proc.returncode)}):\n"
-                                   f"{stderr[-4000:]}")
-            return (work / OUT_NAME).read_bytes(), json.loads(stdout.splitlines()[-1])
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+
+        def ended(proc: subprocess.Popen) -> None:
+            with self._lock:
+                self._procs.discard(proc)
+
+        return compile_in_process(spec, self.tc, work_root, started=started, ended=ended)
 
     def close(self) -> None:
         """End the clang processes still running (an interrupt); safe to call again."""
@@ -149,6 +130,57 @@ class HipccExecutor:
 def _children_cpu() -> float:
     t = os.times()
     return t.children_user + t.children_system
+
+
+def compile_in_process(spec: KernelSpec, tc, work_root: Path, *, started=None, ended=None) -> tuple[bytes, list | dict]:
+    """The code object of ``spec`` and what its compile process printed of how it made it (the
+    clang command; see :func:`_made`), from a process of its own, with the toolchain ``tc``.
+
+    The compile works in a directory of its own under ``work_root`` (a store's ``work/``, or a
+    node's; never the system temp directory) and leads a process group of its own, which holds
+    clang's driver, ``-cc1`` and the linker: it ends them and removes its directory when it is
+    stopped or the process that started it dies (:mod:`.hipcc_process`); the group is swept here
+    too once it exits, so a compile killed outright leaves nothing running either. ``started`` and
+    ``ended`` see the process (an executor ends the ones running when it is interrupted)."""
+    work_root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{spec.recipe}-{spec.kind}-", dir=work_root))
+    try:
+        cmd = [sys.executable, "-m", "gemmar_aot.compiler.hipcc_process", json.dumps(spec.to_json()),
+               str(tc.root), str(tc.mori_dir), str(work)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env={**os.environ, BUILD_PID_ENV: str(os.getpid())})
+        if started is not None:
+            started(proc)
+        try:
+            stdout, stderr = proc.communicate()
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is still there
+            if ended is not None:
+                ended(proc)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{spec.label()}: compile failed ({_exit_status(proc.returncode)}):\n"
+                               f"{stderr[-4000:]}")
+        return (work / OUT_NAME).read_bytes(), json.loads(stdout.splitlines()[-1])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def compile_detached(spec_json: dict, ingredients: dict, tc, work_root: Path) -> tuple[CompileResult, tuple | None]:
+    """Compile one hipcc or JIT v2 spec without a store (a Ray node): (the result, whose ``record``
+    holds the record's fields, and ``(code, None)``: no launcher, mori launches it; or None when it
+    failed). The one writer derives the record's fields from the bytes and stores them."""
+    spec = KernelSpec.from_json(spec_json)
+    t0, c0 = time.perf_counter(), _children_cpu()
+    try:
+        code, made = compile_in_process(spec, tc, work_root)
+    except Exception as exc:  # noqa: BLE001 - every failure is a result
+        return CompileResult(spec.spec_id, False, time.perf_counter() - t0, error=str(exc),
+                             cpu_seconds=_children_cpu() - c0, pid=os.getpid()), None
+    seconds = time.perf_counter() - t0
+    fields = {"spec": spec.to_json(), "ingredients": ingredients, "compile_seconds": round(seconds, 3), **_made(made)}
+    return CompileResult(spec.spec_id, True, seconds, fields, cpu_seconds=_children_cpu() - c0,
+                         pid=os.getpid()), (code, None)
 
 
 def _made(printed) -> dict:

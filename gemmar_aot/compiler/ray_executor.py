@@ -9,7 +9,9 @@ cluster. On a node a task
   plus the digest of our compiler sources) equals the driver's, and refuses to compile
   otherwise, naming the ingredient that differs;
 * compiles each spec with the worker's own per-task function
-  (:func:`gemmar_aot.compiler.worker.compile_detached`): no store access on the node;
+  (:func:`gemmar_aot.compiler.worker.compile_detached`), or, for mori's hipcc and JIT v2 kernels,
+  a clang process of its own (:func:`gemmar_aot.compiler.hipcc_executor.compile_detached`): no
+  store access on the node;
 * returns the code bytes, the record fields and the sha256 it computed.
 
 The driver checks each returned code object against the sha256 the node reported
@@ -157,10 +159,13 @@ def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_l
     import os
 
     from gemmar_aot.compiler import worker
+    from gemmar_aot.compiler.keys import OWN_COMPILE
     from gemmar_aot.compiler.worker import compile_detached, init
     from gemmar_aot.toolchain import PROFILE_ENV
 
     os.environ[PROFILE_ENV] = _profile_of(expected)
+    if all(spec_json["recipe"] in OWN_COMPILE for spec_json, _k, _i in items):
+        return {"node_id": node_id, "refused": None, "results": _compile_whole(items, expected)}
     init(None, debug_locations)  # this node's own toolchain, verified equal above
     if toolchain_identity(worker._STATE["toolchain"].fingerprint) != expected:
         # init() is once per process: a Ray worker that compiled for another profile keeps it.
@@ -171,6 +176,23 @@ def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_l
         res, outputs = compile_detached(spec_json, ingr)
         out.append((res, outputs, None if outputs is None else tuple(sha256_hex(b) for b in outputs)))
     return {"node_id": node_id, "refused": None, "results": out}
+
+
+def _compile_whole(items: list[tuple[dict, str, dict]], expected: dict) -> list:
+    """mori's hipcc and JIT v2 kernels on this node: each a clang process of its own, with this
+    node's toolchain (checked equal to the driver's, the HIP SDK's digest included), working under
+    the toolchain's ``work/`` (removed as each compile ends). No FlyDSL is imported."""
+    from pathlib import Path
+
+    from gemmar_aot.compiler.hipcc_executor import compile_detached as compile_whole
+    from gemmar_aot.toolchain import load_toolchain
+
+    tc = load_toolchain(profile=_profile_of(expected))
+    out = []
+    for spec_json, _key, ingr in items:
+        res, outputs = compile_whole(spec_json, ingr, tc, Path(tc.root) / "work")
+        out.append((res, outputs, None if outputs is None else (sha256_hex(outputs[0]), None)))
+    return out
 
 
 # ------------------------------------------------------------------ on the driver
@@ -185,7 +207,15 @@ def verify_result(task: Task, res: CompileResult, outputs: tuple[bytes, bytes] |
         return None
     if outputs is None or reported is None or len(outputs) != 2 or len(reported) != 2:
         return "the node reported success but sent no code object and launcher"
+    from gemmar_aot.compiler.keys import OWN_COMPILE
+
+    whole = task.spec.recipe in OWN_COMPILE  # a code object mori loads whole: no launcher
+    if whole != (outputs[1] is None) or whole != (reported[1] is None):
+        return "the node sent a launcher for a code object mori loads whole" if whole else \
+            "the node sent no launcher for a kernel we launch"
     for what, data, want in zip(("code object", "launcher"), outputs, reported):
+        if data is None:
+            continue
         have = sha256_hex(data)
         if have != want:
             return f"the {what} arrived with sha256 {have}, the node computed {want}"
@@ -210,6 +240,9 @@ class RayExecutor:
     ``record`` is the full store record, written by this process. ``close`` cancels
     what is still running and disconnects (the cluster ends the job's workers).
     """
+
+    #: mori's hipcc and JIT v2 kernels compile on the nodes too (``scheduler.compile_all``).
+    compiles_whole_objects = True
 
     def __init__(self, address: str | None = None, *, toolchain_root: str | None = None,
                  debug_locations: bool = False, toolchain_profile: str | None = None,
@@ -464,7 +497,7 @@ class RayExecutor:
                     f"{'; '.join(problems)}"))) for t in again]
         return out
 
-    def _store(self, store, task: Task, res: CompileResult, outputs: tuple[bytes, bytes]) -> CompileResult:
+    def _store(self, store, task: Task, res: CompileResult, outputs: tuple[bytes, bytes | None]) -> CompileResult:
         """Put a verified result in the store under the task's key (in a writer thread of the
         driver, the one process that writes the store). The record's derived fields are made
         here, from the verified bytes, by the driver's derive code: a node's are not trusted."""

@@ -399,8 +399,9 @@ def compile_all(
 ) -> list[tuple[KernelSpec, CompileResult]]:
     """Compile ``tasks`` into the store; returns (spec, result) for each, in completion order.
 
-    Tasks of a recipe no FlyDSL worker compiles (``keys.OWN_COMPILE``: mori's hipcc kernels) run
-    first, a clang process each (:class:`~gemmar_aot.compiler.hipcc_executor.HipccExecutor`, as many at a
+    Tasks of a recipe no FlyDSL worker compiles (``keys.OWN_COMPILE``: mori's hipcc and JIT v2
+    kernels) run first -- on the executor when it compiles them on its nodes
+    (``compiles_whole_objects``: the Ray executor), else here -- a clang process each (:class:`~gemmar_aot.compiler.hipcc_executor.HipccExecutor`, as many at a
     time as the executor has workers, with ``toolchain``: the build's, else the one of
     ``toolchain_root`` and ``$GEMMAR_AOT_TOOLCHAIN_PROFILE``); the rest on ``executor``.
 
@@ -417,6 +418,8 @@ def compile_all(
     costs = costs or CostModel()
     whole = [t for t in tasks if t.spec.recipe in OWN_COMPILE]
     results: list[tuple[KernelSpec, CompileResult]] = []
+    if whole and getattr(executor, "compiles_whole_objects", False):
+        whole = []  # a cluster compiles them on its nodes, with the rest
     if whole:
         from gemmar_aot.compiler.hipcc_executor import HipccExecutor
 

@@ -142,9 +142,12 @@ class JitV2Server:
     def prepare(self, v: JitV2Variant) -> dict[str, str]:
         """The verified cache of ``v``'s code objects, and mori's knobs pointing at it."""
         from .kernel_checks import verify_whole_object
+        from .loading import check_built
 
         arts = self.artifacts()
         items = sorted(arts.jitv2_index.get(v, {}).values(), key=lambda x: x[0].cache_entry)
+        # the pod's mori must be the one the locks were built with: its headers are in mori's key
+        check_built(list({info.source: (info.mori, f"{info.source} ({item.source})") for item, info in items}.values()))
         identities = {item.identity for item, _info in items}
         if len(identities) > 1:
             raise ArtifactMismatchError(f"the artifacts' JIT v2 code objects for {v.describe()} were keyed with "
