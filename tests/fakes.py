@@ -22,15 +22,20 @@ vouches for no record.
 ``FakeCommunicator`` stands in for ``mori.cco.Communicator``: memory is real host
 memory (a CPU uint8 tensor per allocation, so the op's window views are real
 tensors), every acquisition and release is counted, and any step can be made to
-fail, to test rollback.
+fail, to test rollback. Its device communicators (``create_dev_comm``) carry the
+host ``ccoDevComm`` struct mori's internode kernels take by value, and
+:func:`fake_cco_modules` stands in for ``mori.cco.cco`` / ``mori.cco.communicator``
+where mori makes one itself (``DevCommHandle``), so mori's own checks run against it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import re
 import struct
+import types
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,11 +271,28 @@ class FakeWindow(_Handle):
 
 
 class FakeDevComm(_Handle):
+    """A device communicator: ``ptr`` names its (absent) device copy; ``host_ptr`` is the host
+    ``ccoDevComm`` (:data:`DEV_COMM_BYTES` bytes: rank, worldSize, lsaSize, lsaRank, myNodeStart and
+    gdaConnType as ``include/mori/cco/cco.hpp`` lays them out, then zeros -- a double has no flat VA,
+    windows or QPs), what mori's internode kernels take by value."""
+
     _ptrs = itertools.count(0xDC000000, 0x1000)
 
     def __init__(self, comm, reqs):
         super().__init__(comm, "dev_comm")
         self.reqs, self.ptr = reqs, next(self._ptrs)
+        self.rank, self.world_size, self.lsa_size = comm.rank, comm.nranks, comm.lsa_size
+        self.lsa_rank = comm.rank % comm.lsa_size
+        self.host = ctypes.create_string_buffer(DEV_COMM_BYTES)
+        gda = getattr(reqs, "gda_connection_type", 0)  # cco's code, or gemmar-aot's name ("none")
+        gda = gda if isinstance(gda, int) else FAKE_GDA_CONNECTIONS.get(f"GDA_CONNECTION_{str(gda).upper()}", 0)
+        struct.pack_into("<6i", self.host, 0, self.rank, self.world_size, self.lsa_size, self.lsa_rank,
+                         self.rank - self.lsa_rank, gda)
+        self.host_ptr = ctypes.addressof(self.host)
+
+
+#: ``sizeof(ccoDevComm)``: the ``devComm:b200`` field of mori's internode argument schema.
+DEV_COMM_BYTES = 200
 
 
 class FakeCommunicator:
@@ -279,10 +301,13 @@ class FakeCommunicator:
     ``fail_at``: step names that raise :class:`InjectedFailure` ("alloc_mem",
     "register_window", "create_dev_comm", "barrier", "close_mem", ...).
     ``lazy``: allocate without zeroing (for benchmarks; the op zeroes through the driver).
+    ``lsa_size``: ranks per node, what cco's device communicator reports (default: all of them).
     """
 
-    def __init__(self, rank: int = 0, nranks: int = 2, device: str = "cpu", fail_at=(), lazy: bool = False):
+    def __init__(self, rank: int = 0, nranks: int = 2, device: str = "cpu", fail_at=(), lazy: bool = False,
+                 lsa_size: int | None = None):
         self.rank, self.nranks, self.device = rank, nranks, torch.device(device)
+        self.lsa_size = lsa_size or nranks  # ranks on this rank's node (cco's LSA team)
         self.lazy = lazy
         self.fail_at = set(fail_at)
         self.acquired: Counter = Counter()
@@ -334,3 +359,57 @@ class FakeCommunicator:
     @property
     def live_counts(self) -> Counter:
         return Counter(h._kind for h in self.live)
+
+
+# ---------------------------------------------------------------------------
+# mori.cco's Python surface, for code of mori's that makes its own device communicator
+# ---------------------------------------------------------------------------
+
+
+class FakeDevCommRequirements:
+    """Stands in for ``mori.cco.cco.DevCommRequirements`` (its defaults: CROSSNODE, 4 contexts)."""
+
+    def __init__(self):
+        self.gda_connection_type = FAKE_GDA_CONNECTIONS["GDA_CONNECTION_CROSSNODE"]
+        self.gda_context_count = 4
+        self.gda_signal_count = 16
+        self.gda_counter_count = 16
+
+
+#: ``ccoGdaConnectionType`` (include/mori/cco/cco.hpp).
+FAKE_GDA_CONNECTIONS = {"GDA_CONNECTION_NONE": 0, "GDA_CONNECTION_FULL": 1, "GDA_CONNECTION_CROSSNODE": 2,
+                        "GDA_CONNECTION_RAIL": 3}
+
+
+class FakeDevCommHandle:
+    """Stands in for ``mori.cco.communicator.DevCommHandle``: a device communicator of ``comm``
+    (a :class:`FakeCommunicator`), released by ``close``."""
+
+    def __init__(self, comm: FakeCommunicator, requirements=None):
+        self._comm = comm
+        self._dev_comm = comm.create_dev_comm(requirements or FakeDevCommRequirements())
+
+    ptr = property(lambda self: self._dev_comm.ptr)
+    rank = property(lambda self: self._dev_comm.rank)
+    world_size = property(lambda self: self._dev_comm.world_size)
+    lsa_size = property(lambda self: self._dev_comm.lsa_size)
+    lsa_rank = property(lambda self: self._dev_comm.lsa_rank)
+
+    def close(self) -> None:
+        self._dev_comm.close()
+
+
+def fake_cco_modules() -> dict[str, types.ModuleType]:
+    """``mori.cco``, ``mori.cco.cco`` and ``mori.cco.communicator`` as this double (for
+    ``sys.modules``): mori's cco is a native extension over RDMA NICs and ROCm, none of which a
+    CPU host has."""
+    cco = types.ModuleType("mori.cco.cco")
+    cco.DevCommRequirements = FakeDevCommRequirements
+    for name, value in FAKE_GDA_CONNECTIONS.items():
+        setattr(cco, name, value)
+    communicator = types.ModuleType("mori.cco.communicator")
+    communicator.DevCommHandle = FakeDevCommHandle
+    pkg = types.ModuleType("mori.cco")
+    pkg.__path__ = []
+    pkg.cco, pkg.communicator = cco, communicator
+    return {"mori.cco": pkg, "mori.cco.cco": cco, "mori.cco.communicator": communicator}
