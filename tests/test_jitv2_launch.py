@@ -177,3 +177,38 @@ def test_jitv2_oracle_names_pointers_by_allocation_and_reports_the_others():
     assert args[5][2] == {"bytes": bytes(8).hex() + struct.pack("<Q", 7).hex(), "pointers": [[0, "<cco.mem0+0x18>"]]}
     assert problems == ["here: c = 0xdead000 points into no allocation the harness knows"]
     assert bytes.fromhex(hexed) == struct.pack("<QiiQQQQQ", 0x1000, 3, 0, 0, 0, 0, 0, 7)
+
+
+def _jit_hipcc(path: Path) -> Path:
+    """mori's own JIT with a hipcc: ROCm's hipcc as a test double (tests/hipcc_shim.py) on the toolchain's clang."""
+    from gemmar_aot.toolchain import load_toolchain
+
+    path.write_text(f"#!/bin/sh\nGEMMAR_AOT_TOOLCHAIN='{load_toolchain().root}' exec '{sys.executable}' "
+                    f"'{TESTS / 'hipcc_shim.py'}' \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parity
+@pytest.mark.compile
+@pytest.mark.parametrize("config", [INTRA, INTER], ids=["intranode-world8", "internode-2x8"])
+def test_jitv2_moris_op_compiling_through_its_jit_launches_what_it_launches_served_by_gemmar_aot(
+        smoke_store, hipstub_lib, tmp_path, config):
+    """mori's own EP v2 op with the HIP backend, on the HIP double, once compiling every plan through its
+    own JIT (an empty cache, ROCm's hipcc as a test double on the same clang) and once served by
+    gemmar-aot's runtime (JitV2Server: the verified code objects seeded at their cache entries, its hipcc
+    that compiles nothing): the same plans resolved, and every launch of every bucket edge identical --
+    kernel, code object bytes, grid, block, LDS, argument bytes (pointers named by allocation)."""
+    from gemmar_aot.model.jitv2 import JitV2Variant
+    from gemmar_aot.runtime.jitv2_server import JitV2Server
+
+    jit = run_oracle([config], tmp_path / "mori-jit", _jit_hipcc(tmp_path / "hipcc-jit"), hipstub_lib, "gfx950")[0]
+    env = JitV2Server(smoke_store, directory=tmp_path / "served").prepare(JitV2Variant("gfx950", "mlx5"))
+    assert (env["MORI_JIT_ARCH"], env["MORI_DEVICE_NIC"], env["MORI_DEVICE_IONIC_CCQE"]) == ("gfx950", "mlx5", "0")
+    served = run_oracle([config], Path(env["MORI_JIT_CACHE_DIR"]), Path(env["MORI_JIT_HIPCC"]), hipstub_lib,
+                        "gfx950")[0]
+    assert jit["problems"] == served["problems"] == [] and len(jit["tokens"]) >= 2
+    assert (served["resolved"], served["tokens"]) == (jit["resolved"], jit["tokens"])
+    assert served["calls"] == jit["calls"]  # kernel, code object, grid, block, shared memory, argument bytes
+    assert len(_launches(served)) == (6 if config is INTER else 2) * len(served["tokens"])
+    assert not (Path(env["MORI_JIT_CACHE_DIR"]) / "tmp").exists()  # served: mori compiled nothing
