@@ -19,17 +19,18 @@ README_MAX_LINES = 300
 
 _FENCE = re.compile(r"^(```|~~~)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 _LINK = re.compile(r"\]\(([^()\s]+)\)")
 #: Where a command starts: a line, or after ``;``, ``|``, ``&&``, ``$(`` or a CI ``script:``, then any
 #: ``VAR=value`` assignments.
 _AT_COMMAND = r"(?:^|;|\||&&|\$\(|script:)[ \t]*(?:[A-Z][A-Z0-9_]*=\S*[ \t]+)*"
 #: ``gemmar-aot`` (or a path ending in ``/gemmar-aot``) run as a command, and the words after it.
-_GEMMAR = re.compile(_AT_COMMAND + r"(?:[\w.~-]*/)*gemmar-aot[ \t]+([A-Za-z][\w-]*)(?:[ \t]+([A-Za-z][\w-]*))?", re.M)
+_GEMMAR = re.compile(_AT_COMMAND + r"(?:[\w.~-]*/)*gemmar-aot[ \t]+([A-Za-z][\w-]*)(?:[ \t]+([A-Za-z][\w-]*))?",
+                     re.MULTILINE)
 #: ``make``, its ``VAR=value`` arguments, and the target.
-_MAKE = re.compile(_AT_COMMAND + r"make((?:[ \t]+[A-Z][A-Z0-9_]*=\S*)*)[ \t]+([a-z][\w.-]*)", re.M)
+_MAKE = re.compile(_AT_COMMAND + r"make((?:[ \t]+[A-Z][A-Z0-9_]*=\S*)*)[ \t]+([a-z][\w.-]*)", re.MULTILINE)
 #: A shell, TOML or YAML comment in a code block (what it says is prose, not a command).
-_COMMENT = re.compile(r"(?:^|(?<=\s))#.*$", re.M)
+_COMMENT = re.compile(r"(?:^|(?<=\s))#.*$", re.MULTILINE)
 
 
 def _split(text: str) -> tuple[str, list[str]]:
