@@ -1,4 +1,4 @@
-"""Serve mori's FlyDSL ops from gemmar-aot artifacts in a server that changes no code.
+"""Serve mori's run-time compiled kernels from gemmar-aot artifacts in a server that changes no code.
 
 A server such as sglang (behind ``SGLANG_OPT_FUSED_WO_B_AR=1``, and with its mori EPv2 MoE
 backend) does::

@@ -1,8 +1,15 @@
-"""Kernel recipes: how each mode of mori's gemm_ar maps to builder calls and launches.
+"""Kernel recipes: how each kernel family mori compiles at run time is built ahead of time.
+
+One module per recipe: each mode of mori's GEMM + all-reduce (``fused_sdma``, ``split_sdma``,
+``split_lsa``, ``fused_lsa``, ``gemm_only``, ``gemv``, and the ``sdma_phases`` they share) and EP
+dispatch/combine v2's FlyDSL backend (``ep``), traced by FlyDSL for gfx950; mori's hipcc-JIT
+kernels (``hipcc``: EP v1, collectives, shmem, IO) and its JIT v2 kernels (``jitv2``: EP v2's HIP
+backend, multi-node included), compiled by clang for gfx950 and gfx942 in a process of their own
+(no FlyDSL worker; ``gemmar_aot.compiler.keys.OWN_COMPILE``).
 
 Build-time only (installed as ``gemmar_aot_kernels``; the runtime never imports it).
 
-A recipe module has up to two halves:
+A FlyDSL recipe module has up to two halves:
 
 * a pure half, used by the plan: ``specs(workload, layout, env) -> RankKernels``,
   which turns one validated tuple into the per-rank kernel specs in launch order.

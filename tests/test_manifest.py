@@ -577,8 +577,9 @@ def test_sub_table_in_a_tuple_is_an_unknown_key():
 @pytest.mark.parametrize(
     "manifest, expected",
     [
-        (dict(arch="gfx942"), 'top level: arch = "gfx942": [[tuple]] and [[ep]] entries are mori\'s FlyDSL ops, built '
-                              'for gfx950 (MI355X) only'),
+        (dict(arch="gfx942"), 'top level: arch = "gfx942": [[tuple]] and FlyDSL [[ep]] entries are mori\'s FlyDSL '
+                              'ops, built for gfx950 (MI355X) only; a gfx942 manifest holds [[hipcc]] entries and '
+                              'HIP-backend [[ep]] entries'),
         (dict(arch=950), '[manifest]: arch = 950: the supported targets are "gfx950" or "gfx942"'),
         (dict(format=2), "[manifest]: format = 2: this gemmar-aot reads manifest format 1; write format = 1"),
         (dict(format=True), "[manifest]: format = true"),

@@ -1,13 +1,16 @@
-"""Manifests: the TOML files that say which gemm_ar workloads to build.
+"""Manifests: the TOML files that say which of mori's run-time compiled kernels to build.
 
-A manifest lists *tuples*; each tuple is one mode at one (N, K, world, quant)
-with one or more M values. Example::
+A manifest lists entries of three kinds: *tuples* (``[[tuple]]``: mori's GEMM + all-reduce and its
+gemm-only and gemv siblings), ``[[ep]]`` entries (EP dispatch/combine v2: its FlyDSL backend, or
+with ``kernel_backend = "hip"`` its HIP backend through mori's JIT v2) and ``[[hipcc]]`` entries
+(mori's hipcc-JIT kernels: EP v1, collectives, shmem, IO). Each tuple is one mode at one (N, K,
+world, quant) with one or more M values. Example::
 
     # manifests/dsv4-pro-wo_b.toml
     [manifest]
     name = "dsv4-pro-wo_b"        # optional; default: the file's stem
     description = "..."           # optional
-    arch = "gfx950"               # optional; gfx950 is the only target
+    arch = "gfx950"               # optional (the default); or "gfx942" (MI300X): no [[tuple]] or FlyDSL [[ep]] there
     format = 1                    # optional; the only format so far
 
     [[tuple]]
@@ -19,10 +22,12 @@ with one or more M values. Example::
     quant = "blockscale"          # "blockscale" | "mxfp8"
 
 Top level
-    Only ``[manifest]``, ``[[tuple]]`` and ``[[ep]]`` are allowed, and there must be at
-    least one ``[[tuple]]`` or ``[[ep]]``. An ``[[ep]]`` entry is one configuration of
-    mori's EP dispatch/combine v2 (:mod:`gemmar_aot.builder.manifest_ep` says what it holds);
-    each counts as one workload, and its kernels (every rank's) as compiles.
+    Only ``[manifest]``, ``[[tuple]]``, ``[[ep]]`` and ``[[hipcc]]`` are allowed, and there must
+    be at least one entry. An ``[[ep]]`` entry is one configuration of mori's EP dispatch/combine
+    v2 (:mod:`gemmar_aot.builder.manifest_ep` says what it holds); each counts as one workload,
+    and its kernels (every rank's) as compiles. A ``[[hipcc]]`` entry names mori's hipcc-JIT
+    sources, archs and NIC variants (:mod:`gemmar_aot.builder.manifest_hipcc`); each code object
+    counts against :data:`MAX_HIPCC_COMPILES`.
 
 Required tuple keys
     ``transport``  one of :data:`gemmar_aot.builder.workload.MODES`, the five ways mori's
@@ -297,11 +302,12 @@ def _check_eps(ck: Checker, eps: Any, room: int) -> tuple[list[EpEntry], list[Ep
 
 
 def _check_flydsl_arch(ck: Checker, arch: str, flydsl: bool) -> None:
-    """[[tuple]] and [[ep]] entries (``flydsl``) only in a gfx950 manifest."""
+    """[[tuple]] and FlyDSL [[ep]] entries (``flydsl``) only in a gfx950 manifest."""
     if arch != FLYDSL_ARCH and flydsl:
-        ck.problem("top level", f'arch = "{arch}": [[tuple]] and [[ep]] entries are mori\'s FlyDSL ops, built for '
-                   f'{FLYDSL_ARCH} (MI355X) only; a {arch} manifest holds [[hipcc]] entries: set arch = '
-                   f'"{FLYDSL_ARCH}", or move them to a {FLYDSL_ARCH} manifest')
+        ck.problem("top level", f'arch = "{arch}": [[tuple]] and FlyDSL [[ep]] entries are mori\'s FlyDSL ops, built '
+                   f'for {FLYDSL_ARCH} (MI355X) only; a {arch} manifest holds [[hipcc]] entries and HIP-backend '
+                   f'[[ep]] entries (kernel_backend = "hip"): set arch = "{FLYDSL_ARCH}", or move them to a '
+                   f'{FLYDSL_ARCH} manifest')
 
 
 def _check_hipccs(ck: Checker, entries: Any, arch: str) -> list[HipccEntry]:

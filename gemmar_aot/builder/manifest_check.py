@@ -18,8 +18,8 @@ from typing import Any, Iterator, Sequence
 from gemmar_aot.model import rules
 from gemmar_aot.builder.workload import MODES
 
-#: Targets a manifest may name: the FlyDSL ops' (its [[tuple]] and [[ep]] entries), and MI300X's,
-#: whose manifest holds [[hipcc]] entries only (mori's hipcc-JIT kernels).
+#: Targets a manifest may name: the FlyDSL ops' (its [[tuple]] and FlyDSL [[ep]] entries), and MI300X's,
+#: whose manifest holds mori's hipcc-JIT ([[hipcc]]) and JIT v2 (HIP-backend [[ep]]) entries only.
 FLYDSL_ARCH = "gfx950"
 SUPPORTED_ARCHS = (FLYDSL_ARCH, "gfx942")
 #: Manifest format versions this parser reads.
@@ -280,7 +280,8 @@ def check_manifest_table(ck: Checker, table: Any, default_name: str) -> tuple[st
         v = table["arch"]
         if not isinstance(v, str) or v not in SUPPORTED_ARCHS:
             ck.bad(entry, "arch", v, f"the supported targets are {_one_of(SUPPORTED_ARCHS)} (MI355X; MI300X for "
-                   "[[hipcc]] entries only)", f'write arch = "{SUPPORTED_ARCHS[0]}" or remove the key')
+                   "[[hipcc]] and HIP-backend [[ep]] entries only)",
+                   f'write arch = "{SUPPORTED_ARCHS[0]}" or remove the key')
         else:
             arch = v
     if "format" in table:

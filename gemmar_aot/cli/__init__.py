@@ -43,7 +43,14 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 @click.version_option(package_name="gemmar-aot")
 def main() -> None:
-    """Ahead-of-time compiler and artifact cache for mori's gemm_ar kernels (gfx950)."""
+    """Ahead-of-time compiler and artifact cache for every kernel AMD's mori compiles at run time.
+
+    Builds, on a CPU-only host, and serves to pods with no compiler: mori's FlyDSL ops on gfx950
+    (MI355X) -- GEMM + all-reduce (gemm_ar, [[tuple]]) and EP v2's FlyDSL backend ([[ep]]); mori's
+    hipcc-JIT kernels -- EP v1, collectives, shmem, IO ([[hipcc]]) -- and its JIT v2 kernels -- EP v2's
+    HIP backend, multi-node included ([[ep]] with kernel_backend = "hip") -- on gfx950 and gfx942
+    (MI355X, MI300X).
+    """
 
 
 for _module in (build_commands, store_commands, runtime_commands, wheel_commands, trust_commands, profile_commands,

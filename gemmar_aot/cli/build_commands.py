@@ -143,13 +143,17 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
           as_json: bool, quiet: bool, trace_path: Path | None, toolchain: str | None,
           audit_remote: int, audit_seed: int | None, sign_keys: tuple[str, ...], sign_expires: str | None,
           compile_key: str | None, trusted_compile_keys: str | None) -> None:
-    """Compile every kernel MANIFEST needs into gfx950 code objects in the store.
+    """Compile every kernel MANIFEST needs into code objects in the store.
+
+    mori's FlyDSL ops (gemm_ar's [[tuple]] and EP v2 FlyDSL [[ep]] entries) for gfx950; mori's
+    hipcc-JIT kernels ([[hipcc]]) and JIT v2 kernels (HIP-backend [[ep]] entries) for gfx950 and
+    gfx942, each arch and NIC variant the manifest names.
 
     Kernels already in the store (same action key, blob verified) are not
     compiled again. Writes the lock file <store>/locks/<manifest>.lock.json
     (<manifest>.<profile>.lock.json for a toolchain profile other than the default).
-    With --executor ray, the kernels compile on the Ray cluster's nodes and this
-    process alone writes the store.
+    With --executor ray, the FlyDSL kernels compile on the Ray cluster's nodes (mori's
+    hipcc-JIT and JIT v2 kernels on this machine) and this process alone writes the store.
     """
     from gemmar_aot.builder.pipeline import run_build
     from gemmar_aot.builder.manifest import load_manifest
@@ -284,15 +288,17 @@ def format_summary(s: dict) -> str:
               help="With --tokens: buckets are multiples of world * block_m.")
 @click.option("--m-max", "m_max", type=click.IntRange(min=1), default=None, help="With --tokens: the window.")
 @click.option("--manifest", "manifest", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="The manifest the pods' artifacts were built from: M values it already builds are left out.")
-@click.option("--write", is_flag=True, help="Append the suggested [[tuple]] blocks to --manifest (comments and "
-                                            "layout kept; the result must parse, else nothing is written).")
+              help="The manifest the pods' artifacts were built from: what it already builds is left out.")
+@click.option("--write", is_flag=True, help="Append the suggested [[tuple]], [[ep]] and [[hipcc]] blocks to "
+                                            "--manifest (comments and layout kept; the result must parse, else "
+                                            "nothing is written).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def suggest_cmd(reports: tuple[Path, ...], tokens: Path | None, budget: int | None, world: int, block_m: int,
                 m_max: int | None, manifest: Path | None, write: bool, as_json: bool) -> None:
     """Turn miss reports ($GEMMAR_AOT_MISS_REPORT files or directories) into the manifest lines that
-    would have served every reported M; or, with --tokens and --budget, pick the M buckets that
-    pad a token-count histogram least."""
+    would have served every reported miss ([[tuple]] M values, [[ep]] configs and JIT v2 plans,
+    [[hipcc]] variants); or, with --tokens and --budget, pick the GEMM M buckets that pad a
+    token-count histogram least."""
     from gemmar_aot.builder.manifest import load_manifest
     from gemmar_aot.runtime.misses import read_reports
     from gemmar_aot.builder.suggest import suggest, write_into

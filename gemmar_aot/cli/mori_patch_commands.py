@@ -1,5 +1,5 @@
-"""``gemmar-aot mori-patch install|remove``: the .pth hook that serves mori's op name from gemmar-aot
-(:mod:`gemmar_aot.mori_patch`)."""
+"""``gemmar-aot mori-patch install|remove``: the .pth hook that serves mori's op names and JIT entry
+points from gemmar-aot (:mod:`gemmar_aot.mori_patch`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import click
 
 @click.group("mori-patch")
 def mori_patch() -> None:
-    """Serve `from mori.ops.gemm_ar import GemmAllReduceOp` from gemmar-aot (opt-in: GEMMAR_AOT_PATCH_MORI=1)."""
+    """Serve mori's run-time compiled kernels from gemmar-aot artifacts in a server that changes no code.
+
+    Opt-in: GEMMAR_AOT_PATCH_MORI=1. mori.ops.gemm_ar's GemmAllReduceOp and
+    mori.ops.dispatch_combine_v2's EpDispatchCombineOp become gemmar-aot's ops; mori's hipcc JIT
+    (compile_genco: EP v1, collectives, shmem, IO) and its JIT v2 (every mori.jit.v2 plan: EP v2's HIP
+    backend) get prebuilt, verified code objects. Nothing compiles; a kernel without artifacts raises
+    ArtifactMissingError.
+    """
 
 
 @mori_patch.command("install")
@@ -22,7 +29,8 @@ def mori_patch_install(site_dir: Path | None) -> None:
 
     p = write_pth(site_dir)
     click.echo(f"wrote {p}; processes started with {ENV_VAR}=1 now get gemmar-aot's GemmAllReduceOp "
-               f"from mori.ops.gemm_ar")
+               f"from mori.ops.gemm_ar and EpDispatchCombineOp from mori.ops.dispatch_combine_v2, and "
+               f"prebuilt code objects from mori's hipcc JIT (mori.jit.core) and JIT v2 (mori.jit.v2)")
 
 
 @mori_patch.command("remove")

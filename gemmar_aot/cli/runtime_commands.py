@@ -50,7 +50,7 @@ def _token_range(value: str | None, lo: int | None, hi: int | None) -> tuple[int
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def coverage(lock, store, tokens, min_tokens, max_tokens, world, n, k, quant, gather_dtype, gather_transport,
              block_m, sdma_queues, rank, transport, as_json):
-    """List the padded M values a server could request that the artifacts lack. Exit 1 if any.
+    """List the padded M values a GEMM + all-reduce server could request that the artifacts lack. Exit 1 if any.
 
     Every token count in the range pads to some M (a multiple of world*block_m);
     each of those needs built kernels. Prints the missing ones and the manifest

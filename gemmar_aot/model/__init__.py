@@ -23,7 +23,9 @@ shares apart from what one rank launches:
 * the head: the manifest, arch, toolchain and env; ``launch_records``, each distinct launch
   record once (without the kernel symbol, which is all that differs between ranks); and
   ``tuples``, each tuple's identity, manifest line, window layout and the ranks it was
-  built for;
+  built for; and the other families' lists: ``ep`` (EP v2's FlyDSL backend: each entry's
+  configuration, window layout and every rank's kernels), ``hipcc`` (mori's hipcc-JIT code
+  objects, since schema 6) and ``jitv2`` (mori's JIT v2 code objects, since schema 7);
 * ``parts``, one per rank: ``kernels``, the rank's kernels by action key (kind, blob, kernel
   symbol, record digest, launch record index), and ``launches``, for each tuple, the action
   keys the rank launches and self-tests, in order.

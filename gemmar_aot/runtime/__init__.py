@@ -1,21 +1,33 @@
-"""The serving-side runtime: mori's fused GEMM + all-reduce from precompiled kernels.
+"""The serving-side runtime: every kernel mori compiles at run time, from precompiled code objects.
 
     from gemmar_aot.runtime import GemmAllReduceOp
 
     op = GemmAllReduceOp(comm, n=7168, k=2048, m_max=16384)   # artifacts from $GEMMAR_AOT_ARTIFACTS
     out = op(a_fp8, b_preshuffled, a_scale, b_scale)          # bf16 [M, N] view of the window
 
-A drop-in for ``mori.ops.gemm_ar.GemmAllReduceOp`` (same keywords, call, checks
-and results; ``transport=`` also serves the PR's split-sdma, split-lsa and fused-lsa
-paths), for ``Mxfp8GemmOp``, for ``Mxfp8GemvOp`` and for mori's EP dispatch/combine v2
-(``EpDispatchCombineOp``, FlyDSL backend, intranode), that loads verified code objects from a
-gemmar-aot store instead of JIT-compiling, and refuses what it has no kernels for instead of
-compiling it.
+It loads verified code objects from a gemmar-aot store or an installed artifact wheel instead of
+JIT-compiling, and refuses what it has no kernels for instead of compiling it:
+
+* mori's FlyDSL ops on gfx950 (MI355X), as drop-ins: ``GemmAllReduceOp`` for
+  ``mori.ops.gemm_ar.GemmAllReduceOp`` (same keywords, call, checks and results; ``transport=``
+  also serves the PR's split-sdma, split-lsa and fused-lsa paths), ``Mxfp8GemmOp``,
+  ``Mxfp8GemvOp``, and ``EpDispatchCombineOp`` for mori's EP dispatch/combine v2 on its FlyDSL
+  backend (intranode);
+* mori's JIT v2 kernels on gfx950 and gfx942 (MI355X, MI300X): EP v2's HIP backend, multi-node
+  included; ``EpDispatchCombineOp`` with ``kernel_backend='hip'`` hands over to mori's own HIP op
+  with its JIT v2 cache seeded (:mod:`.jitv2_server`);
+* mori's hipcc-JIT kernels on gfx950 and gfx942: EP v1 (``mori.ops.EpDispatchCombineOp``), the
+  collectives, shmem and IO; mori's ``compile_genco`` gets the prebuilt code object of the variant
+  it would have compiled (:mod:`.hipcc_server`).
+
+``gemmar_aot.mori_patch`` binds all of them into an unchanged server.
 
 Import rule: this package imports neither FlyDSL, MLIR, mori's kernel builders
 (``mori.ops``), nor gemmar-aot's build side (``gemmar_aot.compiler``,
 ``.toolchain``, ``.builder``, ``gemmar_aot_kernels``). torch is imported
-lazily, when an op is built or called; ``mori.cco`` only for a mori communicator.
+lazily, when an op is built or called; ``mori.cco`` only for a mori communicator; mori's own
+modules (``mori.jit``, its HIP-backend op) only when its hipcc-JIT or JIT v2 kernels are served to
+them.
 """
 
 from .artifact_errors import (
