@@ -17,7 +17,8 @@ is the smallest set that is closed for what runs, by role:
 * ``library``: the shared libraries those programs need, as their ELF ``NEEDED`` entries say
   (trixie's glibc 2.41: Debian's hipcc needs glibc >= 2.38; bookworm has 2.36);
 * ``compile``: what a device compile reads: clang's resource headers, HIP 7.2.4's headers, the
-  device libraries, ``hsakmt`` headers, trixie's glibc, libstdc++ 14 and kernel headers.
+  device libraries, ``hsakmt`` headers, trixie's glibc, libstdc++ 14 and kernel headers, and
+  libgcc 14 (clang finds the GCC installation, so libstdc++'s headers, by its ``crtbegin.o``).
 
 Package ``Depends`` are not followed as such: ``hipcc`` depends on ``rocminfo``,
 ``libclang-rt-22-dev`` and ``libstdc++-16-dev`` (not installable from trixie and experimental),
