@@ -2,8 +2,10 @@
 #
 #   make setup   .venv with the pinned build+test deps, then the build toolchain in
 #                .toolchain (mori sources, HIP headers, cco bitcode, ld.lld) for every
-#                toolchain profile (TOOLCHAIN=default or TOOLCHAIN=nightly for one), and the HIP SDK
-#                for mori's hipcc kernels (Debian's, pinned). Idempotent:
+#                toolchain profile (TOOLCHAIN=default or TOOLCHAIN=nightly for one), the HIP SDK
+#                for mori's hipcc kernels (Debian's, pinned), and Debian's own ROCm compiler
+#                (hipcc 7.2.4 + clang 22, 29 pinned packages, ~100 MB, in .toolchain/debian-rocm;
+#                the oracle those kernels are compared with, run in a chroot). Idempotent:
 #                a re-run verifies digests and redoes only what is missing or changed.
 #                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
 #                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).

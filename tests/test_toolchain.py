@@ -432,7 +432,7 @@ def test_doctor_on_installed_toolchain(real_root):
     checks = doctor(real_root)
     names = [c.name for c in checks]
     assert names == ["python", "flydsl", "torch", "clang", "mori sources", "cco bitcode", "ld.lld", "hip sdk (hipcc)",
-                     "toolchain.json"]
+                     "debian rocm (oracle)", "toolchain.json"]
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
     by = {c.name: c for c in checks}
     assert by["flydsl"].detail == pins.FLYDSL_VERSION
@@ -442,7 +442,7 @@ def test_doctor_on_installed_toolchain(real_root):
 
 def test_doctor_on_empty_root_names_fixes(tmp_path):
     checks = {c.name: c for c in doctor(tmp_path)}
-    for name in ("mori sources", "cco bitcode", "ld.lld", "hip sdk (hipcc)", "toolchain.json"):
+    for name in ("mori sources", "cco bitcode", "ld.lld", "hip sdk (hipcc)", "debian rocm (oracle)", "toolchain.json"):
         assert not checks[name].ok
         assert "make setup" in checks[name].fix
     assert checks["python"].ok and checks["flydsl"].ok

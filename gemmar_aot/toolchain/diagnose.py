@@ -121,6 +121,7 @@ def doctor(root: Path | None = None, profile: str | None = None) -> list[Check]:
         _check("cco bitcode", FIX, cco),
         _check("ld.lld", FIX, lld),
         _check("hip sdk (hipcc)", FIX, lambda: _hip_sdk(layout, fp)),
+        _check("debian rocm (oracle)", FIX, lambda: _debian_rocm(layout)),
         _check("toolchain.json", FIX, fingerprint),
     ]
 
@@ -129,6 +130,12 @@ def _hip_sdk(layout: Layout, fp: dict | None) -> str:
     from . import rocm_sdk  # only doctor reads it: a compile worker imports this module, not that one
 
     return rocm_sdk.describe(layout.root, fp)
+
+
+def _debian_rocm(layout: Layout) -> str:
+    from . import debian_rocm  # only setup, doctor and the oracle's tests read it
+
+    return debian_rocm.describe(layout.root)
 
 
 def format_table(checks: list[Check]) -> str:

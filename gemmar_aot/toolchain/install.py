@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmar_aot.util.errors import ToolchainError
-from . import ccobc, clangres, devicelibs, hip_standin, rocm_sdk
+from . import ccobc, clangres, debian_rocm, devicelibs, hip_standin, rocm_sdk
 from gemmar_aot.model.device_abi import device_abi_digest
 from gemmar_aot.util.atomic_write import atomic_write_bytes, atomic_write_text
 from gemmar_aot.util.filedigest import sha256_file, sha256_hex, tree_digest
@@ -255,6 +255,7 @@ def _setup_shared(layout: Layout, log: Log) -> dict:
         log,
     )
     _hip_standin_step(layout, log)
+    _debian_rocm_step(layout, log)
     return {"hip": hip, "resource": resource, "devlibs": devlibs, "clang": clang,
             "linker": lld_identity([str(layout.ld_lld)]), "hipcc": rocm_sdk.fingerprint(layout.root)}
 
@@ -268,6 +269,24 @@ def _hip_standin_step(layout: Layout, log: Log) -> None:
             inputs={"sources": hip_standin.source_digest(), "ziglang": ZIGLANG_VERSION},
             output=lambda: hip_standin.installed_digest(layout.root),
             run=lambda: hip_standin.install(layout.root),
+        ),
+        log,
+    )
+
+
+def _debian_rocm_step(layout: Layout, log: Log) -> None:
+    """Debian's own ROCm 7.2.4 compiler (hipcc, clang 22) in a root-like tree: the oracle mori's
+    hipcc kernels are compared with. Not an input of any kernel: it stays out of toolchain.json."""
+    debs = debian_rocm.DEBS
+    run_step(
+        layout,
+        Step(
+            name=debian_rocm.STEP,
+            what=f"Debian's ROCm compiler (oracle): hipcc {debs[0].version}, clang-22 {debs[1].version}; "
+                 f"{len(debs)} packages, {debian_rocm.download_size() / 1e6:.0f} MB -> {debian_rocm.TREE_REL}/",
+            inputs={"debs": [[d.package, d.version, d.sha256] for d in debs], "tree": debian_rocm.TREE_RECIPE},
+            output=lambda: debian_rocm.output_digest(layout.root),
+            run=lambda: debian_rocm.install(layout.root, layout.downloads),
         ),
         log,
     )

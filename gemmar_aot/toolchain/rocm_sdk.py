@@ -44,6 +44,9 @@ VERIFIED_ON = "20261205T000000Z"
 #: Debian's archive keyring on a Debian host (the private apt configuration trusts exactly it).
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MIRROR = "http://deb.debian.org/debian"
+#: The suites of the private apt configuration (``<root>/apt``), shared by every table of pinned
+#: Debian packages (this module's and ``debian_rocm``'s): one sources list, one set of lists.
+SUITES = ("experimental", "trixie")
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def lld_wrapper_text() -> str:
 # ---------------------------------------------------------------- fetching, through a private apt
 
 
-def _apt_options(apt_root: Path) -> list[str]:
+def apt_options(apt_root: Path) -> list[str]:
     opts = {"Dir::Etc::SourceList": apt_root / "sources.list", "Dir::Etc::SourceParts": "/nonexistent",
             "Dir::State::Lists": apt_root / "lists", "Dir::Cache": apt_root / "cache",
             "Dir::State::status": "/dev/null", "APT::Architecture": "amd64"}
@@ -111,17 +114,18 @@ def _apt_options(apt_root: Path) -> list[str]:
     return [arg for k, v in opts.items() for arg in ("-o", f"{k}={v}")]
 
 
-def _apt(apt_root: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["apt-get", *_apt_options(apt_root), *args], cwd=cwd, capture_output=True, text=True,
+def apt_get(apt_root: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``apt-get`` under the private configuration (never the machine's)."""
+    return subprocess.run(["apt-get", *apt_options(apt_root), *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "LC_ALL": "C"}, check=False)
 
 
-def _prepare_apt(apt_root: Path) -> None:
-    """The private apt configuration: Debian's experimental and trixie suites, signed by the
-    archive keyring, with lists and cache of its own; its package lists fetched once."""
+def prepare_apt(apt_root: Path) -> None:
+    """The private apt configuration: Debian's :data:`SUITES`, signed by the archive keyring, with
+    lists and cache of its own; its package lists fetched once."""
     (apt_root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
     (apt_root / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    suites = sorted({d.suite for d in DEBS})
+    suites = sorted(SUITES)
     text = "".join(f"deb [signed-by={KEYRING}] {MIRROR} {s} main\n" for s in suites)
     src = apt_root / "sources.list"
     if not src.is_file() or src.read_text() != text:
@@ -130,16 +134,24 @@ def _prepare_apt(apt_root: Path) -> None:
             p.unlink()
     if any((apt_root / "lists").glob("*_Packages*")):
         return
-    p = _apt(apt_root, "update")
+    p = apt_get(apt_root, "update")
     if p.returncode != 0:
         raise ToolchainError(f"apt-get update of the private Debian sources ({', '.join(suites)}) failed:\n"
                              f"{(p.stdout + p.stderr).strip()[-1500:]}\n  fix: check that {MIRROR} is reachable "
                              f"(and that {KEYRING} exists: Debian's debian-archive-keyring)")
 
 
-def _moved_on(pin: ArchiveDeb, apt_root: Path, downloads: Path) -> ToolchainError:
-    """The archive no longer serves the pinned version: what it has now, and the exact fixes."""
-    show = subprocess.run(["apt-cache", *_apt_options(apt_root), "show", pin.package], capture_output=True,
+#: Where this module's pins live and how a moved pin is checked (``moved_on``'s fix).
+PINS_AT = ("gemmar_aot/toolchain/rocm_sdk.py (DEBS)", "rebuild a manifest's [[hipcc]] kernels and compare them with "
+           "mori's own compile (pytest -m parity -k hipcc) before shipping them")
+
+
+def moved_on(pin, apt_root: Path, downloads: Path, pins_at: tuple[str, str] = PINS_AT,
+             verified_on: str = VERIFIED_ON) -> ToolchainError:
+    """The archive no longer serves the pinned version: what it has now, and the exact fixes
+    (``pins_at``: where the pin is set, and how a moved pin is checked; ``verified_on``: the
+    snapshot.debian.org timestamp that holds the pinned file)."""
+    show = subprocess.run(["apt-cache", *apt_options(apt_root), "show", pin.package], capture_output=True,
                           text=True, check=False, env={**os.environ, "LC_ALL": "C"})
     now = [line.split(":", 1)[1].strip() for line in show.stdout.splitlines() if line.startswith("Version:")]
     sha = [line.split(":", 1)[1].strip() for line in show.stdout.splitlines() if line.startswith("SHA256:")]
@@ -148,11 +160,9 @@ def _moved_on(pin: ArchiveDeb, apt_root: Path, downloads: Path) -> ToolchainErro
     return ToolchainError(
         f"Debian's {pin.suite} suite no longer serves {pin.describe()}, which the toolchain pins; {has}.\n"
         f"  fix (keep the verified set): download "
-        f"https://snapshot.debian.org/archive/debian/{VERIFIED_ON}/{pin.pool}\n"
+        f"https://snapshot.debian.org/archive/debian/{verified_on}/{pin.pool}\n"
         f"    and place it in {downloads}/{pin.filename} (its sha256 must be {pin.sha256}); setup takes it from there\n"
-        f"  or move the pin: set the new version, pool path and sha256 in gemmar_aot/toolchain/rocm_sdk.py (DEBS), "
-        f"rebuild a manifest's [[hipcc]] kernels and compare them with mori's own compile "
-        f"(pytest -m parity -k hipcc) before shipping them")
+        f"  or move the pin: set the new version, pool path and sha256 in {pins_at[0]}, {pins_at[1]}")
 
 
 def fetch(pin: ArchiveDeb, downloads: Path, apt_root: Path) -> Path:
@@ -166,12 +176,12 @@ def fetch(pin: ArchiveDeb, downloads: Path, apt_root: Path) -> Path:
         raise ToolchainError(f"apt-get is not available to download {pin.describe()}\n  fix: download "
                              f"https://snapshot.debian.org/archive/debian/{VERIFIED_ON}/{pin.pool} into {dest} "
                              f"(sha256 {pin.sha256})")
-    _prepare_apt(apt_root)
+    prepare_apt(apt_root)
     with tempfile.TemporaryDirectory(prefix=".apt-", dir=downloads) as td:
-        p = _apt(apt_root, "download", f"{pin.package}={pin.version}", cwd=Path(td))
+        p = apt_get(apt_root, "download", f"{pin.package}={pin.version}", cwd=Path(td))
         if p.returncode != 0:
             if any(s in p.stdout + p.stderr for s in ("was not found", "Unable to locate", "Can't select")):
-                raise _moved_on(pin, apt_root, downloads)
+                raise moved_on(pin, apt_root, downloads)
             raise ToolchainError(f"apt-get download {pin.package}={pin.version} failed:\n"
                                  f"{(p.stdout + p.stderr).strip()[-1500:]}\n  fix: check that {MIRROR} is reachable")
         got = sorted(Path(td).glob("*.deb"))
