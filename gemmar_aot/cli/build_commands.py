@@ -152,8 +152,9 @@ def build(manifest: Path, store: Path | None, jobs: int | None, debug_locations:
     Kernels already in the store (same action key, blob verified) are not
     compiled again. Writes the lock file <store>/locks/<manifest>.lock.json
     (<manifest>.<profile>.lock.json for a toolchain profile other than the default).
-    With --executor ray, the FlyDSL kernels compile on the Ray cluster's nodes (mori's
-    hipcc-JIT and JIT v2 kernels on this machine) and this process alone writes the store.
+    With --executor ray, every kernel compiles on the Ray cluster's nodes (FlyDSL's in a worker,
+    mori's hipcc-JIT and JIT v2 kernels as a clang process each) and this process alone writes
+    the store.
     """
     from gemmar_aot.builder.pipeline import run_build
     from gemmar_aot.builder.manifest import load_manifest
