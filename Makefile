@@ -10,8 +10,9 @@
 #                Also an nginx with WebDAV for the remote-cache tests (Debian's package,
 #                unpacked into .toolchain/nginx unless one is installed; see tests/nginx_server.py).
 #   make build   compile $(MANIFEST) into artifacts/: by default the whole MI355X pod, the GEMM +
-#                all-reduce manifest, the MoE EP dispatch/combine v2 one and mori's hipcc-JIT
-#                kernels (EP v1, collectives, shmem, IO; ~100 s with 2 workers) (MANIFEST=path for one; JOBS=N
+#                all-reduce manifest, the MoE EP dispatch/combine v2 one (FlyDSL), mori's hipcc-JIT
+#                kernels (EP v1, collectives, shmem, IO; ~100 s with 2 workers) and mori's JIT v2 ones
+#                (EP v2's HIP backend, multi-node included; ~15 s) (MANIFEST=path for one; JOBS=N
 #                for parallel workers, PROFILE=nightly for another toolchain profile). The MI300X
 #                manifest (manifests/mi300x-hipcc.toml) is built in bench, not here.
 #   make test    pytest (PYTEST_ARGS="-k foo" etc.)
@@ -24,7 +25,8 @@
 PYTHON      ?= python3
 VENV        := .venv
 VPY         := $(VENV)/bin/python
-MANIFEST    ?= manifests/dsv4-pro-wo_b.toml manifests/dsv4-pro-ep.toml manifests/dsv4-pro-hipcc.toml
+MANIFEST    ?= manifests/dsv4-pro-wo_b.toml manifests/dsv4-pro-ep.toml manifests/dsv4-pro-hipcc.toml \
+               manifests/dsv4-pro-ep-hip.toml
 OUT         ?= artifacts
 JOBS        ?=
 PYTEST_ARGS ?=

@@ -149,6 +149,37 @@ def test_jitv2_bytes_equal_moris_own_jit_compiling_with_rocms_hipcc_as_a_double(
 
 
 @pytest.mark.parity
+@pytest.mark.compile
+def test_jitv2_debian_hipcc_makes_every_smoke_jitv2_object_but_the_compilers_names(smoke_store, smoke_lock,
+                                                                                  hipstub_lib, tmp_path):
+    """mori's own libmori_jit with Debian's own ROCm hipcc (7.2.4, Debian clang 22.1.8: tests/debian_hipcc.py)
+    as its hipcc makes every smoke JIT v2 object equal to ours in every ELF section but .comment."""
+    from gemmar_aot.toolchain import debian_rocm, load_toolchain
+    from test_debian_parity import elf_sections
+
+    tc = load_toolchain()
+    missing = debian_rocm.problems(tc.root) or ([debian_rocm.runner_problem()] if debian_rocm.runner_problem() else [])
+    if missing:
+        pytest.skip(f"Debian's ROCm oracle is not set up here ({'; '.join(missing)}): run `make setup`")
+    hipcc = tmp_path / "hipcc"
+    hipcc.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{TESTS / 'debian_hipcc.py'}' \"$@\"\n")
+    hipcc.chmod(0o755)
+    for (arch, nic), items in sorted(_groups(smoke_lock).items()):
+        got = _mori("compile", {"mori_dir": str(tc.mori_dir), "hip_lib": str(hipstub_lib.with_name("libamdhip64.so.7")),
+                                "arch": arch, "nic": nic, "plans": _requests(smoke_store, items),
+                                "cache": str(tmp_path / f"mori-{arch}-{nic}"), "hipcc": str(hipcc)}, arch)
+        from gemmar_aot.store import Store
+
+        st = Store(smoke_store, readonly=True)
+        for item, made in zip(items, got["plans"]):
+            assert "error" not in made, made
+            theirs = elf_sections((tmp_path / f"mori-{arch}-{nic}" / made["cache_entry"] / "kernel.hsaco").read_bytes())
+            ours = elf_sections(st.load_blob(item.entry.blob.hash, item.entry.blob.size))
+            differ = sorted(n for n in set(ours) | set(theirs) if ours.get(n) != theirs.get(n))
+            assert differ == [".comment"], f"{item.describe()}: sections differ: {differ}"
+
+
+@pytest.mark.parity
 @pytest.mark.parametrize("arch", ["gfx950", "gfx942"])
 def test_jitv2_moris_key_in_a_pod_is_the_cache_entry_the_lock_names_and_nothing_compiles(smoke_store, smoke_lock,
                                                                                          hipstub_lib, tmp_path, arch):
