@@ -239,10 +239,14 @@ def test_stats_count_calls_launches_misses_and_startup(smoke_store, smoke_lock):
 
 # ---- torch ----
 
-def test_the_op_inside_torch_compile_fullgraph_on_cpu_with_the_double(smoke_store, smoke_lock):
+def test_the_op_inside_torch_compile_fullgraph_on_cpu_with_the_double(smoke_store, smoke_lock, tmp_path,
+                                                                     monkeypatch):
     """The custom ops trace without a graph break (fullgraph=True raises on one), and the compiled
     function returns what the op itself returns, its launches the same as a direct call's."""
     from gemmar_aot.runtime.torch_op import as_torch_op
+
+    # torch.compile keeps a cache (default: the temp directory's torchinductor_<user>): the test's own
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torchinductor"))
 
     drv = FakeHipDriver([smoke_lock])
     op = GemmAllReduceOp(FakeCommunicator(rank=0, nranks=2), n=1024, k=256, m_max=512, artifacts=smoke_store,
