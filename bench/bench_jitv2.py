@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,25 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
 from _results import commit, emit  # noqa: E402
-
-
-def speed_reference() -> float:
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(2_000_000):
-        x += i * i % 7
-    return time.perf_counter() - t0
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def _timed(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, float, float]:
-    c0, t0 = _children_cpu(), time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    return p, time.perf_counter() - t0, _children_cpu() - c0
+from bench_hipcc import _timed  # noqa: E402  (wall and children's CPU of a command)
+from bench_rederive import speed_reference  # noqa: E402
 
 
 def _mori(mode: str, req: dict, arch: str) -> tuple[dict, float, float]:

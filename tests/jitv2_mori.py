@@ -23,29 +23,17 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib
-import importlib.machinery
 import json
 import os
 import sys
-import types
 from pathlib import Path
 
 NICS = {"mlx5": ("mlx5", "0"), "bnxt": ("bnxt", "0"), "ionic": ("ionic", "0"), "ionic-ccqe": ("ionic", "1")}
 
 
-def _bare(name: str, path: Path) -> None:
-    mod = types.ModuleType(name)
-    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-    spec.submodule_search_locations = [str(path)]
-    mod.__spec__, mod.__path__, mod.__package__ = spec, [str(path)], name
-    sys.modules[name] = mod
-    if "." in name:
-        parent, _, child = name.rpartition(".")
-        setattr(sys.modules[parent], child, mod)
-
-
 def _mori(req: dict) -> None:
+    from jitv2_oracle import _bare  # mori's packages made bare, as the launch oracle makes them
+
     ctypes.CDLL(req["hip_lib"], mode=ctypes.RTLD_GLOBAL)  # mori's libraries bind to it by soname
     pkg = Path(req["mori_dir"]) / "mori"
     _bare("mori", pkg)

@@ -60,15 +60,10 @@ def debian_objects(tmp_path_factory) -> tuple[dict[HipccVariant, bytes], Path]:
     missing = debian_rocm.problems(tc.root) or ([debian_rocm.runner_problem()] if debian_rocm.runner_problem() else [])
     if missing:
         pytest.skip(f"Debian's ROCm oracle is not set up here ({'; '.join(missing)}): run `make setup`")
+    from test_hipcc import _fake_rocm
+
     tmp = tmp_path_factory.mktemp("debian")
-    rocm = tmp / "rocm"
-    (rocm / "bin").mkdir(parents=True)
-    (rocm / "lib" / "llvm" / "bin").mkdir(parents=True)
-    hipcc = rocm / "bin" / "hipcc"
-    hipcc.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "debian_hipcc.py"}" "$@"\n')
-    hipcc.chmod(0o755)
-    for tool in ("llvm-link", "opt"):  # what mori's build config looks for; never run on the genco path
-        (rocm / "lib" / "llvm" / "bin" / tool).write_text("#!/bin/sh\nexit 1\n")
+    rocm = _fake_rocm(tmp, TESTS / "debian_hipcc.py")
     log = tmp / "debian-hipcc.jsonl"
     env = {**os.environ, "DEBIAN_HIPCC_LOG": str(log), "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, str(TESTS / "hipcc_oracle.py"), str(rocm), str(tc.mori_dir),

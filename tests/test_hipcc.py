@@ -96,14 +96,15 @@ def test_the_source_table_is_the_hip_sources_moris_python_names(profile):
 # ---------------------------------------------------------------- bytes: mori's own compile_genco
 
 
-def _fake_rocm(tmp: Path) -> Path:
-    """A ROCm directory holding only what mori's detect_build_config looks for: bin/hipcc (the
-    shim), and llvm-link and opt (never run on the genco path)."""
+def _fake_rocm(tmp: Path, hipcc_program: Path = TESTS / "hipcc_shim.py") -> Path:
+    """A ROCm directory holding only what mori's detect_build_config looks for: bin/hipcc (running
+    ``hipcc_program``: the shim, or Debian's hipcc through tests/debian_hipcc.py), and llvm-link and
+    opt (never run on the genco path)."""
     rocm = tmp / "rocm"
     (rocm / "bin").mkdir(parents=True)
     (rocm / "lib" / "llvm" / "bin").mkdir(parents=True)
     hipcc = rocm / "bin" / "hipcc"
-    hipcc.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{TESTS / "hipcc_shim.py"}" "$@"\n')
+    hipcc.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{hipcc_program}" "$@"\n')
     hipcc.chmod(0o755)
     for tool in ("llvm-link", "opt"):
         (rocm / "lib" / "llvm" / "bin" / tool).write_text("#!/bin/sh\nexit 1\n")

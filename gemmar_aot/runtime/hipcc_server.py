@@ -75,12 +75,18 @@ def pod_arch(driver: Any = None) -> str:
     return arch_base(driver.device_arch(0))
 
 
-def cache_dir() -> Path:
-    env = os.environ.get(DIR_ENV, "").strip()
+def user_cache_dir(env_var: str, leaf: str) -> Path:
+    """``$env_var``, else ``$XDG_CACHE_HOME/gemmar-aot/<leaf>``, else ``~/.cache/gemmar-aot/<leaf>``:
+    where a pod writes the verified code objects it hands mori."""
+    env = os.environ.get(env_var, "").strip()
     if env:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-    return Path(base) / "gemmar-aot" / "hsaco"
+    return Path(base) / "gemmar-aot" / leaf
+
+
+def cache_dir() -> Path:
+    return user_cache_dir(DIR_ENV, "hsaco")
 
 
 class HipccServer:

@@ -58,11 +58,9 @@ MISS_EXIT = 86
 
 
 def default_root() -> Path:
-    env = os.environ.get(DIR_ENV, "").strip()
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-    return Path(base) / "gemmar-aot" / "mori-jit"
+    from .hipcc_server import user_cache_dir
+
+    return user_cache_dir(DIR_ENV, "mori-jit")
 
 
 def _writable_root(root: Path, explicit: bool) -> Path:
