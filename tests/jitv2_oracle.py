@@ -96,14 +96,15 @@ def _bare(name: str, path: Path) -> None:
         setattr(sys.modules[parent], child, mod)
 
 
-def load_mori(mori_dir: str, hipstub: str, device: dict):
-    """mori's EP v2 modules on the HIP double (shims 1 and 2); returns them and the double's reader."""
+def load_mori(mori_dir: str, hipstub: str, device: dict, served: bool = False):
+    """mori's EP v2 modules on the HIP double (shims 1 and 2); returns them and the double's reader.
+    ``served``: mori's JIT cache and compiler are gemmar-aot's to set (the code under test)."""
     from hipstub import HipStub
 
     if "mori" in sys.modules:
         raise RuntimeError("mori is already imported in this process")
     unset = [k for k in GIVEN_ENV[:2] if not os.environ.get(k)]
-    if unset:
+    if unset and not served:
         raise RuntimeError(f"set {' and '.join(unset)}: mori's JIT cache and compiler are the caller's to give")
     for k in CLEARED_ENV:
         os.environ.pop(k, None)
@@ -161,13 +162,22 @@ def make_config(m, a: dict):
     return m.dco.EpDispatchCombineConfig(data_type=dt(a["data_type"]), kernel_backend="hip", **fields)
 
 
-def construct(m, a: dict, device: dict):
-    """mori's op for config ``a``, built by its own constructor on the doubles; (op, comm, cfg)."""
+def construct(m, a: dict, device: dict, served: dict | None = None):
+    """mori's op for config ``a``, built by its own constructor on the doubles; (op, comm, cfg). With
+    ``served`` (the code under test, never the oracle's side): the op gemmar-aot's
+    ``EpDispatchCombineOp`` returns for it from ``served["artifacts"]`` -- mori's own HIP op, its JIT
+    v2 cache seeded by gemmar-aot (misses to ``served.get("miss_report")``)."""
     from fakes import FakeCommunicator
 
     cfg = make_config(m, a)
     comm = FakeCommunicator(rank=cfg.rank, nranks=cfg.world_size, lazy=True, lsa_size=cfg.gpu_per_node)
     install_doubles(m, comm, device)
+    if served is not None:
+        from gemmar_aot.runtime import EpDispatchCombineOp
+
+        op = EpDispatchCombineOp(cfg, comm, artifacts=served["artifacts"], miss_report=served.get("miss_report"))
+        assert isinstance(op, m.hb.EpDispatchCombineOpHip), type(op)
+        return op, comm, cfg
     return m.hb.EpDispatchCombineOpHip(cfg, comm), comm, cfg
 
 
@@ -357,12 +367,17 @@ def run_rounds(m, op, cfg, tokens: list[int], allocs: Allocations, combine_weigh
     return calls, problems
 
 
-def run_config(m, a: dict, device: dict) -> dict:
-    """One config: mori's refusal, or what it resolved, its plans and every launch of its rounds."""
+def run_config(m, a: dict, device: dict, served: dict | None = None) -> dict:
+    """One config: mori's refusal (or gemmar-aot's, served), or what it resolved, its plans and every
+    launch of its rounds."""
     try:
-        op, comm, cfg = construct(m, a, device)
+        op, comm, cfg = construct(m, a, device, served)
     except ValueError as e:
         return {"refused": str(e)}
+    except Exception as e:  # noqa: BLE001 - gemmar-aot's refusal of a served config: the test reads it
+        if served is None or type(e).__module__.split(".")[0] != "gemmar_aot":
+            raise
+        return {"refused": f"{type(e).__name__}: {e}"}
     try:
         allocs = known_allocations(op, comm)
         tokens = list(a.get("tokens") or token_counts(op, cfg))
@@ -374,14 +389,14 @@ def run_config(m, a: dict, device: dict) -> dict:
 
 
 def main(args: dict) -> list[dict]:
-    """``{"mori_dir", "hipstub", "configs": [...]}`` -> one :func:`run_config` result per config (one
-    device per process: mori resolves its toolchain once)."""
+    """``{"mori_dir", "hipstub", "configs": [...], "served": {...} (optional)}`` -> one :func:`run_config`
+    result per config (one device per process: mori resolves its toolchain once)."""
     devices = {a.get("device", "mi355x") for a in args["configs"]}
     if len(devices) != 1:
         raise ValueError(f"one device per process, got {sorted(devices)}")
     device = DEVICES[devices.pop()]
-    m = load_mori(args["mori_dir"], args["hipstub"], device)
-    return [run_config(m, a, device) for a in args["configs"]]
+    m = load_mori(args["mori_dir"], args["hipstub"], device, served=args.get("served") is not None)
+    return [run_config(m, a, device, args.get("served")) for a in args["configs"]]
 
 
 if __name__ == "__main__":

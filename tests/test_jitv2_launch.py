@@ -57,17 +57,22 @@ def seed_cache(store: Path, lock, cache: Path, arch: str, nic: str = "mlx5") -> 
     return seeded
 
 
-def run_oracle(configs: list[dict], cache: Path, hipcc: Path, hipstub_lib: Path, arch: str, *,
-               check: bool = True):
+def run_oracle(configs: list[dict], cache: Path | None, hipcc: Path | None, hipstub_lib: Path, arch: str, *,
+               check: bool = True, served: dict | None = None):
     """The oracle in a process of its own with mori's JIT environment set as given; its JSON (or, with
-    ``check=False``, the finished process)."""
+    ``check=False``, the finished process). ``served``: the op is the one gemmar-aot's EP op returns
+    (its runtime sets mori's cache and hipcc; ``cache`` and ``hipcc`` None), in a pod with no ROCm."""
     from gemmar_aot.toolchain import load_toolchain
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MORI_")}
-    env.update(MORI_JIT_CACHE_DIR=str(cache), MORI_JIT_HIPCC=str(hipcc), MORI_JIT_ARCH=arch, MORI_DEVICE_NIC="mlx5",
-               MORI_DEVICE_IONIC_CCQE="0", PYTHONPATH=os.pathsep.join((str(ROOT), str(TESTS))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MORI_") and k not in ("ROCM_PATH", "HIP_PATH")}
+    env.update(MORI_JIT_ARCH=arch, MORI_DEVICE_NIC="mlx5", PYTHONPATH=os.pathsep.join((str(ROOT), str(TESTS))))
+    if served is None:
+        env.update(MORI_JIT_CACHE_DIR=str(cache), MORI_JIT_HIPCC=str(hipcc), MORI_DEVICE_IONIC_CCQE="0")
+    else:
+        env["GEMMAR_AOT_MORI_JIT_DIR"] = served.pop("root")
     args = {"mori_dir": str(load_toolchain().mori_dir), "hipstub": str(hipstub_lib.with_name("libamdhip64.so.7")),
-            "configs": [{"device": DEVICE[arch], **c} for c in configs]}
+            "configs": [{"device": DEVICE[arch], **c} for c in configs], "served": served}
+    cache = cache or Path(env.get("GEMMAR_AOT_MORI_JIT_DIR", "."))
     p = subprocess.run([sys.executable, str(TESTS / "jitv2_oracle.py"), json.dumps(args)], capture_output=True,
                        text=True, env=env, cwd=cache.parent, timeout=600, check=False)
     if not check:
@@ -199,16 +204,43 @@ def test_jitv2_moris_op_compiling_through_its_jit_launches_what_it_launches_serv
     gemmar-aot's runtime (JitV2Server: the verified code objects seeded at their cache entries, its hipcc
     that compiles nothing): the same plans resolved, and every launch of every bucket edge identical --
     kernel, code object bytes, grid, block, LDS, argument bytes (pointers named by allocation)."""
-    from gemmar_aot.model.jitv2 import JitV2Variant
-    from gemmar_aot.runtime.jitv2_server import JitV2Server
-
     jit = run_oracle([config], tmp_path / "mori-jit", _jit_hipcc(tmp_path / "hipcc-jit"), hipstub_lib, "gfx950")[0]
-    env = JitV2Server(smoke_store, directory=tmp_path / "served").prepare(JitV2Variant("gfx950", "mlx5"))
-    assert (env["MORI_JIT_ARCH"], env["MORI_DEVICE_NIC"], env["MORI_DEVICE_IONIC_CCQE"]) == ("gfx950", "mlx5", "0")
-    served = run_oracle([config], Path(env["MORI_JIT_CACHE_DIR"]), Path(env["MORI_JIT_HIPCC"]), hipstub_lib,
-                        "gfx950")[0]
+    root = tmp_path / "served"
+    served = run_oracle([config], None, None, hipstub_lib, "gfx950",
+                        served={"artifacts": str(smoke_store), "root": str(root)})[0]
     assert jit["problems"] == served["problems"] == [] and len(jit["tokens"]) >= 2
     assert (served["resolved"], served["tokens"]) == (jit["resolved"], jit["tokens"])
     assert served["calls"] == jit["calls"]  # kernel, code object, grid, block, shared memory, argument bytes
     assert len(_launches(served)) == (6 if config is INTER else 2) * len(served["tokens"])
-    assert not (Path(env["MORI_JIT_CACHE_DIR"]) / "tmp").exists()  # served: mori compiled nothing
+    (cache,) = root.iterdir()  # gemmar-aot's seeded cache: mori opened its entries and compiled nothing
+    assert {p["cache_entry"] for p in served["plans"]} <= {f"{t.name}/{e.name}" for t in cache.glob("gfx950_*")
+                                                          for e in t.iterdir()}
+    assert not (cache / "tmp").exists()
+
+
+@pytest.mark.parity
+def test_jitv2_a_pod_with_no_compiler_refuses_an_unbuilt_config_with_the_manifest_lines_that_build_it(
+        smoke_store, hipstub_lib, tmp_path):
+    """gemmar-aot's EP op with the HIP backend, in a pod with no hipcc and no ROCM_PATH, for a config
+    the artifacts lack (another hidden size): nothing is compiled (mori asked our hipcc, which refused),
+    the error is ArtifactMissingError with the HIP-backend [[ep]] entry that builds it, the miss goes to
+    the report, and `gemmar-aot suggest` turns the report into that entry."""
+    from click.testing import CliRunner
+
+    from gemmar_aot.cli import main
+
+    report = tmp_path / "misses"
+    report.mkdir()
+    got = run_oracle([{**INTER, "hidden_dim": 2048}], None, None, hipstub_lib, "gfx950",
+                     served={"artifacts": str(smoke_store), "root": str(tmp_path / "served"),
+                             "miss_report": str(report)})[0]
+    err = got["refused"]
+    assert err.startswith("ArtifactMissingError: no prebuilt code object for mori's JIT v2 kernels of EP v2 (HIP "
+                          "backend) 2 nodes x 8, hidden 2048"), err
+    assert "nothing is compiled at run time" in err and "exit 86" in err
+    lines = err[err.index("[[ep]]"):]
+    assert lines.startswith('[[ep]]\nkernel_backend = "hip"\nworld = 16\ngpu_per_node = 8\nhidden = 2048\n')
+    assert 'internode_kernel = "v2"' in lines and 'device = "MI355X"' in lines and 'nics = ["mlx5"]' in lines
+    r = CliRunner().invoke(main, ["suggest", str(report), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["snippet"] == lines
