@@ -117,7 +117,7 @@ def test_sharded_builds_and_a_final_job_give_the_single_build_lock(smoke_store, 
     compiled = 0
     for i in range(1, 5):
         s = _build(tmp_path / f"shard{i}", nginx.url, shard=(i, 4), compile_key=signer)
-        assert s["failed"] == 0 and s["lock_file"] is None and s["shard"] == f"{i}/4"
+        assert s["failed"] == 0 and s["lock_file"] is None and s["shard"] == f"{i}/4", s.get("failures")
         assert s["uploads"] == s["compiled"] == s["compile_keys"]["signed"]
         compiled += s["compiled"]
     n = len(_lock_entries(smoke_store))
