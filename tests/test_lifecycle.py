@@ -288,3 +288,18 @@ def test_a_hipcc_build_killed_mid_compile_resumes_to_the_same_lock(smoke_store, 
     assert ref.returncode == 0 and json.loads(ref.stdout)["compiled"] == 0, ref.stderr[-3000:]
     name = "locks/hipcc-torture.lock.json"
     assert (store / name).read_bytes() == (reference / name).read_bytes()
+
+
+def test_a_hipcc_compile_into_a_store_named_relative_to_the_working_directory(tmp_path):
+    """`make build` passes --out artifacts (relative): the compile's work directory is its TMPDIR, and
+    clang runs in a staging directory elsewhere, so it must be absolute (a fresh clone's CI found it)."""
+    m = tmp_path / "rel.toml"
+    m.write_text('[manifest]\nname = "rel"\narch = "gfx950"\n\n[[hipcc]]\nsources = ["cast_kernel"]\n'
+                 'archs = ["gfx950"]\nnics = ["mlx5"]\n')
+    p = subprocess.run([sys.executable, "-m", "gemmar_aot", "build", m.name, "--store", "relstore", "-q", "--json"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout)
+    assert (s["compiled"], s["failed"]) == (1, 0), s["failures"]
+    assert not list((tmp_path / "relstore" / "work").iterdir())

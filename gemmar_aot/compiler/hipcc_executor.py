@@ -142,6 +142,7 @@ def compile_in_process(spec: KernelSpec, tc, work_root: Path, *, started=None, e
     stopped or the process that started it dies (:mod:`.hipcc_process`); the group is swept here
     too once it exits, so a compile killed outright leaves nothing running either. ``started`` and
     ``ended`` see the process (an executor ends the ones running when it is interrupted)."""
+    work_root = Path(work_root).resolve()  # absolute: it is the compile's TMPDIR, and clang runs elsewhere
     work_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{spec.recipe}-{spec.kind}-", dir=work_root))
     try:

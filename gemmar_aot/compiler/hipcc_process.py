@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"usage: python -m {__spec__.name} SPEC_JSON TOOLCHAIN_ROOT MORI_DIR WORK_DIR\n"
                          f"       python -m {__spec__.name} plans REQUEST_JSON WORK_DIR\n")
         return 2
-    work = Path(argv[3])
+    work = Path(argv[3]).resolve()  # TMPDIR below: clang runs in another directory
     guard(work)
     os.environ["TMPDIR"] = str(work)  # read by tempfile at its first use, and by clang
     import json
