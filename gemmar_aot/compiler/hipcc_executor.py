@@ -32,6 +32,11 @@ from typing import Iterator, Sequence
 from gemmar_aot.compiler.worker import CompileResult
 from gemmar_aot.model.spec import KernelSpec
 from gemmar_aot.compiler.hipcc_process import BUILD_PID_ENV, OUT_NAME
+from gemmar_aot.util.lifecycle import kill_process_group
+
+#: Seconds an interrupted compile process gets to end its group and remove its directory (it takes
+#: well under one) before the build kills the group outright.
+STOP_GRACE_S = 5.0
 
 
 class HipccExecutor:
@@ -154,9 +159,21 @@ def compile_in_process(spec: KernelSpec, tc, work_root: Path, *, started=None, e
             started(proc)
         try:
             stdout, stderr = proc.communicate()
-        finally:
+        except BaseException:
+            # interrupted (a Ray worker told to exit gets SystemExit here, and may be killed at any
+            # moment after): the compile process ends its group and removes its directory on
+            # SIGTERM, whatever becomes of us; a SIGKILL from us would leave the directory behind
             with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is still there
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=STOP_GRACE_S)
+            raise
+        finally:
+            # whatever of its group is still there, gone before the directory is removed: a clang
+            # still writing would leave it behind
+            kill_process_group(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
             if ended is not None:
                 ended(proc)
         if proc.returncode != 0:

@@ -66,6 +66,12 @@ MAX_RETRIES = 3
 PROBE_TIMEOUT_S = 180.0
 #: Seconds without any usable node (alive, with CPUs, toolchain not refused) before the build stops.
 NO_CPU_TIMEOUT_S = 120.0
+#: The compile tasks' workers: Ray ends a worker's child processes with SIGKILL when the worker exits (a
+#: driver that died, a cancelled job), which would leave a compile's directory in the node's ``work/``;
+#: a hipcc compile process ends with its worker anyway and removes its directory as it goes
+#: (:mod:`.hipcc_process`), so it is left to do that.
+WORKER_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
+
 #: Threads that write verified results into the store. The driver is the only writer process;
 #: a few threads keep its per-kernel write (zstd -19, two fsyncs) off the critical path of a
 #: cluster that returns results faster than one thread can store them.
@@ -363,8 +369,9 @@ class RayExecutor:
         if not nodes:
             raise self._no_usable_node("has no node with CPUs to compile on")
         probe = ray.remote(probe_node)
-        refs = [probe.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            n["NodeID"], soft=False)).remote(expected) for n in nodes]
+        refs = [probe.options(num_cpus=0, max_retries=0, runtime_env={"env_vars": dict(WORKER_ENV)},
+                              scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(expected)
+                for n in nodes]  # the compile tasks' runtime environment: the same workers serve both
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
         for ref in ready:
             try:
@@ -389,7 +396,8 @@ class RayExecutor:
         self._preflight(ray, expected)
         self.seconds["toolchain_check"] += time.perf_counter() - t0
         remote = ray.remote(compile_on_node)
-        base = {"num_cpus": 1, "max_retries": MAX_RETRIES, "scheduling_strategy": "SPREAD"}
+        base = {"num_cpus": 1, "max_retries": MAX_RETRIES, "scheduling_strategy": "SPREAD",
+                "runtime_env": {"env_vars": dict(WORKER_ENV)}}
         inflight = self._inflight
 
         def submit(flight: _Flight) -> None:

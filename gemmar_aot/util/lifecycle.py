@@ -11,7 +11,8 @@ to clean up. Two mechanisms, because neither alone is enough:
 
 :func:`sweep_process_group` ends every other member of this process's group: what a compile
 process that leads its own group (``start_new_session``) uses to take clang's driver, ``-cc1``
-and the linker with it, without knowing their PIDs.
+and the linker with it, without knowing their PIDs. :func:`kill_process_group` is the same from
+outside the group: what the build runs once a compile process has ended or it is interrupted.
 
 ``gemmar_aot.compiler.worker`` keeps its own ``die_with_parent`` (SIGKILL, no clean-up): it is part
 of the compile code every FlyDSL kernel's key hashes, and moving it here would re-key every kernel
@@ -93,6 +94,25 @@ def sweep_process_group(*, rounds: int = 50) -> None:
                 pass
         time.sleep(0.01)
         _reap_children()
+
+
+def kill_process_group(pgid: int, *, timeout: float = 2.0) -> bool:
+    """SIGKILL every live member of process group ``pgid`` (not ours: a compile's) until none is
+    left or ``timeout`` seconds pass; True when the group is gone. What a directory its members
+    write to must wait for before it is removed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        if not _group_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
 
 
 def _reap_children() -> None:
