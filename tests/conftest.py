@@ -19,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
+#: One kernel of each family (tests/fixtures/mini.toml): for tests whose mechanism compiles a whole manifest.
+MINI = ROOT / "tests" / "fixtures" / "mini.toml"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: The session's temp directory, made by the pytest process (never by a process that merely imports
@@ -56,6 +58,17 @@ def smoke_build(tmp_path_factory):
     # every test of the smoke store stands on this build: a failure says so here, not as a missing lock
     assert not summary["failed"] and (out / "locks" / "smoke.lock.json").is_file(), summary["failures"]
     return summary, out
+
+
+@pytest.fixture(scope="session")
+def mini_store(tmp_path_factory) -> Path:
+    """The store of a real compile of tests/fixtures/mini.toml (lock ``mini``). Treat it as read-only."""
+    from gemmar_aot.builder.pipeline import run_build
+
+    out = tmp_path_factory.mktemp("mini-store")
+    summary = run_build(MINI, store=out, jobs=2, progress=False)
+    assert not summary["failed"] and (out / "locks" / "mini.lock.json").is_file(), summary["failures"]
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -169,14 +182,26 @@ def nginx(tmp_path):
         server.stop()
 
 
+def _warmed(server, store: Path, manifest: Path, seed: Path):
+    """``server`` holding every kernel of ``manifest``, uploaded by a build whose local store (a
+    copy of ``store``, at ``seed``) already had them."""
+    from test_remote_build import _build, _copy_store
+
+    s = _build(_copy_store(store, seed), server.url, manifest)
+    assert s["compiled"] == 0 and s["uploads"] == s["distinct_specs"] and s["remote"]["errors"] == 0
+    return server
+
+
 @pytest.fixture
 def warm_remote(smoke_store, nginx, tmp_path):
     """nginx holding every smoke kernel, uploaded by a build whose local store already had them."""
-    from test_remote_build import _build, _copy_store
+    return _warmed(nginx, smoke_store, SMOKE, tmp_path / "seed")
 
-    s = _build(_copy_store(smoke_store, tmp_path / "seed"), nginx.url)
-    assert s["compiled"] == 0 and s["uploads"] == s["distinct_specs"] and s["remote"]["errors"] == 0
-    return nginx
+
+@pytest.fixture
+def mini_remote(mini_store, nginx, tmp_path):
+    """nginx holding every kernel of tests/fixtures/mini.toml, as ``warm_remote`` does smoke's."""
+    return _warmed(nginx, mini_store, MINI, tmp_path / "seed")
 
 
 def drop_closures(server) -> int:
@@ -198,3 +223,10 @@ def per_key_remote(warm_remote):
     """warm_remote without its closure entries: builds look kernels up one key at a time."""
     assert drop_closures(warm_remote) == 2  # the manifest's closure and its name's latest
     return warm_remote
+
+
+@pytest.fixture
+def mini_per_key_remote(mini_remote):
+    """mini_remote without its closure entries, as ``per_key_remote``."""
+    assert drop_closures(mini_remote) == 2
+    return mini_remote

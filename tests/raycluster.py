@@ -35,6 +35,10 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_enable_metrics_collection": "0",
     "RAY_DEDUP_LOGS": "0",
+    # A killed node is declared dead after 5 failed health checks of the head's GCS: one a second
+    # here (~5 s) instead of Ray's default one every 3 s (~15 s). A check still waits Ray's default
+    # 10 s for an answer, so a live node on a loaded 2-core host is not taken for dead.
+    "RAY_health_check_period_ms": "1000",
 }
 
 

@@ -6,9 +6,11 @@ blob, launch and metadata). Every digest agrees, so a plain build takes it. `gem
 recompiles and finds it, naming the key, both digests and the remote it came from, and
 quarantines it; `build --audit-remote N` finds it before trusting the rest, distrusts every
 remote hit, and builds the manifest here into the right lock (and the signed provenance says
-it audited). The oracle is the store the smoke build compiled itself, never the remote. The
+it audited). The oracle is the store the session compiled itself, never the remote. The
 poisoned entry is a per-key one, so the remote's closure entries are taken off first
-(``per_key_remote``); a closure's entries are remote hits like any other and audited alike.
+(``mini_per_key_remote``); a closure's entries are remote hits like any other and audited alike.
+An audit of every kernel, and a distrusted remote, compile the whole manifest: those tests use
+tests/fixtures/mini.toml (one kernel of each family), the others smoke.toml.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from store_health import assert_verifies_clean
 from click.testing import CliRunner
 
-from test_remote_build import SMOKE, _a_cheap_kernel_with_its_own_blob, _build, _lock_bytes, _lock_entries
+from test_remote_build import MINI, SMOKE, _a_cheap_kernel_with_its_own_blob, _build, _lock_bytes, _lock_entries
 from gemmar_aot.builder.audit import FETCHES_FILE, sample
 from gemmar_aot.cli import main
 from gemmar_aot.model.bundle import LockBundle
@@ -32,14 +34,14 @@ from gemmar_aot.store.remote.remote_backend import HttpBackend
 pytestmark = pytest.mark.compile
 
 
-def _poison(smoke_store: Path, url: str) -> tuple[str, dict, dict]:
-    """Put another kernel's code object under a cheap kernel's key on the remote. Returns
-    (victim key, the victim's true record, the donor's record)."""
-    victim, vblob = _a_cheap_kernel_with_its_own_blob(smoke_store)
-    entries = _lock_entries(smoke_store)
+def _poison(store: Path, url: str, name: str) -> tuple[str, dict, dict]:
+    """Put another kernel's code object under a cheap kernel's key (of lock ``name`` in ``store``)
+    on the remote. Returns (victim key, the victim's true record, the donor's record)."""
+    victim, vblob = _a_cheap_kernel_with_its_own_blob(store, name)
+    entries = _lock_entries(store, name)
     kind = entries[victim][0]
     donor = sorted(k for k, (kd, h) in entries.items() if kd == kind and h != vblob and k != victim)[0]
-    st = Store(smoke_store, readonly=True)
+    st = Store(store, readonly=True)
     true_rec, _ = st.load(victim)
     donor_rec, _ = st.load(donor)
     forged = {**donor_rec, "key": victim, "spec": true_rec["spec"], "ingredients": true_rec["ingredients"]}
@@ -47,15 +49,16 @@ def _poison(smoke_store: Path, url: str) -> tuple[str, dict, dict]:
     return victim, true_rec, donor_rec
 
 
-def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_store, per_key_remote, tmp_path):
-    victim, true_rec, donor_rec = _poison(smoke_store, per_key_remote.url)
-    naive = _build(tmp_path / "naive", per_key_remote.url)
+def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(mini_store, mini_per_key_remote, tmp_path):
+    remote = mini_per_key_remote
+    victim, true_rec, donor_rec = _poison(mini_store, remote.url, "mini")
+    naive = _build(tmp_path / "naive", remote.url, MINI)
     assert naive["compiled"] == 0 and naive["remote_hits"] == naive["distinct_specs"]  # every digest agrees
-    assert _lock_bytes(tmp_path / "naive") != _lock_bytes(smoke_store)  # ...and the lock names the forgery
+    assert _lock_bytes(tmp_path / "naive", "mini") != _lock_bytes(mini_store, "mini")  # ...and the lock names the forgery
     fetched = (Store(tmp_path / "naive").stats_dir / FETCHES_FILE).read_text()
-    assert victim in fetched and per_key_remote.url in fetched
+    assert victim in fetched and remote.url in fetched
 
-    lock = tmp_path / "naive" / "locks" / "smoke.lock.json"
+    lock = tmp_path / "naive" / "locks" / "mini.lock.json"
     r = CliRunner().invoke(main, ["audit", str(lock), "--all", "--json", "-j", "2"])
     assert r.exit_code == 1, r.output
     rep = json.loads(r.stdout)
@@ -63,36 +66,37 @@ def test_a_poisoned_entry_is_taken_by_a_plain_build_and_caught_by_audit(smoke_st
     (f,) = rep["findings"]
     assert f["key"] == victim and f["problem"] == "another code object than this key compiles to"
     assert f["claimed_blob"] == donor_rec["blob"]["hash"] and f["rebuilt_blob"] == true_rec["blob"]["hash"]
-    assert per_key_remote.url in f["origin"]
+    assert remote.url in f["origin"]
     assert rep["quarantined"] == [victim] and not Store(tmp_path / "naive").record_path(victim).exists()
     reasons = [p.read_text() for p in Store(tmp_path / "naive").quarantine_dir.glob("*.reason")]
     assert any("POISONED" in x and victim[:16] in x for x in reasons)
     # the next build (no remote) compiles the quarantined kernel, and only it: the right lock
-    again = _build(tmp_path / "naive", None)
-    assert again["compiled"] == 1 and _lock_bytes(tmp_path / "naive") == _lock_bytes(smoke_store)
+    again = _build(tmp_path / "naive", None, MINI)
+    assert again["compiled"] == 1 and _lock_bytes(tmp_path / "naive", "mini") == _lock_bytes(mini_store, "mini")
     # an audit of a clean store finds nothing (a sample, seeded and reported)
     r = CliRunner().invoke(main, ["audit", str(lock), "--sample", "4", "--seed", "11", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["seed"] == 11 and json.loads(r.stdout)["audited"] == 4
 
 
-def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock(smoke_store, per_key_remote,
+def test_build_audit_remote_catches_the_poisoned_entry_and_builds_the_right_lock(mini_store, mini_per_key_remote,
                                                                                   tmp_path):
-    victim, true_rec, _donor = _poison(smoke_store, per_key_remote.url)
-    keys = sorted(_lock_entries(smoke_store))
+    remote = mini_per_key_remote
+    victim, true_rec, _donor = _poison(mini_store, remote.url, "mini")
+    keys = sorted(_lock_entries(mini_store, "mini"))
     seed = next(s for s in range(1000) if victim in sample(keys, 3, s)[0])  # a sample that holds it
     priv, pub, keyid = generate_key(tmp_path / "k", "ci")
-    s = _build(tmp_path / "audited", per_key_remote.url, audit_remote=3, audit_seed=seed,
+    s = _build(tmp_path / "audited", remote.url, MINI, audit_remote=3, audit_seed=seed,
                signers=[load_signing_key(priv)])
     a = s["audit"]
     assert (a["sampled"], a["of"], a["seed"], a["audited"]) == (3, len(keys), seed, 3)
     assert [f["key"] for f in a["findings"]] == [victim] and a["distrusted"] == len(keys)
     assert s["remote_hits"] == 0 and s["failed"] == 0 and s["compiled"] == len(keys), {k: v for k, v in s.items() if k in ("hits", "local_hits", "misses", "compiled", "rederived")}
-    assert _lock_bytes(tmp_path / "audited") == _lock_bytes(smoke_store)
+    assert _lock_bytes(tmp_path / "audited", "mini") == _lock_bytes(mini_store, "mini")
     # the rebuilt entry replaced the poisoned one on the remote
-    assert HttpBackend(per_key_remote.url).get_record(victim)["blob"] == true_rec["blob"]
+    assert HttpBackend(remote.url).get_record(victim)["blob"] == true_rec["blob"]
     # the signed provenance says the remote hits were audited, and what was found
-    env = json.loads(LockBundle(tmp_path / "audited" / "locks" / "smoke.lock.json").envelope.read_bytes())
+    env = json.loads(LockBundle(tmp_path / "audited" / "locks" / "mini.lock.json").envelope.read_bytes())
     pred = json.loads(base64.b64decode(env["payload"]))["predicate"]
     audit = pred["buildDefinition"]["internalParameters"]["remote_audit"]
     assert audit == {"remote": True, "remote_hits": 0, "audited": 3, "seed": seed, "findings": 1}

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.compile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
+MINI = ROOT / "tests" / "fixtures" / "mini.toml"
 
 SMALL = """
 [manifest]
@@ -161,14 +162,15 @@ def test_explain_names_the_changed_ingredient(smoke_build):
 
 
 def test_interrupted_build_keeps_finished_kernels(tmp_path):
-    """Ctrl-C mid-build: a clear message, exit 130, a consistent store, and a rerun finishes the rest."""
+    """Ctrl-C mid-build: a clear message, exit 130, a consistent store, and a rerun finishes the rest.
+    (mini.toml: one kernel of each family, each executor interrupted alike.)"""
     import signal
     import time
 
     store = tmp_path / "store"
     # SIGINT as at a terminal: a shell without job control starts background jobs (a test run
     # started with `&`) with SIGINT ignored, and a child would inherit that and never see it
-    p = subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(SMOKE), "--store", str(store),
+    p = subprocess.Popen([sys.executable, "-m", "gemmar_aot", "build", str(MINI), "--store", str(store),
                           "-j", "1", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
@@ -184,7 +186,7 @@ def test_interrupted_build_keeps_finished_kernels(tmp_path):
     assert "interrupted" in err and "run the same command again" in err
     kept = len(inventory.ls(Store(store)))
     assert kept >= 1 and inventory.verify(Store(store)).clean
-    summary = run_build(SMOKE, store=store, jobs=1, progress=False)
+    summary = run_build(MINI, store=store, jobs=1, progress=False)
     assert summary["failed"] == 0
     assert summary["hits"] + summary["compiled"] == summary["distinct_specs"]
     assert summary["hits"] >= kept

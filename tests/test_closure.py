@@ -3,6 +3,8 @@
 The round trips are counted by a proxy in front of nginx that delays every request (the fault
 proxy, given a delay), not guessed. The oracle for every byte is the smoke store the session
 compiled itself: the lock a closure-fed build writes must be that store's lock, byte for byte.
+The audit of a poisoned closure distrusts every remote hit and compiles the whole manifest, so
+that test stands on tests/fixtures/mini.toml's store (one kernel of each family) instead.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 from store_health import assert_verifies_clean
 from nginx_server import FaultProxy
 
-from test_remote_build import SMOKE, _build, _lock_bytes, _lock_entries
+from test_remote_build import MINI, SMOKE, _build, _lock_bytes, _lock_entries
 from gemmar_aot.builder.closure import PACK_PATH
 from gemmar_aot.store import Store
 from gemmar_aot.store.remote import reapi
@@ -130,10 +132,10 @@ def _full_closure_key(smoke_store: Path) -> str:
                        keys=lock.kernels(), derive_code=derive_code_digest())
 
 
-def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_index=None) -> None:
-    """Put a closure under ``key`` made from the smoke store, with the lock document and the record
-    index bytes passed through ``edit_lock``/``edit_index``: what a writer of the remote can do.
-    Every digest of the result is consistent."""
+def _forge_closure(server, store: Path, key: str, *, name: str = "smoke", edit_lock=None, edit_index=None) -> None:
+    """Put a closure under ``key`` made from lock ``name`` of ``store``, with the lock document and
+    the record index bytes passed through ``edit_lock``/``edit_index``: what a writer of the remote
+    can do. Every digest of the result is consistent."""
     from lock_docs import read_doc
 
     from gemmar_aot.model.lock_codec import encode_lock_doc
@@ -142,7 +144,7 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     from gemmar_aot.store.pack_encode import pack_closure
     from gemmar_aot.model.bundle import LockBundle
 
-    lock_path = smoke_store / "locks" / "smoke.lock.json"
+    lock_path = store / "locks" / f"{name}.lock.json"
     doc = read_doc(lock_path)
     index = LockBundle(lock_path).record_index.read_bytes()
     raws = None
@@ -151,7 +153,7 @@ def _forge_closure(server, smoke_store: Path, key: str, *, edit_lock=None, edit_
     if edit_index is not None:
         index = edit_index(index)
     lock_bytes = encode_lock_doc(doc)
-    st = Store(smoke_store, readonly=True)
+    st = Store(store, readonly=True)
     if raws is None:
         from gemmar_aot.model.lock import Lock
 
@@ -218,11 +220,11 @@ def test_a_closure_whose_record_index_is_damaged_inside_is_refused_not_fatal(smo
     assert s["compiled"] == 0 and _lock_bytes(tmp_path / "b") == _lock_bytes(smoke_store)
 
 
-def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, warm_remote, tmp_path):
+def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(mini_store, mini_remote, tmp_path):
     """A writer forges the closure: the victim kernel's entry names another kernel's code object,
     with lock, record and index rewritten to agree. The audit catches it, every remote hit is
     distrusted, and the right closure replaces the forged one: the next fresh build, unaudited,
-    gets the right lock."""
+    gets the right lock. (mini.toml: the distrusted remote means compiling the whole manifest.)"""
     import copy
 
     from lock_docs import kernel_entry
@@ -234,11 +236,12 @@ def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, war
     from gemmar_aot.store.record_index import encode_index, lock_rank_groups
     from test_remote_build import _a_cheap_kernel_with_its_own_blob
 
-    probe = _build(tmp_path / "probe", warm_remote.url)
-    victim, vblob = _a_cheap_kernel_with_its_own_blob(smoke_store)
-    entries = _lock_entries(smoke_store)
+    store, remote = mini_store, mini_remote
+    probe = _build(tmp_path / "probe", remote.url, MINI)
+    victim, vblob = _a_cheap_kernel_with_its_own_blob(store, "mini")
+    entries = _lock_entries(store, "mini")
     donor = sorted(k for k, (kd, h) in entries.items() if kd == entries[victim][0] and h != vblob)[0]
-    st = Store(smoke_store, readonly=True)
+    st = Store(store, readonly=True)
 
     def poison(doc):
         true_rec, _ = st.load(victim)
@@ -254,13 +257,13 @@ def test_a_poisoned_closure_is_caught_by_the_audit_and_replaced(smoke_store, war
         raws = {e.blob.hash: st.load_blob(e.blob.hash) for e in lock.kernels().values()}
         return doc, index, raws
 
-    _forge_closure(warm_remote, smoke_store, probe["closure"]["key"], edit_lock=poison)
-    naive = _build(tmp_path / "naive", warm_remote.url, remote_read_only=True)
-    assert naive["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "naive") != _lock_bytes(smoke_store)
+    _forge_closure(remote, store, probe["closure"]["key"], name="mini", edit_lock=poison)
+    naive = _build(tmp_path / "naive", remote.url, MINI, remote_read_only=True)
+    assert naive["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "naive", "mini") != _lock_bytes(store, "mini")
     seed = next(s for s in range(1000) if victim in sample(entries, 3, s)[0])
-    s = _build(tmp_path / "audited", warm_remote.url, audit_remote=3, audit_seed=seed)
+    s = _build(tmp_path / "audited", remote.url, MINI, audit_remote=3, audit_seed=seed)
     assert [f["key"] for f in s["audit"]["findings"]] == [victim]
-    assert s["closure"]["uploaded"] and _lock_bytes(tmp_path / "audited") == _lock_bytes(smoke_store)
+    assert s["closure"]["uploaded"] and _lock_bytes(tmp_path / "audited", "mini") == _lock_bytes(store, "mini")
     assert_verifies_clean(tmp_path / "audited")  # the audit's repair leaves a whole store
-    again = _build(tmp_path / "fresh", warm_remote.url)
-    assert again["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)
+    again = _build(tmp_path / "fresh", remote.url, MINI)
+    assert again["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh", "mini") == _lock_bytes(store, "mini")

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.compile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
+MINI = ROOT / "tests" / "fixtures" / "mini.toml"
 
 def _copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.lock", "*.claim", "quarantine"))
@@ -53,12 +54,12 @@ def _lock_entries(store: Path, name: str = "smoke") -> dict[str, tuple[str, str]
     return out
 
 
-def _a_cheap_kernel_with_its_own_blob(store: Path) -> tuple[str, str]:
-    """(key, blob hash) of a phase kernel (a FlyDSL one: no GEMM, no hipcc code object) whose code
-    object no other key shares."""
+def _a_cheap_kernel_with_its_own_blob(store: Path, name: str = "smoke") -> tuple[str, str]:
+    """(key, blob hash) of a phase kernel (a FlyDSL one: no GEMM, no hipcc code object) of lock
+    ``name`` whose code object no other key shares."""
     from gemmar_aot.model.hipcc import SOURCES
 
-    entries = _lock_entries(store)
+    entries = _lock_entries(store, name)
     users: dict[str, int] = {}
     for _, h in entries.values():
         users[h] = users.get(h, 0) + 1
@@ -106,9 +107,10 @@ def test_a_second_store_compiles_nothing_and_writes_the_same_lock(smoke_store, p
     assert (again["local_hits"], again["remote_hits"], again["uploads"]) == (n, 0, 0)
 
 
-def test_sharded_builds_and_a_final_job_give_the_single_build_lock(smoke_store, nginx, tmp_path):
+def test_sharded_builds_and_a_final_job_give_the_single_build_lock(mini_store, nginx, tmp_path):
     """The CI recipe: shards sign what they compile with a compile key; the final job takes only
-    what that key signed, compiles nothing and writes the single build's lock; so does a fresh runner."""
+    what that key signed, compiles nothing and writes the single build's lock; so does a fresh runner.
+    (mini.toml: one kernel of each family; the shards compile all of it.)"""
     from gemmar_aot.trust.signing_keys import generate_key, load_signing_key
     from gemmar_aot.trust.trust_set import load_trust
 
@@ -116,19 +118,20 @@ def test_sharded_builds_and_a_final_job_give_the_single_build_lock(smoke_store, 
     signer, trust = load_signing_key(key), load_trust(pub)
     compiled = 0
     for i in range(1, 5):
-        s = _build(tmp_path / f"shard{i}", nginx.url, shard=(i, 4), compile_key=signer)
+        s = _build(tmp_path / f"shard{i}", nginx.url, MINI, shard=(i, 4), compile_key=signer)
         assert s["failed"] == 0 and s["lock_file"] is None and s["shard"] == f"{i}/4", s.get("failures")
         assert s["uploads"] == s["compiled"] == s["compile_keys"]["signed"]
         compiled += s["compiled"]
-    n = len(_lock_entries(smoke_store))
+    n = len(_lock_entries(mini_store, "mini"))
     assert compiled == n  # the shares are disjoint and cover the plan
-    final = _build(tmp_path / "final", nginx.url, trusted_compile_keys=trust)
+    final = _build(tmp_path / "final", nginx.url, MINI, trusted_compile_keys=trust)
     assert (final["compiled"], final["remote_hits"]) == (0, n)
     assert final["compile_keys"]["vouched_by"] == {keyid: n} and final["compile_keys"]["refused"] == {}
-    assert _lock_bytes(tmp_path / "final") == _lock_bytes(smoke_store)
+    assert _lock_bytes(tmp_path / "final", "mini") == _lock_bytes(mini_store, "mini")
     assert final["closure"]["status"] == "miss" and final["closure"]["uploaded"]  # shards upload none
-    fresh = _build(tmp_path / "fresh", nginx.url, trusted_compile_keys=trust)
-    assert fresh["closure"]["status"] == "hit" and _lock_bytes(tmp_path / "fresh") == _lock_bytes(smoke_store)
+    fresh = _build(tmp_path / "fresh", nginx.url, MINI, trusted_compile_keys=trust)
+    assert fresh["closure"]["status"] == "hit"
+    assert _lock_bytes(tmp_path / "fresh", "mini") == _lock_bytes(mini_store, "mini")
     assert fresh["compile_keys"]["vouched_by"] == {keyid: n}  # the closure carried the shards' signatures
     for i in range(1, 5):
         assert_verifies_clean(tmp_path / f"shard{i}")
