@@ -303,3 +303,24 @@ def test_a_hipcc_compile_into_a_store_named_relative_to_the_working_directory(tm
     s = json.loads(p.stdout)
     assert (s["compiled"], s["failed"]) == (1, 0), s["failures"]
     assert not list((tmp_path / "relstore" / "work").iterdir())
+
+
+def test_a_ray_nodes_compile_first_removes_what_a_machine_that_died_left_in_its_work_dir(tmp_path):
+    """A node's compiles work under its toolchain's ``work/``; a compile killed with its whole machine
+    leaves its directory there. The node's next compile task removes the stale ones and leaves a
+    fresh one (another task's compile in flight) alone."""
+    from gemmar_aot.compiler.ray_executor import _compile_whole
+    from gemmar_aot.toolchain import load_toolchain
+
+    work = load_toolchain().root / "work"
+    old, fresh = work / "hipcc-ep_intranode_v1-stale000", work / "jitv2-ep_dispatch-inflight0"
+    try:
+        for d in (old, fresh):
+            (d / ".stage-x").mkdir(parents=True)
+            (d / ".stage-x" / "ep.o").write_bytes(b"half a clang temporary")
+        os.utime(old, (time.time() - 7200, time.time() - 7200))
+        assert _compile_whole([], {"fingerprint": {"profile": "default"}}) == []
+        assert not old.exists() and fresh.is_dir()
+    finally:
+        for d in (old, fresh):
+            subprocess.run(["rm", "-rf", str(d)], check=True)

@@ -187,16 +187,20 @@ def compile_on_node(items: list[tuple[dict, str, dict]], expected: dict, debug_l
 def _compile_whole(items: list[tuple[dict, str, dict]], expected: dict) -> list:
     """mori's hipcc and JIT v2 kernels on this node: each a clang process of its own, with this
     node's toolchain (checked equal to the driver's, the HIP SDK's digest included), working under
-    the toolchain's ``work/`` (removed as each compile ends). No FlyDSL is imported."""
+    the toolchain's ``work/`` (removed as each compile ends; what a compile killed with its whole
+    machine left there an hour ago or more is removed first). No FlyDSL is imported."""
     from pathlib import Path
 
     from gemmar_aot.compiler.hipcc_executor import compile_detached as compile_whole
     from gemmar_aot.toolchain import load_toolchain
+    from gemmar_aot.util.lifecycle import STALE_WORK_S, remove_stale_work
 
     tc = load_toolchain(profile=_profile_of(expected))
+    work = Path(tc.root) / "work"
+    remove_stale_work(work, time.time() - STALE_WORK_S)
     out = []
     for spec_json, _key, ingr in items:
-        res, outputs = compile_whole(spec_json, ingr, tc, Path(tc.root) / "work")
+        res, outputs = compile_whole(spec_json, ingr, tc, work)
         out.append((res, outputs, None if outputs is None else (sha256_hex(outputs[0]), None)))
     return out
 

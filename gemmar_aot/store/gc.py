@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 from gemmar_aot.util.filedigest import is_hex64
+from gemmar_aot.util.lifecycle import remove_stale_work
 
 from ._fs import iter_fanned, remove_stale_temps
 from .backend import BadRecord, record_blob, record_blobs
@@ -109,19 +109,7 @@ def _remove_stale_work(store: Store, cutoff: float, *, dry_run: bool) -> int:
     """How many compile directories under ``work/`` (a build killed outright leaves its compiles'
     ones) were last modified before ``cutoff``, each removed unless ``dry_run``."""
     work = getattr(store.local, "work_dir", None)
-    if work is None or not work.is_dir():
-        return 0
-    n = 0
-    for d in work.iterdir():
-        with contextlib.suppress(OSError):
-            if d.lstat().st_mtime < cutoff:
-                n += 1
-                if not dry_run:
-                    if d.is_dir() and not d.is_symlink():
-                        shutil.rmtree(d, ignore_errors=True)
-                    else:
-                        d.unlink()
-    return n
+    return 0 if work is None else remove_stale_work(work, cutoff, dry_run=dry_run)
 
 
 def _sweep_leftovers(store: Store, now: float, stale_s: float, purge_quarantine_days: float | None, *,

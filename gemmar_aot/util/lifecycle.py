@@ -13,6 +13,8 @@ to clean up. Two mechanisms, because neither alone is enough:
 process that leads its own group (``start_new_session``) uses to take clang's driver, ``-cc1``
 and the linker with it, without knowing their PIDs. :func:`kill_process_group` is the same from
 outside the group: what the build runs once a compile process has ended or it is interrupted.
+:func:`remove_stale_work` removes what a compile killed together with everything around it (a
+machine that lost power) left in a ``work/``: ``gc`` runs it on a store, a Ray node before it compiles.
 
 ``gemmar_aot.compiler.worker`` keeps its own ``die_with_parent`` (SIGKILL, no clean-up): it is part
 of the compile code every FlyDSL kernel's key hashes, and moving it here would re-key every kernel
@@ -23,13 +25,18 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 PR_SET_PDEATHSIG = 1
+#: A compile directory whose entries have not changed for this long belongs to no running compile.
+STALE_WORK_S = 3600.0
 
 
 def die_with_parent(parent_pid: int, *, on_death: Callable[[], None] | None = None,
@@ -124,3 +131,21 @@ def _reap_children() -> None:
             return
         if pid == 0:
             return
+
+
+def remove_stale_work(work: Path, cutoff: float, *, dry_run: bool = False) -> int:
+    """How many entries of ``work`` (compile directories) were last modified before ``cutoff``,
+    each removed unless ``dry_run``."""
+    if not work.is_dir():
+        return 0
+    n = 0
+    for d in work.iterdir():
+        with contextlib.suppress(OSError):
+            if d.lstat().st_mtime < cutoff:
+                n += 1
+                if not dry_run:
+                    if d.is_dir() and not d.is_symlink():
+                        shutil.rmtree(d, ignore_errors=True)
+                    else:
+                        d.unlink()
+    return n
