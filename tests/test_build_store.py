@@ -14,12 +14,12 @@ import pytest
 from gemmar_aot.builder.pipeline import run_build
 from gemmar_aot.model.lock import read_lock
 from gemmar_aot.store import Store, inventory
+from conftest import MINI
 
 pytestmark = pytest.mark.compile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
-MINI = ROOT / "tests" / "fixtures" / "mini.toml"
 
 SMALL = """
 [manifest]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from store_health import assert_verifies_clean
 from nginx_server import FaultProxy, Nginx
+from conftest import MINI
 
 from gemmar_aot.builder.pipeline import run_build
 from gemmar_aot.store import Store
@@ -27,7 +28,6 @@ pytestmark = pytest.mark.compile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "manifests" / "smoke.toml"
-MINI = ROOT / "tests" / "fixtures" / "mini.toml"
 
 def _copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.lock", "*.claim", "quarantine"))

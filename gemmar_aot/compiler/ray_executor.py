@@ -70,7 +70,7 @@ NO_CPU_TIMEOUT_S = 120.0
 #: driver that died, a cancelled job), which would leave a compile's directory in the node's ``work/``;
 #: a hipcc compile process ends with its worker anyway and removes its directory as it goes
 #: (:mod:`.hipcc_process`), so it is left to do that.
-WORKER_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
+RUNTIME_ENV = {"env_vars": {"RAY_kill_child_processes_on_worker_exit": "false"}}
 
 #: Threads that write verified results into the store. The driver is the only writer process;
 #: a few threads keep its per-kernel write (zstd -19, two fsyncs) off the critical path of a
@@ -373,7 +373,7 @@ class RayExecutor:
         if not nodes:
             raise self._no_usable_node("has no node with CPUs to compile on")
         probe = ray.remote(probe_node)
-        refs = [probe.options(num_cpus=0, max_retries=0, runtime_env={"env_vars": dict(WORKER_ENV)},
+        refs = [probe.options(num_cpus=0, max_retries=0, runtime_env=RUNTIME_ENV,
                               scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(expected)
                 for n in nodes]  # the compile tasks' runtime environment: the same workers serve both
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
@@ -401,7 +401,7 @@ class RayExecutor:
         self.seconds["toolchain_check"] += time.perf_counter() - t0
         remote = ray.remote(compile_on_node)
         base = {"num_cpus": 1, "max_retries": MAX_RETRIES, "scheduling_strategy": "SPREAD",
-                "runtime_env": {"env_vars": dict(WORKER_ENV)}}
+                "runtime_env": RUNTIME_ENV}
         inflight = self._inflight
 
         def submit(flight: _Flight) -> None:
